@@ -1,0 +1,62 @@
+"""Sampling parameters pinned on a request (shared by every sample of the batch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from unirl.config.require import require
+
+
+@dataclass(kw_only=True)
+class DiffusionSamplingParams:
+    """How a diffusion engine samples one rollout.
+
+    ``eta`` is the SDE noise level of the recipe's strategy; ``sde_steps`` is an SDE-step
+    schedule object (``unirl.sde.AllSteps`` …) choosing which steps are stochastic and trained.
+    """
+
+    num_inference_steps: int = 10
+    guidance_scale: float = 4.5
+    height: int = 512
+    width: int = 512
+    eta: float = 0.7
+    samples_per_prompt: int = 8
+    sde_steps: Any = None
+    max_sequence_length: int = 256
+    negative_prompt: str = ""
+    eval_num_inference_steps: int = 40
+    eval_guidance_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        require(self.num_inference_steps >= 1, "sampling.num_inference_steps must be >= 1")
+        require(self.guidance_scale >= 0, "sampling.guidance_scale must be >= 0 (1 or 0 disables CFG)")
+        require(self.height > 0 and self.width > 0, "sampling.height and sampling.width must be > 0")
+        require(self.eta >= 0, "sampling.eta (SDE noise level) must be >= 0")
+        require(self.samples_per_prompt >= 1, "sampling.samples_per_prompt must be >= 1")
+        require(self.max_sequence_length >= 1, "sampling.max_sequence_length must be >= 1")
+        require(self.eval_num_inference_steps >= 1, "sampling.eval_num_inference_steps must be >= 1")
+
+    @property
+    def do_cfg(self) -> bool:
+        """Classifier-free guidance runs when the scale is above 1."""
+        return self.guidance_scale > 1.0
+
+
+@dataclass(kw_only=True)
+class ARSamplingParams:
+    """Autoregressive sampling: ``n`` completions per prompt."""
+
+    max_new_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 8
+    stop: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        require(self.max_new_tokens >= 1, "sampling.max_new_tokens must be >= 1")
+        require(self.temperature >= 0, "sampling.temperature must be >= 0")
+        require(0 < self.top_p <= 1, "sampling.top_p must be in (0, 1]")
+        require(self.top_k == -1 or self.top_k >= 1, "sampling.top_k must be -1 (off) or >= 1")
+        require(self.n >= 1, "sampling.n must be >= 1")
