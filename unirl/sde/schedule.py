@@ -1,0 +1,187 @@
+"""Flow-matching σ schedules, bit-identical to diffusers' ``FlowMatchEulerDiscreteScheduler``.
+
+``flow_match_sigmas`` reproduces ``FlowMatchEulerDiscreteScheduler(**config).set_timesteps(n,
+mu=..., sigmas=...).sigmas`` without importing diffusers: the same float32 training table, the
+same float64 ``linspace`` of timesteps, the same shift and the same final float32 cast
+(checked against diffusers 0.42 in ``tests/sde/test_schedule.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+# Scheduler-config keys that change the sigmas in ways this module does not reproduce.
+_UNSUPPORTED_FLAGS = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas")
+
+
+def dynamic_shift_mu(
+    image_seq_len: int,
+    *,
+    base_image_seq_len: int = 256,
+    max_image_seq_len: int = 4096,
+    base_shift: float = 0.5,
+    max_shift: float = 1.15,
+) -> float:
+    """Resolution-dependent shift μ, linear in the latent token count (diffusers pipelines'
+    ``calculate_shift``, same operation order so the float result is identical)."""
+    slope = (max_shift - base_shift) / (max_image_seq_len - base_image_seq_len)
+    intercept = base_shift - slope * base_image_seq_len
+    return image_seq_len * slope + intercept
+
+
+def _training_sigma_range(
+    num_train_timesteps: int, shift: float, shifted: bool
+) -> tuple[float, float]:
+    """(σ_max, σ_min) of diffusers' fp32 training table (shifted unless dynamic shifting)."""
+    table = np.linspace(1, num_train_timesteps, num_train_timesteps, dtype=np.float32)[::-1].copy()
+    sig = torch.from_numpy(table).to(torch.float32) / num_train_timesteps
+    if shifted:
+        sig = shift * sig / (1 + (shift - 1) * sig)
+    return sig[0].item(), sig[-1].item()
+
+
+def flow_match_sigmas(
+    num_inference_steps: int,
+    *,
+    shift: float = 1.0,
+    use_dynamic_shifting: bool = False,
+    base_shift: float | None = 0.5,
+    max_shift: float | None = 1.15,
+    base_image_seq_len: int = 256,
+    max_image_seq_len: int = 4096,
+    image_seq_len: int | None = None,
+    mu: float | None = None,
+    num_train_timesteps: int = 1000,
+    invert_sigmas: bool = False,
+    shift_terminal: float | None = None,
+    time_shift_type: Literal["exponential", "linear"] = "exponential",
+    base_sigmas: Sequence[float] | None = None,
+) -> Tensor:
+    """Returns ``sigmas[T + 1]`` fp32 (CPU), decreasing from ≈1 and ending with 0 (1 when
+    ``invert_sigmas``), equal to diffusers' ``scheduler.sigmas`` after ``set_timesteps``.
+
+    With ``use_dynamic_shifting`` the shift is μ = ``mu`` if given, else
+    ``dynamic_shift_mu(image_seq_len, ...)`` (what the SD3 / Flux pipelines pass).
+    ``base_sigmas`` are custom pre-shift sigmas (``set_timesteps(sigmas=...)``; the Flux
+    pipeline passes ``linspace(1, 1/T, T)``).
+    """
+    if num_inference_steps < 1:
+        raise ValueError(f"num_inference_steps must be >= 1, got {num_inference_steps}")
+    if time_shift_type not in ("exponential", "linear"):
+        raise ValueError(
+            f"time_shift_type must be 'exponential' or 'linear', got {time_shift_type!r}"
+        )
+    if use_dynamic_shifting and mu is None:
+        if image_seq_len is None:
+            raise ValueError(
+                "use_dynamic_shifting=True needs mu or image_seq_len (latent tokens = "
+                "(H/vae_scale/patch)·(W/vae_scale/patch))"
+            )
+        if base_shift is None or max_shift is None:
+            raise ValueError("use_dynamic_shifting=True needs base_shift and max_shift to be set")
+        mu = dynamic_shift_mu(
+            image_seq_len,
+            base_image_seq_len=base_image_seq_len,
+            max_image_seq_len=max_image_seq_len,
+            base_shift=base_shift,
+            max_shift=max_shift,
+        )
+
+    if base_sigmas is None:
+        sigma_max, sigma_min = _training_sigma_range(
+            num_train_timesteps, shift, shifted=not use_dynamic_shifting
+        )
+        timesteps = np.linspace(
+            sigma_max * num_train_timesteps, sigma_min * num_train_timesteps, num_inference_steps
+        )
+        sig = timesteps / num_train_timesteps
+    else:
+        sig = np.array(list(base_sigmas)).astype(np.float32)
+        if len(sig) != num_inference_steps:
+            raise ValueError(
+                f"base_sigmas has {len(sig)} values but num_inference_steps={num_inference_steps}"
+            )
+
+    if use_dynamic_shifting:
+        assert mu is not None
+        scale = math.exp(mu) if time_shift_type == "exponential" else mu
+        sig = scale / (scale + (1 / sig - 1))
+    else:
+        sig = shift * sig / (1 + (shift - 1) * sig)
+
+    if shift_terminal:
+        if num_inference_steps < 2:
+            raise ValueError(
+                "shift_terminal needs num_inference_steps >= 2 (diffusers divides 0 by 0 and "
+                "returns NaN sigmas for a single step)"
+            )
+        one_minus = 1 - sig
+        sig = 1 - one_minus / (one_minus[-1] / (1 - shift_terminal))
+
+    out = torch.from_numpy(np.asarray(sig)).to(torch.float32)
+    if invert_sigmas:
+        return torch.cat([1.0 - out, torch.ones(1)])
+    return torch.cat([out, torch.zeros(1)])
+
+
+def sigmas_from_scheduler_config(
+    config: Mapping[str, Any],
+    num_inference_steps: int,
+    image_seq_len: int | None = None,
+    *,
+    mu: float | None = None,
+    base_sigmas: Sequence[float] | None = None,
+) -> Tensor:
+    """``flow_match_sigmas`` driven by a diffusers scheduler config dict (``scheduler_config.json``).
+
+    Keys diffusers uses for these sigmas are read; bookkeeping keys (``_class_name``,
+    ``_diffusers_version``, ...) are ignored. Options this module does not reproduce
+    (karras / exponential / beta sigmas, ``stochastic_sampling``) or another scheduler class
+    raise ``ValueError``.
+    """
+    class_name = config.get("_class_name")
+    if class_name is not None and class_name != "FlowMatchEulerDiscreteScheduler":
+        raise ValueError(
+            f"scheduler config is for {class_name}; UniRL sigma schedules reproduce "
+            "FlowMatchEulerDiscreteScheduler only"
+        )
+    for flag in _UNSUPPORTED_FLAGS:
+        if config.get(flag):
+            raise ValueError(
+                f"scheduler config sets {flag}=True, which UniRL's flow_match_sigmas does not "
+                f"support; set {flag}=False (or drop it) in the scheduler config"
+            )
+    if config.get("stochastic_sampling"):
+        raise ValueError(
+            "scheduler config sets stochastic_sampling=True; UniRL replaces the scheduler step "
+            "with its own kernels (unirl.sde), set stochastic_sampling=False"
+        )
+    shift_terminal = config.get("shift_terminal")
+    return flow_match_sigmas(
+        num_inference_steps,
+        shift=float(config.get("shift", 1.0)),
+        use_dynamic_shifting=bool(config.get("use_dynamic_shifting", False)),
+        base_shift=config.get("base_shift", 0.5),
+        max_shift=config.get("max_shift", 1.15),
+        base_image_seq_len=int(config.get("base_image_seq_len", 256)),
+        max_image_seq_len=int(config.get("max_image_seq_len", 4096)),
+        image_seq_len=image_seq_len,
+        mu=mu,
+        num_train_timesteps=int(config.get("num_train_timesteps", 1000)),
+        invert_sigmas=bool(config.get("invert_sigmas", False)),
+        shift_terminal=None if shift_terminal is None else float(shift_terminal),
+        time_shift_type=config.get("time_shift_type", "exponential"),
+        base_sigmas=base_sigmas,
+    )
+
+
+def timesteps_from_sigmas(sigmas: Tensor, num_train_timesteps: int = 1000) -> Tensor:
+    """Model timesteps ``[T]`` = ``sigmas[:-1] · num_train_timesteps`` (fp32), as diffusers sets
+    ``scheduler.timesteps`` (for ``invert_sigmas`` schedules too)."""
+    return sigmas[:-1].to(torch.float32) * num_train_timesteps
