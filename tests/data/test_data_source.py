@@ -1,0 +1,103 @@
+"""PromptFileSource: batching, deterministic epoch shuffles, exact resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from unirl.config import ConfigError
+from unirl.data import PromptFileSource
+
+
+def _prompt_file(tmp_path: Path, n: int) -> Path:
+    path = tmp_path / "prompts.txt"
+    path.write_text("".join(f"prompt {i}\n" for i in range(n)), encoding="utf-8")
+    return path
+
+
+def _ids(batch) -> list[int]:
+    return [int(example.prompt.split()[1]) for example in batch]
+
+
+def test_unshuffled_batches_in_file_order_drop_last(tmp_path):
+    source = PromptFileSource(
+        path=str(_prompt_file(tmp_path, 7)), prompts_per_rollout=3, shuffle=False
+    )
+    assert len(source) == 7 and source.batches_per_epoch == 2
+    batches = [_ids(source.next_batch()) for _ in range(3)]
+    assert batches == [[0, 1, 2], [3, 4, 5], [0, 1, 2]]  # prompt 6 dropped, then epoch 1
+    assert source.epoch == 1
+
+
+def test_keep_last_tops_up_from_next_epoch(tmp_path):
+    source = PromptFileSource(
+        path=str(_prompt_file(tmp_path, 7)), prompts_per_rollout=3, shuffle=False, drop_last=False
+    )
+    assert source.batches_per_epoch == 3
+    batches = [_ids(source.next_batch()) for _ in range(4)]
+    assert batches == [[0, 1, 2], [3, 4, 5], [6, 0, 1], [2, 3, 4]]
+
+
+def test_shuffle_is_a_deterministic_permutation_per_epoch(tmp_path):
+    path = str(_prompt_file(tmp_path, 12))
+    a = PromptFileSource(path=path, prompts_per_rollout=4, seed=3)
+    b = PromptFileSource(path=path, prompts_per_rollout=4, seed=3)
+    c = PromptFileSource(path=path, prompts_per_rollout=4, seed=4)
+    epoch_a = [i for _ in range(3) for i in _ids(a.next_batch())]
+    epoch_b = [i for _ in range(3) for i in _ids(b.next_batch())]
+    assert epoch_a == epoch_b
+    assert sorted(epoch_a) == list(range(12))  # every prompt exactly once per epoch
+    assert epoch_a != list(range(12))
+    assert epoch_a != [i for _ in range(3) for i in _ids(c.next_batch())]
+    second = [i for _ in range(3) for i in _ids(a.next_batch())]
+    assert sorted(second) == list(range(12)) and second != epoch_a  # new order each epoch
+    assert a.epoch_order(1).tolist() == second
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_resume_continues_exactly(tmp_path, drop_last):
+    path = str(_prompt_file(tmp_path, 10))
+    kwargs = dict(path=path, prompts_per_rollout=3, seed=7, drop_last=drop_last)
+    uninterrupted = PromptFileSource(**kwargs)
+    reference = [_ids(uninterrupted.next_batch()) for _ in range(9)]
+    for k in (0, 2, 3, 5):
+        first = PromptFileSource(**kwargs)
+        for _ in range(k):
+            first.next_batch()
+        state = first.state_dict()
+        assert set(state) == {"epoch", "position", "num_prompts"}
+        resumed = PromptFileSource(**kwargs)
+        resumed.load_state_dict(dict(state))
+        assert [_ids(resumed.next_batch()) for _ in range(9 - k)] == reference[k:]
+
+
+def test_resume_rejects_a_different_file(tmp_path):
+    source = PromptFileSource(path=str(_prompt_file(tmp_path, 10)), prompts_per_rollout=2)
+    with pytest.raises(ConfigError, match="checkpoint was taken on 11 prompts"):
+        source.load_state_dict({"epoch": 0, "position": 0, "num_prompts": 11})
+
+
+def test_too_small_file_and_unset_batch_size(tmp_path):
+    path = str(_prompt_file(tmp_path, 3))
+    with pytest.raises(ConfigError, match=r"has 3 prompts, fewer than prompts_per_rollout=4"):
+        PromptFileSource(path=path, prompts_per_rollout=4)
+    source = PromptFileSource(path=path)
+    with pytest.raises(ConfigError, match="prompts_per_rollout is not set"):
+        source.next_batch()
+    source.set_prompts_per_rollout(3)
+    assert _ids(source.next_batch()) != []
+    with pytest.raises(ConfigError, match="fewer than prompts_per_rollout=5"):
+        source.set_prompts_per_rollout(5)
+
+
+def test_hydra_instantiates_the_source(tmp_path):
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    path = _prompt_file(tmp_path, 8)
+    cfg = OmegaConf.create(
+        {"_target_": "unirl.data.PromptFileSource", "path": str(path), "prompts_per_rollout": 4}
+    )
+    source = instantiate(cfg)
+    assert isinstance(source, PromptFileSource) and len(source.next_batch()) == 4

@@ -1,0 +1,136 @@
+"""PromptFileSource: deterministic, resumable batches of prompts from one prompt file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from unirl.config import ConfigError, require
+from unirl.data.prompts import PromptExample, read_prompt_file
+
+
+@dataclass(kw_only=True)
+class PromptFileSource:
+    """Serves ``prompts_per_rollout`` prompts per call, epoch after epoch.
+
+    Epoch ``e`` visits the prompts in the order ``permutation(seed, e)`` (a NumPy generator
+    seeded with ``[seed, e]``), or in file order when ``shuffle=False``. At the end of an
+    epoch, ``drop_last=True`` skips the leftover prompts (< one batch); ``drop_last=False``
+    serves them topped up with the first prompts of the next epoch, so batches keep their
+    size and every prompt is served once per epoch. ``state_dict()`` / ``load_state_dict()``
+    make the sequence resumable exactly.
+    """
+
+    path: str
+    prompts_per_rollout: int | None = None
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = True
+    _examples: list[PromptExample] = field(init=False, repr=False, default_factory=list)
+    _order: np.ndarray | None = field(init=False, repr=False, default=None)
+    _epoch: int = field(init=False, repr=False, default=0)
+    _position: int = field(init=False, repr=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.path = str(self.path)
+        self._examples = read_prompt_file(self.path)
+        if self.prompts_per_rollout is not None:
+            self.set_prompts_per_rollout(self.prompts_per_rollout)
+
+    def set_prompts_per_rollout(self, prompts_per_rollout: int) -> None:
+        """Fix the batch size (the trainer sets it from ``batch_size``)."""
+        require(
+            isinstance(prompts_per_rollout, int) and prompts_per_rollout > 0,
+            f"PromptFileSource.prompts_per_rollout={prompts_per_rollout!r}: must be a positive int",
+        )
+        require(
+            prompts_per_rollout <= len(self._examples),
+            f"PromptFileSource: {self.path} has {len(self._examples)} prompts, fewer than "
+            f"prompts_per_rollout={prompts_per_rollout}; use a larger prompt file or a smaller "
+            "batch_size",
+        )
+        self.prompts_per_rollout = prompts_per_rollout
+
+    def __len__(self) -> int:
+        """Number of prompts in the file."""
+        return len(self._examples)
+
+    @property
+    def examples(self) -> list[PromptExample]:
+        """All examples in file order."""
+        return self._examples
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Full batches served per epoch (``drop_last=False`` tops up the last one)."""
+        per = self._batch_size()
+        n = len(self._examples)
+        return n // per if self.drop_last else -(-n // per)
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """Prompt indices in the order epoch ``epoch`` serves them: ``int64[len(self)]``."""
+        n = len(self._examples)
+        if not self.shuffle:
+            return np.arange(n, dtype=np.int64)
+        return np.random.default_rng([self.seed, epoch]).permutation(n).astype(np.int64)
+
+    def next_batch(self) -> list[PromptExample]:
+        """The next ``prompts_per_rollout`` examples."""
+        per = self._batch_size()
+        picked: list[int] = []
+        while len(picked) < per:
+            order = self._current_order()
+            remaining = len(order) - self._position
+            need = per - len(picked)
+            if remaining >= need:
+                picked.extend(order[self._position : self._position + need].tolist())
+                self._position += need
+            elif self.drop_last or remaining == 0:
+                self._advance_epoch()
+            else:
+                picked.extend(order[self._position :].tolist())
+                self._advance_epoch()
+        if self._position == len(self._examples):
+            self._advance_epoch()
+        return [self._examples[i] for i in picked]
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"epoch", "position", "num_prompts"}``: where the next batch starts."""
+        return {"epoch": self._epoch, "position": self._position, "num_prompts": len(self)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`; the prompt file must have the same length."""
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if "num_prompts" in state and int(state["num_prompts"]) != len(self):
+            raise ConfigError(
+                f"PromptFileSource: checkpoint was taken on {state['num_prompts']} prompts but "
+                f"{self.path} has {len(self)}; resume with the same prompt file"
+            )
+        if epoch < 0 or not 0 <= position <= len(self):
+            raise ConfigError(f"PromptFileSource: invalid state {state}")
+        self._epoch, self._position, self._order = epoch, position, None
+
+    def _batch_size(self) -> int:
+        if self.prompts_per_rollout is None:
+            raise ConfigError(
+                "PromptFileSource.prompts_per_rollout is not set; set it in the data_source "
+                "block or let the trainer call set_prompts_per_rollout(batch_size)"
+            )
+        self.set_prompts_per_rollout(self.prompts_per_rollout)
+        return self.prompts_per_rollout
+
+    def _current_order(self) -> np.ndarray:
+        if self._order is None:
+            self._order = self.epoch_order(self._epoch)
+        return self._order
+
+    def _advance_epoch(self) -> None:
+        self._epoch += 1
+        self._position = 0
+        self._order = None

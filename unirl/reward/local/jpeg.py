@@ -1,0 +1,61 @@
+"""DDPO's JPEG (in)compressibility rewards: the encoded size of each image at quality 95."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import ClassVar
+
+from PIL import Image
+from torch import Tensor
+
+from unirl.config import require
+from unirl.reward.base import (
+    RewardBackend,
+    ScoreResult,
+    as_scores,
+    check_images,
+    check_lengths,
+    images_to_uint8,
+)
+
+
+def jpeg_size_kb(images: Tensor, quality: int = 95) -> list[float]:
+    """JPEG size of each of ``images[N, 3, H, W]`` in kB (1 kB = 1000 bytes), encoded by PIL."""
+    sizes = []
+    for pixels in images_to_uint8(images):
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="JPEG", quality=quality)
+        sizes.append(buffer.tell() / 1000.0)
+    return sizes
+
+
+@dataclass(kw_only=True)
+class JpegCompressibility(RewardBackend):
+    """Reward ``-size_kb``: smaller JPEG files (smoother, simpler images) score higher."""
+
+    quality: int = 95
+    name: str = "jpeg_compressibility"
+    sign: ClassVar[float] = -1.0
+
+    def __post_init__(self) -> None:
+        require(1 <= self.quality <= 100, f"{type(self).__name__}.quality must be in [1, 100]")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def score(self, images: Tensor | None, prompts: list[str], metadata: list[dict]) -> ScoreResult:
+        n = len(prompts)
+        check_lengths(n, type(self).__name__, metadata=metadata)
+        images = check_images(images, n, type(self).__name__)
+        sizes = jpeg_size_kb(images, self.quality)
+        return ScoreResult(scores={self.name: as_scores([self.sign * s for s in sizes])})
+
+
+@dataclass(kw_only=True)
+class JpegIncompressibility(JpegCompressibility):
+    """Reward ``+size_kb``: larger JPEG files (more detail and texture) score higher."""
+
+    name: str = "jpeg_incompressibility"
+    sign: ClassVar[float] = 1.0
