@@ -1,0 +1,22 @@
+"""Loss nodes: ``StageAlgorithm`` and its implementations (see README.md)."""
+
+from __future__ import annotations
+
+from unirl.algorithms.advantages import gdpo_advantages
+from unirl.algorithms.base import StageAlgorithm, StepResult
+from unirl.algorithms.drpo import DRPO
+from unirl.algorithms.flowdppo import FlowDPPO
+from unirl.algorithms.flowgrpo import FlowGRPO
+from unirl.algorithms.grpo import GRPO, TokenPolicy, TokenPolicyLoss
+
+__all__ = [
+    "DRPO",
+    "GRPO",
+    "FlowDPPO",
+    "FlowGRPO",
+    "StageAlgorithm",
+    "StepResult",
+    "TokenPolicy",
+    "TokenPolicyLoss",
+    "gdpo_advantages",
+]

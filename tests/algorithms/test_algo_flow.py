@@ -1,0 +1,287 @@
+"""FlowGRPO (incl. GRPO-Guard) and FlowDPPO on a tiny stand-in family driven by the real
+denoise loop: on-policy exactness, bf16 storage, σ_t from the strategy, loss values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from flow_fakes import (
+    anchor,
+    make_pipeline,
+    perturbed,
+    run_update,
+    sample,
+    sgd_step,
+    update,
+    zero_grad,
+)
+
+from unirl.algorithms import FlowDPPO, FlowGRPO
+from unirl.config import ConfigError
+from unirl.sde import CPS, DanceSDE, FlowSDE
+
+ADV = torch.tensor([1.0, -1.0, 0.5, -0.5])
+TOL = 1e-6
+
+
+def _std_independent(strategy, sigma: float, sigma_next: float, sigma_max: float) -> float:
+    """Each kernel's step std written out from MATH.md (not through the strategy object)."""
+    if isinstance(strategy, FlowSDE):
+        denom = sigma_max if sigma == 1.0 else sigma
+        return strategy.eta * math.sqrt(sigma / (1 - denom)) * math.sqrt(sigma - sigma_next)
+    if isinstance(strategy, DanceSDE):
+        return strategy.eta * math.sqrt(sigma - sigma_next)
+    return sigma_next * math.sin(strategy.eta * math.pi / 2)
+
+
+def _slot_std(strategy, segment, k: int) -> torch.Tensor:
+    sig = segment.sigmas.double().tolist()
+    return torch.tensor(
+        [
+            _std_independent(strategy, sig[j], sig[j + 1], sig[1])
+            for j in segment.sde_indices[:, k].tolist()
+        ],
+        dtype=torch.float64,
+    )
+
+
+def _independent_d(pipeline, prepared) -> torch.Tensor:
+    """D per term in the order the algorithms emit terms (micro-batch, then slot, then sample)."""
+    out = []
+    for cond, seg, _ in prepared:
+        for k in range(seg.num_sde_steps):
+            with torch.no_grad():
+                mean = pipeline.replay(cond, seg, k).mean.double()
+            diff = (mean - seg.sde_means[:, k].double()).reshape(len(mean), -1)
+            out.append(diff.square().mean(1) / (2 * _slot_std(pipeline.strategy, seg, k) ** 2))
+    return torch.cat(out)
+
+
+# ----------------------------------------------------------------------------- on-policy exactness
+@pytest.mark.parametrize("guidance", [1.0, 3.0])
+def test_flowdppo_first_step_ratio_one_and_kl_zero(guidance: float) -> None:
+    pipeline = make_pipeline()
+    conditions, segment = sample(pipeline, guidance_scale=guidance)
+    algo = FlowDPPO(pipeline=pipeline, kl_threshold=1e-12)
+    terms = run_update(algo, conditions, segment, micro=2, advantages=ADV)
+    assert torch.equal(terms["ratio"], torch.ones_like(terms["ratio"]))
+    assert float(terms["dppo_kl"].abs().max()) == 0.0
+    assert bool(terms["keep"].all())
+    metrics = algo.summarize(terms)
+    assert metrics["dppo_kl/max"] == 0.0 and metrics["mask/dropped"] == 0.0
+    grads = [p.grad for p in pipeline.bundle.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert any(float(g.abs().max()) > 0 for g in grads), "the on-policy step must still train"
+
+
+@pytest.mark.parametrize("ratio_norm", ["none", "grpo_guard"])
+def test_flowgrpo_first_ratio_exactly_one(ratio_norm: str) -> None:
+    pipeline = make_pipeline()
+    conditions, segment = sample(pipeline)
+    algo = FlowGRPO(pipeline=pipeline, ratio_norm=ratio_norm)
+    terms = run_update(algo, conditions, segment, micro=2, advantages=ADV)
+    assert torch.equal(terms["ratio"], torch.ones_like(terms["ratio"]))
+    assert algo.summarize(terms)["approx_kl"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "make_algo",
+    [
+        lambda p: FlowGRPO(pipeline=p, old_logp_source="rollout"),
+        lambda p: FlowGRPO(pipeline=p, old_logp_source="rollout", ratio_norm="grpo_guard"),
+        lambda p: FlowDPPO(pipeline=p, old_logp_source="rollout"),
+    ],
+    ids=["flowgrpo", "grpo_guard", "flowdppo"],
+)
+def test_bf16_stored_trajectory_gives_ratio_exactly_one(make_algo) -> None:
+    """The rollout's own log-probs (not a replayed anchor) match replay bit for bit in bf16,
+    because x' is rounded to bf16 before its log-prob is taken."""
+    pipeline = make_pipeline(storage_dtype="bf16", record_means=True)
+    same_steps = torch.tensor([[0, 1, 2]] * 4)
+    conditions, segment = sample(pipeline, sde_indices=same_steps)
+    assert segment.latents.dtype == torch.bfloat16 and segment.next_latents.dtype == torch.bfloat16
+    algo = make_algo(pipeline)
+    terms = run_update(algo, conditions, segment, micro=4, advantages=ADV)  # rollout geometry
+    assert torch.equal(terms["ratio"], torch.ones_like(terms["ratio"]))
+    if "dppo_kl" in terms:
+        assert float(terms["dppo_kl"].max()) == 0.0
+
+
+# ----------------------------------------------------------------------------- FlowDPPO numerics
+@pytest.mark.parametrize(
+    "strategy",
+    [FlowSDE(eta=0.7), DanceSDE(eta=0.3), CPS(eta=0.8, log_prob_form="gaussian")],
+    ids=["flow", "dance", "cps"],
+)
+def test_flowdppo_sigma_t_comes_from_the_strategy(strategy) -> None:
+    pipeline = make_pipeline(strategy)
+    conditions, segment = sample(pipeline)
+    algo = FlowDPPO(pipeline=pipeline, kl_threshold=1e-5)
+    prepared = anchor(algo, conditions, segment, 2, ADV)
+    update(algo, prepared)
+    sgd_step(pipeline.bundle, lr=0.05)
+    _, terms = update(algo, prepared)  # off-policy now: same anchors, new weights
+    expected = _independent_d(pipeline, prepared)
+    assert float(expected.min()) > 0
+    torch.testing.assert_close(terms["dppo_kl"].double(), expected, atol=0.0, rtol=1e-5)
+
+
+def test_flowdppo_masks_and_loss_after_an_update() -> None:
+    pipeline = make_pipeline()
+    conditions, segment = sample(pipeline, n=8)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.0, 1.5])
+    prepared = anchor(FlowDPPO(pipeline=pipeline), conditions, segment, 4, adv)
+    algo = FlowDPPO(pipeline=pipeline, kl_threshold=1e-5)
+    update(algo, prepared)
+    sgd_step(pipeline.bundle, lr=0.05)
+    d = _independent_d(pipeline, prepared)
+    algo.kl_threshold = float(d.median())  # half the terms are over τ
+    zero_grad(pipeline.bundle)
+    loss, terms = update(algo, prepared)
+    keep, over, directional = terms["keep"], terms["over"], terms["directional"]
+    lr, a = terms["log_ratio"].double(), terms["adv"].double()
+    exp_dir = ((lr > 0) & (a > 0)) | ((lr < 0) & (a < 0))
+    assert torch.equal(directional, exp_dir)
+    assert torch.equal(keep, ~(over & exp_dir))
+    assert 0 < int((~keep).sum()) < keep.numel()
+    # loss = Σ_micro (n_mb/n) · mean_k [ mean over kept terms of −A·r ]
+    r = torch.exp(lr)
+    expected, pos, num_micro, per_micro = 0.0, 0, len(prepared), 4
+    for _, seg, _ in prepared:
+        steps = []
+        for _ in range(seg.num_sde_steps):
+            sl = slice(pos, pos + per_micro)
+            kept = keep[sl]
+            vals = (-a[sl] * r[sl])[kept]
+            steps.append(float(vals.sum() / max(int(kept.sum()), 1)))
+            pos += per_micro
+        expected += sum(steps) / len(steps) / num_micro
+    assert abs(loss - expected) < TOL
+    metrics = algo.summarize(terms)
+    assert metrics["mask/dropped"] == pytest.approx(float((~keep).float().mean()))
+    assert metrics["mask/dropped_pos"] + metrics["mask/dropped_neg"] == pytest.approx(
+        metrics["mask/dropped"]
+    )
+    assert metrics["mask/over_threshold"] == pytest.approx(
+        metrics["mask/dropped"] + metrics["mask/spared_by_direction"]
+    )
+    assert metrics["dppo_kl/max"] == pytest.approx(float(d.max()), rel=1e-5)
+
+
+def test_flowdppo_kl_to_reference() -> None:
+    pipeline = make_pipeline()
+    conditions, segment = sample(pipeline)
+    algo = FlowDPPO(pipeline=pipeline, kl_beta=0.1)
+    with pytest.raises(RuntimeError, match="reference"):
+        run_update(algo, conditions, segment, 2, ADV)
+    zero_grad(pipeline.bundle)
+    algo.bind_reference(lambda: perturbed(pipeline.bundle))
+    terms = run_update(algo, conditions, segment, 2, ADV)
+    assert float(terms["kl"].min()) > 0 and "kl_loss" in algo.summarize(terms)
+
+
+def test_flowdppo_rollout_source_needs_means() -> None:
+    pipeline = make_pipeline()
+    conditions, segment = sample(pipeline)
+    with pytest.raises(ValueError, match="record_means"):
+        FlowDPPO(pipeline=pipeline, old_logp_source="rollout").prepare_segment(conditions, segment)
+    with pytest.raises(ConfigError, match="kl_threshold"):
+        FlowDPPO(pipeline=pipeline, kl_threshold=0.0)
+
+
+# ----------------------------------------------------------------------------- FlowGRPO
+def _original_flowgrpo(
+    pipeline, prepared, clip: float, kl_beta: float, reference
+) -> list[torch.Tensor]:
+    """The pre-refactor FlowGRPO step written out: per slot ratio, clip, optional KL, backward."""
+    n = sum(len(a) for _, _, a in prepared)
+    for cond, seg, adv in prepared:
+        sigmas = seg.sigmas.float()
+        for k in range(seg.num_sde_steps):
+            if kl_beta > 0:
+                with torch.no_grad(), reference():
+                    ref = pipeline.replay(cond, seg, k)
+            rec = pipeline.replay(cond, seg, k)
+            ratio = torch.exp(rec.log_prob - seg.sde_logp[:, k])
+            policy = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1.0 - clip, 1.0 + clip))
+            loss = policy.mean()
+            if kl_beta > 0:
+                idx = seg.sde_indices[:, k]
+                kl = pipeline.strategy.kl(
+                    rec.mean,
+                    ref.mean,
+                    sigmas[idx],
+                    sigmas[idx + 1],
+                    "gaussian",
+                    sigma_max=float(sigmas[1]),
+                )
+                loss = loss + kl_beta * kl.mean()
+            (loss * (len(adv) / n / seg.num_sde_steps)).backward()
+    return [p.grad.clone() for p in pipeline.bundle.parameters()]
+
+
+@pytest.mark.parametrize("kl_beta", [0.0, 0.04])
+def test_flowgrpo_default_is_bit_for_bit_the_plain_loss(kl_beta: float) -> None:
+    pipeline = make_pipeline()
+    conditions, segment = sample(pipeline)
+    algo = FlowGRPO(pipeline=pipeline, clip_range=3e-4, kl_beta=kl_beta)
+    algo.bind_reference(lambda: perturbed(pipeline.bundle))
+    prepared = anchor(algo, conditions, segment, 2, ADV)
+    update(algo, prepared)
+    sgd_step(pipeline.bundle, lr=0.05)  # move off-policy so clipping and the ratio matter
+    _, terms = update(algo, prepared)
+    metrics = algo.summarize(terms)
+    assert 0 < metrics["clipfrac/above"] + metrics["clipfrac/below"] < 1, (
+        "some terms clipped, some not"
+    )
+    ours = [p.grad.clone() for p in pipeline.bundle.parameters()]
+    zero_grad(pipeline.bundle)
+    theirs = _original_flowgrpo(
+        pipeline, prepared, 3e-4, kl_beta, lambda: perturbed(pipeline.bundle)
+    )
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+def test_grpo_guard_ratio_and_step_weight() -> None:
+    pipeline = make_pipeline()
+    conditions, segment = sample(pipeline)
+    algo = FlowGRPO(pipeline=pipeline, ratio_norm="grpo_guard", clip_range=1.0)
+    assert algo.anchor_fields == ("sde_logp", "sde_means")
+    prepared = anchor(algo, conditions, segment, 2, ADV)
+    update(algo, prepared)
+    sgd_step(pipeline.bundle, lr=0.05)
+    loss, terms = update(algo, prepared)
+    # independent: log r̃ = (log r + D)·σ_t, loss = mean_k mean_i −A·r̃ / (σ − σ')  (clip 1 is inactive)
+    d = _independent_d(pipeline, prepared)
+    stds, weights, advs = [], [], []
+    for _, seg, adv in prepared:
+        sig = seg.sigmas.double()
+        for k in range(seg.num_sde_steps):
+            stds.append(_slot_std(pipeline.strategy, seg, k))
+            idx = seg.sde_indices[:, k]
+            weights.append(1.0 / (sig[idx] - sig[idx + 1]))
+            advs.append(adv.double())
+    std, w, a = torch.cat(stds), torch.cat(weights), torch.cat(advs)
+    guard_ratio = torch.exp((terms["log_ratio"].double() + d) * std)
+    torch.testing.assert_close(terms["ratio"].double(), guard_ratio, atol=1e-7, rtol=0.0)
+    assert float((terms["ratio"] - 1).abs().max()) > 0
+    per_term = -a * guard_ratio * w
+    s = prepared[0][1].num_sde_steps
+    expected = sum(float(per_term[i * 2 * s : (i + 1) * 2 * s].mean()) / 2 for i in range(2))
+    assert abs(loss - expected) < 1e-5
+
+
+def test_grpo_guard_validation() -> None:
+    with pytest.raises(ConfigError, match="log_prob_form"):
+        FlowGRPO(pipeline=make_pipeline(CPS(eta=0.8)), ratio_norm="grpo_guard")
+    with pytest.raises(ConfigError, match="ratio_norm"):
+        FlowGRPO(pipeline=make_pipeline(), ratio_norm="guard")
+    pipeline = make_pipeline()
+    conditions, segment = sample(pipeline)
+    with pytest.raises(ValueError, match="record_means"):
+        FlowGRPO(
+            pipeline=pipeline, ratio_norm="grpo_guard", old_logp_source="rollout"
+        ).prepare_segment(conditions, segment)
+    assert FlowGRPO(pipeline=pipeline).anchor_fields == ("sde_logp",)

@@ -1,0 +1,78 @@
+"""``StageAlgorithm``: the loss node that consumes one track's segment and calls ``backward()``."""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from unirl.types import Conditions, LatentSegment
+
+
+@dataclass
+class StepResult:
+    """What one micro-batch returns: its scalar ``loss`` (already backpropagated) and raw
+    per-term tensors (``terms``) that :meth:`StageAlgorithm.summarize` turns into metrics."""
+
+    loss: float
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class StageAlgorithm(ABC):
+    """A small loss node. Class knobs tell the train stack how to drive it.
+
+    - ``supports_multi_update``: may take several optimizer steps per rollout.
+    - ``requires_log_prob``: needs per-step log-probs from the SDE strategy (ratio losses).
+    - ``requires_ema_rollout``: rollout must run with the EMA / old weights (NFT).
+    - ``anchor_fields``: segment fields frozen as π_old by :meth:`prepare_segment`.
+    """
+
+    supports_multi_update: ClassVar[bool] = True
+    requires_log_prob: ClassVar[bool] = True
+    requires_ema_rollout: ClassVar[bool] = False
+    anchor_fields: ClassVar[tuple[str, ...]] = ("sde_logp",)
+
+    def __init__(self) -> None:
+        self._reference: Callable[[], AbstractContextManager[Any]] | None = None
+
+    def bind_reference(self, reference: Callable[[], AbstractContextManager[Any]] | None) -> None:
+        """Install the context that turns the trained module into the frozen reference
+        (the backend's ``adapter_disabled``)."""
+        self._reference = reference
+
+    def reference(self) -> AbstractContextManager[Any]:
+        if self._reference is None:
+            raise RuntimeError(
+                f"{type(self).__name__} needs a reference policy (kl_beta > 0) but none is bound; "
+                "the train stack binds the backend's adapter_disabled() when LoRA is on"
+            )
+        return self._reference()
+
+    @torch.no_grad()
+    def prepare_segment(self, conditions: Conditions, segment: LatentSegment) -> LatentSegment:
+        """Freeze π_old for this micro-batch (default: keep the rollout's anchors)."""
+        return segment
+
+    @abstractmethod
+    def compute_loss_and_backward(
+        self,
+        conditions: Conditions,
+        segment: LatentSegment,
+        advantages: torch.Tensor,
+        progress: float,
+        loss_scale: float,
+    ) -> StepResult:
+        """Loss of one micro-batch times ``loss_scale``, backpropagated; returns its terms."""
+
+    @abstractmethod
+    def summarize(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Metrics from the concatenated terms of every micro-batch of one optimizer step."""
+
+
+def no_reference() -> AbstractContextManager[None]:
+    return contextlib.nullcontext()

@@ -1,0 +1,171 @@
+"""Flow-DPPO: a KL mask in place of PPO's ratio clip (MATH.md, "Flow-DPPO").
+
+    D = mean (μ_θ − μ_old)² / (2σ_t²)         σ_t = the step std of the strategy in use
+    drop (i, t) when D ≥ τ and ((r > 1 ∧ A > 0) ∨ (r < 1 ∧ A < 0))
+    L = mean over kept terms of −A·r  (+ β·KL to the frozen base)
+
+A term is dropped only when the policy has already moved far (in KL) from π_old *and* keeps
+moving the way its advantage pushes it; moving back toward π_old is always allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from unirl.algorithms.base import StageAlgorithm, StepResult
+from unirl.algorithms.flowgrpo import (
+    check_flow_knobs,
+    ratio_metrics,
+    reference_step,
+    replay_anchors,
+    slot_sigmas,
+    step_kl,
+)
+from unirl.algorithms.losses import flow_dppo_loss
+from unirl.config.require import require
+from unirl.types import Conditions, LatentSegment
+
+
+class FlowDPPO(StageAlgorithm):
+    """The KL-masked policy loss for flow-matching models.
+
+    ``kl_threshold`` is τ (D is a mean over C·H·W, so τ is small: ~1e-5). π_old is the pair
+    (``sde_logp``, ``sde_means``): ``old_logp_source="replay"`` recomputes both with the
+    current weights at the training micro-batch geometry before any update, so the first
+    step has ratio 1 and D = 0 exactly; ``"rollout"`` uses what sampling recorded (needs
+    ``pipeline.record_means=true``). σ_t comes from ``pipeline.strategy.step_std`` for the
+    sigmas of each sample's slot, so Flow, Dance and CPS kernels each get their own σ_t.
+    ``kl_beta``/``kl_form``: optional KL to the frozen base, as in :class:`FlowGRPO`.
+
+    The loss of a micro-batch is the mean over its trained steps of each step's kept-term
+    mean (one forward + backward per step keeps memory flat; the kept count of later steps is
+    not known when an earlier step backpropagates).
+    """
+
+    anchor_fields: ClassVar[tuple[str, ...]] = ("sde_logp", "sde_means")
+
+    def __init__(
+        self,
+        *,
+        pipeline: Any,
+        kl_threshold: float = 1e-5,
+        kl_beta: float = 0.0,
+        kl_form: Literal["gaussian", "reference"] = "gaussian",
+        old_logp_source: Literal["replay", "rollout"] = "replay",
+        params: Any = None,
+    ) -> None:
+        super().__init__()
+        require(
+            kl_threshold > 0,
+            "algorithm.kl_threshold must be > 0 (D >= 0 always, so 0 would drop every term that moves)",
+        )
+        check_flow_knobs(kl_beta, kl_form, old_logp_source)
+        self.pipeline = pipeline
+        self.kl_threshold = kl_threshold
+        self.kl_beta = kl_beta
+        self.kl_form = kl_form
+        self.old_logp_source = old_logp_source
+        self.params = params
+
+    @torch.no_grad()
+    def prepare_segment(self, conditions: Conditions, segment: LatentSegment) -> LatentSegment:
+        if self.old_logp_source == "rollout":
+            if segment.sde_logp is None or segment.sde_means is None:
+                raise ValueError(
+                    "FlowDPPO with old_logp_source=rollout needs sde_logp and sde_means from the "
+                    "rollout; set pipeline.record_means=true or old_logp_source=replay"
+                )
+            return segment
+        return replay_anchors(self.pipeline, conditions, segment, means=True)
+
+    def compute_loss_and_backward(
+        self,
+        conditions: Conditions,
+        segment: LatentSegment,
+        advantages: torch.Tensor,
+        progress: float,
+        loss_scale: float,
+    ) -> StepResult:
+        if segment.sde_logp is None or segment.sde_means is None:
+            raise ValueError(
+                "FlowDPPO needs anchored sde_logp and sde_means; call prepare_segment first"
+            )
+        num_steps = segment.num_sde_steps
+        adv = advantages.float().to(segment.sde_logp.device)
+        total = 0.0
+        parts: dict[str, list[torch.Tensor]] = {
+            k: []
+            for k in (
+                "ratio",
+                "log_ratio",
+                "dppo_kl",
+                "keep",
+                "over",
+                "directional",
+                "adv",
+                "policy_loss",
+                "kl",
+            )
+        }
+        for k in range(num_steps):
+            if self.kl_beta > 0:
+                ref = reference_step(self, self.pipeline, conditions, segment, k)
+            record = self.pipeline.replay(conditions, segment, k)
+            sigma, sigma_next, sigma_max = slot_sigmas(segment, k, record.mean.device)
+            std = self.pipeline.strategy.step_std(sigma, sigma_next, sigma_max=sigma_max)
+            out = flow_dppo_loss(
+                record.log_prob,
+                segment.sde_logp[:, k],
+                adv,
+                record.mean,
+                segment.sde_means[:, k],
+                std,
+                self.kl_threshold,
+            )
+            loss = out.loss
+            if self.kl_beta > 0:
+                kl = step_kl(
+                    self.pipeline.strategy, record.mean, ref.mean, segment, k, self.kl_form
+                )
+                loss = loss + self.kl_beta * kl.mean()
+                parts["kl"].append(kl.detach())
+            (loss * (loss_scale / num_steps)).backward()
+            total += float(loss.detach()) / num_steps
+            parts["ratio"].append(out.ratio)
+            parts["log_ratio"].append((record.log_prob - segment.sde_logp[:, k]).detach())
+            parts["dppo_kl"].append(out.kl)
+            parts["keep"].append(out.keep)
+            parts["over"].append(out.over)
+            parts["directional"].append(out.directional)
+            parts["adv"].append(adv.expand_as(out.ratio))
+            parts["policy_loss"].append(out.loss.detach().reshape(1))
+        terms = {k: torch.cat(v) for k, v in parts.items() if v}
+        return StepResult(loss=total * loss_scale, terms=terms)
+
+    def summarize(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Ratio stats, D mean/max, and the mask: ``mask/dropped`` (all dropped terms), split into
+        ``mask/dropped_pos`` (A > 0, r > 1) and ``mask/dropped_neg`` (A < 0, r < 1);
+        ``mask/over_threshold`` (D ≥ τ) and ``mask/spared_by_direction`` (D ≥ τ but kept because
+        the ratio moves against the advantage)."""
+        out = ratio_metrics(terms["ratio"], terms["log_ratio"])
+        keep, over, adv = terms["keep"].bool(), terms["over"].bool(), terms["adv"]
+        dropped = ~keep
+        d = terms["dppo_kl"].float()
+        out.update(
+            {
+                "mask/dropped": float(dropped.float().mean()),
+                "mask/dropped_pos": float((dropped & (adv > 0)).float().mean()),
+                "mask/dropped_neg": float((dropped & (adv < 0)).float().mean()),
+                "mask/over_threshold": float(over.float().mean()),
+                "mask/spared_by_direction": float((over & keep).float().mean()),
+                "dppo_kl/mean": float(d.mean()),
+                "dppo_kl/max": float(d.max()),
+                "policy_loss": float(terms["policy_loss"].float().mean()),
+            }
+        )
+        if "kl" in terms:
+            out["kl_loss"] = float(terms["kl"].float().mean())
+            out["kl/max"] = float(terms["kl"].float().max())
+        return out

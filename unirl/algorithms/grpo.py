@@ -1,0 +1,234 @@
+"""Token-level GRPO for autoregressive text tracks (MATH.md, "AR GRPO and DRPO").
+
+    r_t = exp(log π_θ(y_t) − log π_old(y_t)),  ℓ_t = max(−A·r_t, −A·clip(r_t, 1 − ε_low, 1 + ε_high))
+    L = aggregate(ℓ + β·k3(π_θ, π_ref), loss_mask, mode)
+
+``TokenPolicyLoss`` holds everything a per-token ratio loss on a ``TextSegment`` needs
+(anchoring π_old, the reference KL, packing, aggregation, metrics); ``GRPO`` and ``DRPO``
+only say how a token's loss follows from its ratio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import abstractmethod
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import torch
+
+from unirl.algorithms.base import StageAlgorithm, StepResult
+from unirl.algorithms.losses import LOSS_AGG_MODES, aggregate, grpo_clip_loss, k3_kl, pad_packed
+from unirl.config.require import require
+from unirl.types import Conditions, Packed, TextSegment
+
+
+@runtime_checkable
+class TokenPolicy(Protocol):
+    """What a text-track loss needs from the model side (see README.md, "the policy protocol")."""
+
+    def token_log_probs(self, conditions: Conditions, segment: TextSegment) -> Packed:
+        """Per-token log π(y_t | y_<t, conditions) under the current weights: a ``Packed`` with
+        ``segment.tokens.offsets``; differentiable under the caller's grad mode."""
+        ...
+
+
+class TokenPolicyLoss(StageAlgorithm):
+    """Base of the per-token ratio losses on ``TextSegment`` (packed tokens).
+
+    ``old_logp_source``: ``replay`` recomputes π_old with ``policy.token_log_probs`` at the
+    training micro-batch geometry before any update (first ratio exactly 1); ``rollout``
+    trusts ``segment.log_probs`` from the engine (vLLM / SGLang numerics differ from the
+    trainer's, so ratios start ≠ 1). ``loss_agg``: see :func:`unirl.algorithms.losses.aggregate`;
+    ``norm_length`` is the constant divisor of ``seq-mean-token-sum-norm``.
+    ``kl_beta > 0`` adds β·k3 to the frozen reference (the policy under ``reference()``).
+    Advantages are per sample (``[B]``), broadcast to every token of the sample.
+    """
+
+    anchor_fields: ClassVar[tuple[str, ...]] = ("log_probs",)
+
+    def __init__(
+        self,
+        *,
+        policy: Any,
+        loss_agg: str = "token-mean",
+        norm_length: int | None = None,
+        kl_beta: float = 0.0,
+        old_logp_source: str = "replay",
+        params: Any = None,
+    ) -> None:
+        super().__init__()
+        require(
+            loss_agg in LOSS_AGG_MODES,
+            f"algorithm.loss_agg must be one of {list(LOSS_AGG_MODES)}, got {loss_agg!r}",
+        )
+        require(
+            loss_agg != "seq-mean-token-sum-norm" or (norm_length is not None and norm_length > 0),
+            "algorithm.loss_agg=seq-mean-token-sum-norm needs algorithm.norm_length > 0 "
+            "(the constant divisor; use the generation budget max_new_tokens)",
+        )
+        require(kl_beta >= 0, "algorithm.kl_beta must be >= 0")
+        require(
+            old_logp_source in ("replay", "rollout"),
+            "algorithm.old_logp_source must be 'replay' or 'rollout'",
+        )
+        require(
+            callable(getattr(policy, "token_log_probs", None)),
+            f"algorithm.policy ({type(policy).__name__}) must provide token_log_probs(conditions, segment)",
+        )
+        self.policy = policy
+        self.loss_agg = loss_agg
+        self.norm_length = norm_length
+        self.kl_beta = kl_beta
+        self.old_logp_source = old_logp_source
+        self.params = params
+
+    # -- per-token loss: the one thing subclasses define -------------------------------------
+
+    @abstractmethod
+    def token_terms(
+        self, log_prob: torch.Tensor, old_log_prob: torch.Tensor, adv: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss_terms[T], ratio[T])`` for packed tokens (fp32)."""
+
+    # -- anchoring ---------------------------------------------------------------------------
+
+    def _log_probs(self, conditions: Conditions, segment: TextSegment) -> Packed:
+        out = self.policy.token_log_probs(conditions, segment)
+        if not torch.equal(out.offsets.cpu(), segment.tokens.offsets.cpu()):
+            raise ValueError(
+                f"{type(self.policy).__name__}.token_log_probs returned offsets "
+                f"{out.offsets.tolist()} but the segment's tokens have {segment.tokens.offsets.tolist()}"
+            )
+        return out
+
+    @torch.no_grad()
+    def prepare_segment(self, conditions: Conditions, segment: TextSegment) -> TextSegment:  # type: ignore[override]
+        if self.old_logp_source == "rollout":
+            if segment.log_probs is None:
+                raise ValueError("old_logp_source=rollout but the rollout recorded no log_probs")
+            return segment
+        anchor = self._log_probs(conditions, segment)
+        return dataclasses.replace(
+            segment,
+            log_probs=Packed(values=anchor.values.detach().float(), offsets=segment.tokens.offsets),
+        )
+
+    # -- loss --------------------------------------------------------------------------------
+
+    def compute_loss_and_backward(  # type: ignore[override]
+        self,
+        conditions: Conditions,
+        segment: TextSegment,
+        advantages: torch.Tensor,
+        progress: float,
+        loss_scale: float,
+    ) -> StepResult:
+        if segment.log_probs is None:
+            raise ValueError(
+                f"{type(self).__name__} needs anchored log_probs; call prepare_segment first"
+            )
+        offsets = segment.tokens.offsets
+        lengths = (offsets[1:] - offsets[:-1]).to(advantages.device)
+        require(
+            advantages.ndim == 1 and advantages.numel() == len(lengths),
+            f"advantages must be per sample [B={len(lengths)}], got {tuple(advantages.shape)}",
+        )
+        current = self._log_probs(conditions, segment).values.float()
+        device = current.device
+        old = segment.log_probs.values.float().to(device)
+        if segment.loss_mask is not None:
+            mask = segment.loss_mask.values.to(device).bool()
+        else:
+            mask = torch.ones_like(current, dtype=torch.bool)
+        adv = torch.repeat_interleave(advantages.float(), lengths).to(device)
+        # masked tokens see log-ratio 0 (ratio 1, k3 0): no inf from an unused position can
+        # reach the backward pass as inf·0
+        zero = torch.zeros_like(current)
+        lp = torch.where(mask, current, zero)
+        old_lp = torch.where(mask, old, zero)
+        policy_terms, ratio = self.token_terms(lp, old_lp, adv)
+        terms, kl = policy_terms, None
+        if self.kl_beta > 0:
+            with torch.no_grad(), self.reference():
+                ref = self._log_probs(conditions, segment).values.float().to(device)
+            kl = k3_kl(lp, torch.where(mask, ref, zero))
+            terms = terms + self.kl_beta * kl
+        loss = aggregate(
+            pad_packed(terms, offsets),
+            pad_packed(mask, offsets, False),
+            self.loss_agg,
+            norm_length=self.norm_length,
+        )
+        (loss * loss_scale).backward()
+        out = {
+            "ratio": ratio.detach()[mask],
+            "log_ratio": (lp - old_lp).detach()[mask],
+            "policy_loss": policy_terms.detach()[mask],
+            "num_tokens": mask.sum().reshape(1).float(),
+        }
+        if kl is not None:
+            out["kl"] = kl.detach()[mask]
+        return StepResult(loss=float(loss.detach()) * loss_scale, terms=out)
+
+    def summarize(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
+        ratio, log_ratio = terms["ratio"].float(), terms["log_ratio"].float()
+        empty = ratio.numel() == 0
+        out = {
+            "ratio/mean": 1.0 if empty else float(ratio.mean()),
+            "ratio/std": float(ratio.std(unbiased=False)) if ratio.numel() > 1 else 0.0,
+            "ratio/min": 1.0 if empty else float(ratio.min()),
+            "ratio/max": 1.0 if empty else float(ratio.max()),
+            "approx_kl": 0.0 if empty else float(0.5 * log_ratio.square().mean()),
+            "policy_loss": 0.0 if empty else float(terms["policy_loss"].float().mean()),
+            "tokens": float(terms["num_tokens"].sum()),
+        }
+        if "kl" in terms and not empty:
+            out["kl_loss"] = float(terms["kl"].float().mean())
+            out["kl/max"] = float(terms["kl"].float().max())
+        return out
+
+
+class GRPO(TokenPolicyLoss):
+    """Token-level GRPO with DAPO's decoupled clip: ``clip_low`` = ε_low, ``clip_high`` = ε_high
+    (set ``clip_high`` > ``clip_low``, e.g. 0.28 vs 0.2, for clip-higher)."""
+
+    def __init__(
+        self,
+        *,
+        policy: Any,
+        clip_low: float = 0.2,
+        clip_high: float = 0.2,
+        loss_agg: str = "token-mean",
+        norm_length: int | None = None,
+        kl_beta: float = 0.0,
+        old_logp_source: str = "replay",
+        params: Any = None,
+    ) -> None:
+        require(0 < clip_low < 1, f"algorithm.clip_low must be in (0, 1), got {clip_low}")
+        require(clip_high > 0, f"algorithm.clip_high must be > 0, got {clip_high}")
+        super().__init__(
+            policy=policy,
+            loss_agg=loss_agg,
+            norm_length=norm_length,
+            kl_beta=kl_beta,
+            old_logp_source=old_logp_source,
+            params=params,
+        )
+        self.clip_low = clip_low
+        self.clip_high = clip_high
+
+    def token_terms(
+        self, log_prob: torch.Tensor, old_log_prob: torch.Tensor, adv: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return grpo_clip_loss(log_prob, old_log_prob, adv, self.clip_low, self.clip_high)
+
+    def summarize(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
+        out = super().summarize(terms)
+        ratio = terms["ratio"].float()
+        out["clipfrac/above"] = (
+            float((ratio > 1 + self.clip_high).float().mean()) if ratio.numel() else 0.0
+        )
+        out["clipfrac/below"] = (
+            float((ratio < 1 - self.clip_low).float().mean()) if ratio.numel() else 0.0
+        )
+        return out

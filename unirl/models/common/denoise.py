@@ -1,0 +1,187 @@
+"""The flow-matching denoise loop, written once for every diffusion family.
+
+Sampling walks the pinned σ schedule; at the SDE steps of each sample (``sde_indices``) it
+takes a stochastic kernel step and records ``log p`` (and optionally the Gaussian mean);
+elsewhere it takes the deterministic Euler step. Only the trained steps' inputs and outputs
+are stored (sparse trajectory). Replay recomputes one stored step at training geometry.
+
+Numerics: the carried latent is rounded to the storage dtype after every step, so the value
+the model saw during sampling is exactly the value replay feeds it; kernels do fp32 math and
+take ``log p`` of the *rounded* next latent. Hence replaying an unchanged policy reproduces
+``sde_logp`` bit for bit at equal batch geometry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from unirl.models.common.protocols import FlowMatchingFamily
+from unirl.types import Conditions, LatentSegment
+
+
+def forward_conditions(family: FlowMatchingFamily, conditions: Conditions, guidance_scale: float) -> Conditions:
+    """The conditions one velocity forward consumes: CFG pairs (2·N rows) or plain (N rows)."""
+    return family.cfg_conditions(conditions) if guidance_scale > 1.0 else conditions
+
+
+def guided_velocity(
+    family: FlowMatchingFamily,
+    latents: torch.Tensor,
+    sigma: torch.Tensor,
+    fwd_conditions: Conditions,
+    guidance_scale: float,
+) -> torch.Tensor:
+    """fp32 velocity ``v[B, ...]``; with CFG the cond and uncond rows run in one forward.
+
+    ``fwd_conditions`` comes from :func:`forward_conditions` (uncond rows first).
+    """
+    if guidance_scale > 1.0:
+        v = family.predict_velocity(torch.cat([latents, latents]), torch.cat([sigma, sigma]), fwd_conditions)
+        v_uncond, v_cond = v.float().chunk(2)
+        return v_uncond + guidance_scale * (v_cond - v_uncond)
+    return family.predict_velocity(latents, sigma, fwd_conditions).float()
+
+
+def sigma_max_of(sigmas: torch.Tensor) -> float | None:
+    """The first σ below 1, used by kernels whose noise scale diverges at σ = 1."""
+    below = sigmas[sigmas < 1.0]
+    return float(below[0]) if below.numel() else None
+
+
+@dataclass
+class StepRecord:
+    """One replayed step: ``log_prob[B]`` (mean over C·H·W), ``mean[B, ...]``, ``std[B]`` (fp32)."""
+
+    log_prob: torch.Tensor | None
+    mean: torch.Tensor
+    std: torch.Tensor
+
+
+def _step_positions(sde_indices: torch.Tensor, num_steps: int) -> torch.Tensor:
+    """``pos[T, N]``: for step j and sample i the slot k with ``sde_indices[i, k] == j``, else -1."""
+    n, s = sde_indices.shape
+    pos = torch.full((num_steps, n), -1, dtype=torch.long)
+    rows = torch.arange(n).unsqueeze(1).expand(n, s)
+    pos[sde_indices.reshape(-1), rows.reshape(-1)] = torch.arange(s).repeat(n)
+    return pos
+
+
+@torch.no_grad()
+def sample_trajectory(
+    family: FlowMatchingFamily,
+    *,
+    conditions: Conditions,
+    x_T: torch.Tensor,
+    sigmas: torch.Tensor,
+    sde_indices: torch.Tensor,
+    sde_noise: torch.Tensor | None,
+    strategy: Any,
+    guidance_scale: float,
+    storage_dtype: torch.dtype = torch.float32,
+    record_means: bool = False,
+) -> LatentSegment:
+    """Run the full denoise loop from ``x_T[N, C, h, w]`` along ``sigmas[T+1]``.
+
+    ``sde_indices[N, S]`` (CPU) names each sample's stochastic steps; ``sde_noise[N, S, C, h, w]``
+    holds the driver-seeded noise for them (None when ``S == 0``). Returns a ``LatentSegment``
+    on ``x_T``'s device with ``latents``/``next_latents`` at the SDE steps, ``sde_logp[N, S]``
+    when the strategy provides log-probs, ``sde_means`` when asked, and ``final_latents``.
+    """
+    device = x_T.device
+    sigmas_cpu = sigmas.detach().float().cpu()
+    sigmas_dev = sigmas_cpu.to(device)
+    num_steps = sigmas_cpu.numel() - 1
+    n, s = sde_indices.shape
+    positions = _step_positions(sde_indices.cpu(), num_steps)
+    is_sde = positions >= 0  # [T, N], on the host: no device sync in the loop
+    sigma_max = sigma_max_of(sigmas_cpu)
+    fwd_cond = forward_conditions(family, conditions, guidance_scale)
+
+    latent_shape = tuple(x_T.shape[1:])
+    buf_in = torch.empty((n, s, *latent_shape), dtype=storage_dtype, device=device)
+    buf_out = torch.empty_like(buf_in)
+    logp = torch.zeros((n, s), dtype=torch.float32, device=device)
+    means = torch.empty((n, s, *latent_shape), dtype=torch.float32, device=device) if record_means else None
+    provides_logp = bool(getattr(strategy, "provides_log_prob", True))
+
+    x = x_T.to(storage_dtype)
+    for j in range(num_steps):
+        sigma = sigmas_dev[j].expand(n)
+        sigma_next = sigmas_dev[j + 1].expand(n)
+        v = guided_velocity(family, x, sigma, fwd_cond, guidance_scale)
+        ode_next = (x.float() + v * (sigma_next - sigma).view(-1, *([1] * (x.ndim - 1)))).to(storage_dtype)
+        step_mask = is_sde[j]
+        if not bool(step_mask.any()):
+            x = ode_next
+            continue
+        rows = step_mask.nonzero().squeeze(1)
+        slots = positions[j, rows]
+        noise = sde_noise[rows, slots].to(device) if sde_noise is not None else None
+        rows_dev = rows.to(device)
+        out = strategy.step(
+            v.index_select(0, rows_dev),
+            x.index_select(0, rows_dev),
+            sigma.index_select(0, rows_dev),
+            sigma_next.index_select(0, rows_dev),
+            noise=noise,
+            storage_dtype=storage_dtype,
+            sigma_max=sigma_max,
+        )
+        buf_in[rows_dev, slots.to(device)] = x.index_select(0, rows_dev)
+        buf_out[rows_dev, slots.to(device)] = out.next_latents.to(storage_dtype)
+        if provides_logp and out.log_prob is not None:
+            logp[rows_dev, slots.to(device)] = out.log_prob.float()
+        if means is not None:
+            means[rows_dev, slots.to(device)] = out.mean.float()
+        if bool(step_mask.all()):
+            x = out.next_latents.to(storage_dtype)
+        else:
+            x = ode_next.index_copy(0, rows_dev, out.next_latents.to(storage_dtype))
+
+    return LatentSegment(
+        sigmas=sigmas_cpu,
+        sde_indices=sde_indices.cpu(),
+        latents=buf_in,
+        next_latents=buf_out,
+        final_latents=x,
+        sde_logp=logp if provides_logp else None,
+        sde_means=means,
+        guidance_scale=float(guidance_scale),
+        strategy=str(getattr(strategy, "name", type(strategy).__name__)),
+    )
+
+
+def replay_step(
+    family: FlowMatchingFamily,
+    *,
+    fwd_conditions: Conditions,
+    segment: LatentSegment,
+    slot: int,
+    strategy: Any,
+) -> StepRecord:
+    """Recompute trained slot ``slot`` of every sample in ``segment`` under the current weights.
+
+    Autograd follows the caller's grad mode. ``fwd_conditions`` is
+    ``forward_conditions(family, conditions, segment.guidance_scale)`` for the same rows.
+    """
+    assert segment.latents is not None and segment.next_latents is not None
+    device = segment.latents.device
+    step_index = segment.sde_indices[:, slot]
+    sigmas = segment.sigmas.float()
+    sigma = sigmas[step_index].to(device)
+    sigma_next = sigmas[step_index + 1].to(device)
+    x = segment.latents[:, slot]
+    v = guided_velocity(family, x, sigma, fwd_conditions, segment.guidance_scale)
+    out = strategy.step(
+        v,
+        x,
+        sigma,
+        sigma_next,
+        prev_sample=segment.next_latents[:, slot],
+        storage_dtype=segment.next_latents.dtype,
+        sigma_max=sigma_max_of(sigmas),
+    )
+    return StepRecord(log_prob=out.log_prob, mean=out.mean, std=out.std)

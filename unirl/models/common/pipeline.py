@@ -1,0 +1,154 @@
+"""``FlowMatchingPipeline``: RolloutReq -> RolloutResp for any flow-matching family.
+
+A family package subclasses it only to say how to build CFG conditions; everything else
+(prompt dedupe, x_T and SDE noise from the request, the denoise loop, decode, replay) is here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from unirl.config.precision import parse_dtype
+from unirl.models.common.denoise import (
+    StepRecord,
+    forward_conditions,
+    replay_step,
+    sample_trajectory,
+)
+from unirl.types import (
+    Conditions,
+    DiffusionSamplingParams,
+    Images,
+    LatentSegment,
+    RolloutReq,
+    RolloutResp,
+    RolloutTrack,
+    init_noise,
+)
+
+
+class FlowMatchingPipeline:
+    """Samples and replays trajectories of ``bundle`` with the SDE ``strategy``.
+
+    ``storage_dtype`` is the dtype trajectories are carried and stored in (bf16 halves the
+    memory; log-probs stay exact because kernels round before taking them).
+    ``forward_batch_size`` bounds how many samples one denoise loop runs at once.
+    """
+
+    track_name = "diffusion"
+
+    def __init__(
+        self,
+        *,
+        bundle: Any,
+        strategy: Any,
+        storage_dtype: str = "fp32",
+        record_means: bool = False,
+        forward_batch_size: int | None = None,
+        decode_chunk_size: int | None = None,
+    ) -> None:
+        self.bundle = bundle
+        self.strategy = strategy
+        self.storage_dtype = parse_dtype(storage_dtype, "pipeline.storage_dtype")
+        self.record_means = record_means
+        self.forward_batch_size = forward_batch_size
+        self.decode_chunk_size = decode_chunk_size
+
+    # -- family hooks (the protocol of ``unirl.models.common.protocols``) --------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.bundle.device
+
+    def cfg_conditions(self, conditions: Conditions) -> Conditions:
+        """``[uncond; cond]`` rows; the bundle knows its condition layout."""
+        return self.bundle.cfg_conditions(conditions)
+
+    def predict_velocity(self, latents: torch.Tensor, sigma: torch.Tensor, conditions: Any) -> torch.Tensor:
+        return self.bundle.predict_velocity(latents, sigma, conditions)
+
+    def encode(self, prompts: list[str], params: DiffusionSamplingParams, guidance_scale: float) -> Conditions:
+        """Conditions for ``prompts`` (each unique prompt encoded once and shared by its
+        group); negative rows are added when CFG runs."""
+        if guidance_scale > 1.0:
+            return self.bundle.encode_prompts(prompts, negative=True, negative_prompt=params.negative_prompt)
+        return self.bundle.encode_prompts(prompts)
+
+    # -- sampling --------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, req: RolloutReq) -> RolloutResp:
+        """Sample every request row; returns one track named ``track_name``."""
+        params: DiffusionSamplingParams = req.sampling_params
+        timings: dict[str, float] = {}
+        guidance = params.guidance_scale if req.mode == "train" else (params.eval_guidance_scale or params.guidance_scale)
+        t0 = time.perf_counter()
+        conditions = self.encode(req.prompts, params, guidance).to(self.device)
+        timings["text_encode"] = time.perf_counter() - t0
+
+        if req.sigmas is None or req.sde_indices is None:
+            raise ValueError("RolloutReq must pin sigmas and sde_indices (the driver builds them)")
+        x_T = req.initial_noise()
+        num_sde = int(req.sde_indices.shape[1])
+        sde_noise = None
+        if num_sde:
+            sde_noise = init_noise(
+                req.sample_ids, (num_sde, *x_T.shape[1:]), req.seed, stream=f"sde/{req.rollout_index}"
+            )
+
+        t0 = time.perf_counter()
+        chunk = self.forward_batch_size or len(req)
+        segments = []
+        for start in range(0, len(req), chunk):
+            rows = slice(start, start + chunk)
+            segments.append(
+                sample_trajectory(
+                    self,
+                    conditions=conditions.select(torch.arange(len(req))[rows]),
+                    x_T=x_T[rows].to(self.device),
+                    sigmas=req.sigmas,
+                    sde_indices=req.sde_indices[rows],
+                    sde_noise=None if sde_noise is None else sde_noise[rows],
+                    strategy=self.strategy,
+                    guidance_scale=guidance,
+                    storage_dtype=self.storage_dtype,
+                    record_means=self.record_means,
+                )
+            )
+        segment = LatentSegment.concat(segments)
+        self._sync()
+        timings["rollout"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        pixels = self.decode(segment.final_latents)
+        self._sync()
+        timings["decode"] = time.perf_counter() - t0
+
+        track = RolloutTrack(
+            sample_ids=req.sample_ids.clone(),
+            group_ids=req.group_ids.clone(),
+            prompts=req.prompts,
+            metadata=list(req.metadata),
+            conditions=conditions,
+            segment=segment,
+            decoded=Images(pixels=pixels.float().cpu()),
+        )
+        return RolloutResp(tracks={self.track_name: track}, timings=timings)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        chunk = self.decode_chunk_size or latents.shape[0]
+        return torch.cat([self.bundle.decode(latents[i : i + chunk]) for i in range(0, latents.shape[0], chunk)])
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # -- training-side replay -------------------------------------------------------------------
+
+    def replay(self, conditions: Conditions, segment: LatentSegment, slot: int) -> StepRecord:
+        """Log-prob, mean and std of trained slot ``slot`` under the current weights."""
+        fwd = forward_conditions(self, conditions, segment.guidance_scale)
+        return replay_step(self, fwd_conditions=fwd, segment=segment, slot=slot, strategy=self.strategy)
