@@ -1,8 +1,23 @@
 """Local reward scorers: OCR, JPEG (in)compressibility, image-statistic guards, quick-start
-targets and rule-based text matchers."""
+targets, rule-based text matchers and model-based scorers (CLIP score, PickScore, HPS v2,
+ImageReward, LAION aesthetic; their weights load lazily on the first ``score``)."""
 
 from __future__ import annotations
 
+from unirl.reward.local._hf import PretrainedScorer, RewardMLP, RewardWeightsNotFound
+from unirl.reward.local.aesthetic import LaionAesthetic
+from unirl.reward.local.clip_score import CLIPScore
+from unirl.reward.local.hps import (
+    HPSv2,
+    convert_open_clip_checkpoint,
+    convert_open_clip_state_dict,
+)
+from unirl.reward.local.image_reward import (
+    ImageReward,
+    convert_image_reward_checkpoint,
+    convert_image_reward_state_dict,
+    image_reward_blip_config,
+)
 from unirl.reward.local.image_stats import ImageStats, color_entropy, dark_fraction, edge_density
 from unirl.reward.local.jpeg import JpegCompressibility, JpegIncompressibility, jpeg_size_kb
 from unirl.reward.local.ocr import (
@@ -12,6 +27,7 @@ from unirl.reward.local.ocr import (
     normalize_ocr_text,
     ocr_score,
 )
+from unirl.reward.local.pickscore import PickScore
 from unirl.reward.local.targets import BrightnessTarget, ColorTarget
 from unirl.reward.local.text_match import (
     BoxedMathAnswer,
@@ -25,19 +41,32 @@ from unirl.reward.local.text_match import (
 __all__ = [
     "BoxedMathAnswer",
     "BrightnessTarget",
+    "CLIPScore",
     "ColorTarget",
     "ExactMatch",
+    "HPSv2",
+    "ImageReward",
     "ImageStats",
     "JpegCompressibility",
     "JpegIncompressibility",
+    "LaionAesthetic",
     "MultipleChoice",
     "OCRScorer",
+    "PickScore",
+    "PretrainedScorer",
+    "RewardMLP",
+    "RewardWeightsNotFound",
     "color_entropy",
+    "convert_image_reward_checkpoint",
+    "convert_image_reward_state_dict",
+    "convert_open_clip_checkpoint",
+    "convert_open_clip_state_dict",
     "dark_fraction",
     "edge_density",
     "extract_boxed",
     "extract_choice",
     "extract_quoted_target",
+    "image_reward_blip_config",
     "jpeg_size_kb",
     "levenshtein",
     "math_equal",
