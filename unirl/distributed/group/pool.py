@@ -1,0 +1,493 @@
+"""``DevicePool``: placement groups + one ``Worker`` actor per device slot; ``DryRunPool``:
+the same layout arithmetic with no Ray, for ``dry_run`` plans."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import ray
+import ray.exceptions as rex
+
+from unirl.config import require
+from unirl.distributed.group.dispatch import Dispatch, DistributedSpec
+from unirl.distributed.group.errors import PlacementError
+from unirl.distributed.group.handle import Handle, PendingCall, RankCall, wait_all
+from unirl.distributed.group.layout import Slab
+from unirl.distributed.group.rank import ParallelSizes, RankInfo, pool_rank_infos, slab_rank_infos
+from unirl.distributed.group.role import RoleContext
+from unirl.distributed.group.runtime import ensure_ray
+from unirl.distributed.group.worker import WORLD_GROUP, Worker
+
+DeviceKind = Literal["cpu", "cuda"]
+
+
+@dataclass(kw_only=True)
+class DevicePoolConfig:
+    """Shape of a pool. ``devices_per_node=None``: as many per node as the cluster allows."""
+
+    num_devices: int
+    devices_per_node: int | None = None
+    device: DeviceKind = "cpu"
+    cpus_per_worker: int = 1
+    name: str = "unirl"
+    env: dict[str, str] = field(default_factory=dict)
+    call_timeout_s: float | None = None
+    placement_timeout_s: float = 120.0
+    collective_timeout_s: float = 1800.0
+    log_to_driver: bool = True
+
+    def __post_init__(self) -> None:
+        require(
+            isinstance(self.num_devices, int) and self.num_devices >= 1,
+            f"DevicePool num_devices={self.num_devices!r}: must be an integer >= 1",
+        )
+        require(
+            self.device in ("cpu", "cuda"),
+            f"DevicePool device={self.device!r}: use 'cpu' or 'cuda'",
+        )
+        min_cpus = 1 if self.device == "cpu" else 0
+        require(
+            isinstance(self.cpus_per_worker, int) and self.cpus_per_worker >= min_cpus,
+            f"DevicePool cpus_per_worker={self.cpus_per_worker!r}: must be an integer >= {min_cpus}",
+        )
+        if self.devices_per_node is not None:
+            require(
+                1 <= self.devices_per_node <= self.num_devices
+                and self.num_devices % self.devices_per_node == 0,
+                f"DevicePool devices_per_node={self.devices_per_node}: must divide "
+                f"num_devices={self.num_devices}",
+            )
+        for key in ("call_timeout_s",):
+            value = getattr(self, key)
+            require(value is None or value > 0, f"DevicePool {key}={value!r}: must be > 0 or None")
+        for key in ("placement_timeout_s", "collective_timeout_s"):
+            require(getattr(self, key) > 0, f"DevicePool {key}={getattr(self, key)!r}: must be > 0")
+
+    @property
+    def bundle(self) -> dict[str, float]:
+        """Resources of one device slot (one placement-group bundle)."""
+        if self.device == "cpu":
+            return {"CPU": float(self.cpus_per_worker)}
+        bundle = {"GPU": 1.0}
+        if self.cpus_per_worker:
+            bundle["CPU"] = float(self.cpus_per_worker)
+        return bundle
+
+
+class PoolBase:
+    """Layout shared by the real and the dry-run pool: ranks, nodes, roles, the plan."""
+
+    def __init__(self, config: DevicePoolConfig) -> None:
+        self.config = config
+        self.rank_infos: list[RankInfo] = []
+        self.node_ips: list[str] = []
+        self.device_labels: list[str] = []
+        self.roles: dict[str, Handle] = {}
+        self.root_slab = Slab(pool=self, ranks=tuple(range(config.num_devices)))
+        self._closed = False
+
+    @property
+    def num_devices(self) -> int:
+        return self.config.num_devices
+
+    @property
+    def call_timeout_s(self) -> float | None:
+        return self.config.call_timeout_s
+
+    def unique_role_name(self, base: str) -> str:
+        name, index = base, 1
+        while name in self.roles:
+            index += 1
+            name = f"{base}_{index}"
+        return name
+
+    def describe_plan(self) -> str:
+        """Printable plan: pool shape, then each role -> worker ranks -> node ip / device."""
+        from unirl.distributed.group.plan import format_plan
+
+        return format_plan(self)
+
+    def create_role(
+        self,
+        name: str,
+        spec: Mapping[str, Any] | Callable[..., Any],
+        kwargs: dict[str, Any],
+        siblings: dict[str, str],
+        pool_ranks: tuple[int, ...],
+        parallel: ParallelSizes,
+    ) -> Handle:
+        raise NotImplementedError
+
+    def submit(self, pool_rank: int, method: str, *args: Any) -> ray.ObjectRef:
+        raise NotImplementedError
+
+    def init_process_group(
+        self, pool_ranks: tuple[int, ...], *, group_name: str, timeout_s: float | None = None
+    ) -> None:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        self._closed = True
+
+    def __enter__(self) -> PoolBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+class DryRunPool(PoolBase):
+    """A pool that only plans: ``placement``/``remote`` record roles, nothing runs.
+
+    Nodes are assumed full (``devices_per_node`` each, default all on one node); node ips
+    show as ``node<k>``. Handles from it raise on any call.
+    """
+
+    def __init__(
+        self,
+        num_devices: int,
+        *,
+        devices_per_node: int | None = None,
+        device: DeviceKind = "cpu",
+        cpus_per_worker: int = 1,
+        name: str = "unirl",
+    ) -> None:
+        config = DevicePoolConfig(
+            num_devices=num_devices,
+            devices_per_node=devices_per_node,
+            device=device,
+            cpus_per_worker=cpus_per_worker,
+            name=name,
+        )
+        super().__init__(config)
+        per_node = devices_per_node or num_devices
+        self.rank_infos = pool_rank_infos([r // per_node for r in range(num_devices)])
+        self.node_ips = [f"node{info.node_rank}" for info in self.rank_infos]
+        self.device_labels = [
+            "cpu" if device == "cpu" else f"cuda (slot {info.local_rank})"
+            for info in self.rank_infos
+        ]
+
+    def create_role(self, name, spec, kwargs, siblings, pool_ranks, parallel) -> Handle:  # type: ignore[no-untyped-def]
+        infos = slab_rank_infos([self.rank_infos[r] for r in pool_ranks], parallel)
+        handle = Handle(pool=self, role=name, pool_ranks=pool_ranks, rank_infos=infos, specs={})
+        self.roles[name] = handle
+        return handle
+
+    def submit(self, pool_rank: int, method: str, *args: Any) -> ray.ObjectRef:
+        raise RuntimeError(f"DryRunPool '{self.config.name}' only plans; nothing can be called")
+
+    def init_process_group(self, pool_ranks, *, group_name, timeout_s=None) -> None:  # type: ignore[no-untyped-def]
+        raise RuntimeError(f"DryRunPool '{self.config.name}' only plans; nothing can be called")
+
+
+def _node_capacity(node: dict[str, Any], config: DevicePoolConfig) -> int:
+    resources = node.get("Resources", {})
+    cpus = resources.get("CPU", 0.0)
+    by_cpu = math.floor(cpus / config.cpus_per_worker) if config.cpus_per_worker else math.inf
+    if config.device == "cpu":
+        return int(by_cpu)
+    return int(min(math.floor(resources.get("GPU", 0.0)), by_cpu))
+
+
+class DevicePool(PoolBase):
+    """``num_devices`` device slots on Ray, one ``Worker`` actor each.
+
+    One ``STRICT_PACK`` placement group per node of ``devices_per_node`` bundles
+    (``{"CPU": cpus_per_worker}`` on CPU; ``{"GPU": 1, "CPU": cpus_per_worker}`` on CUDA, the
+    CPU part dropped when ``cpus_per_worker=0``). Workers get pool RankInfos (node/local
+    ranks from where Ray actually put each bundle) and the ``torch.distributed`` env
+    (``MASTER_ADDR`` = rank 0's node ip, ``MASTER_PORT`` free there). Use as a context
+    manager or call ``shutdown()``.
+    """
+
+    def __init__(
+        self,
+        num_devices: int,
+        *,
+        devices_per_node: int | None = None,
+        device: DeviceKind = "cpu",
+        cpus_per_worker: int = 1,
+        name: str = "unirl",
+        env: Mapping[str, str] | None = None,
+        call_timeout_s: float | None = None,
+        placement_timeout_s: float = 120.0,
+        collective_timeout_s: float = 1800.0,
+        log_to_driver: bool = True,
+    ) -> None:
+        config = DevicePoolConfig(
+            num_devices=num_devices,
+            devices_per_node=devices_per_node,
+            device=device,
+            cpus_per_worker=cpus_per_worker,
+            name=name,
+            env=dict(env or {}),
+            call_timeout_s=call_timeout_s,
+            placement_timeout_s=placement_timeout_s,
+            collective_timeout_s=collective_timeout_s,
+            log_to_driver=log_to_driver,
+        )
+        super().__init__(config)
+        self._uid = uuid.uuid4().hex[:8]
+        self._placement_groups: list[Any] = []
+        self._actors: list[Any] = []
+        self._world_ready = False
+        self.worker_info: list[dict[str, Any]] = []
+        needed_cpus = num_devices * cpus_per_worker
+        ensure_ray(num_cpus=max(os.cpu_count() or 1, needed_cpus), log_to_driver=log_to_driver)
+        try:
+            self._place()
+            self._spawn()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @classmethod
+    def from_config(cls, config: DevicePoolConfig) -> DevicePool:
+        return cls(
+            config.num_devices,
+            devices_per_node=config.devices_per_node,
+            device=config.device,
+            cpus_per_worker=config.cpus_per_worker,
+            name=config.name,
+            env=config.env,
+            call_timeout_s=config.call_timeout_s,
+            placement_timeout_s=config.placement_timeout_s,
+            collective_timeout_s=config.collective_timeout_s,
+            log_to_driver=config.log_to_driver,
+        )
+
+    # ---- construction --------------------------------------------------------------------
+
+    def _cluster_summary(self, nodes: list[dict[str, Any]]) -> str:
+        rows = []
+        for node in nodes:
+            res = node.get("Resources", {})
+            rows.append(
+                f"{node.get('NodeManagerAddress', '?')} CPU={res.get('CPU', 0):g} "
+                f"GPU={res.get('GPU', 0):g} -> fits {_node_capacity(node, self.config)}"
+            )
+        return f"{len(nodes)} alive node(s): " + "; ".join(rows)
+
+    def _ask(self, per_node: int) -> str:
+        c = self.config
+        return (
+            f"DevicePool '{c.name}' asks for {c.num_devices} {c.device} device(s) as "
+            f"{c.num_devices // per_node} node(s) x {per_node} (bundle {c.bundle})"
+        )
+
+    def _place(self) -> None:
+        from ray.util.placement_group import placement_group, placement_group_table
+
+        c = self.config
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        capacities = [_node_capacity(n, c) for n in nodes]
+        per_node = c.devices_per_node
+        if per_node is None:
+            largest = max(capacities, default=0)
+            fits = [d for d in range(1, min(largest, c.num_devices) + 1) if c.num_devices % d == 0]
+            per_node = max(fits) if fits else c.num_devices
+        num_groups = c.num_devices // per_node
+        slots = sum(cap // per_node for cap in capacities)
+        if slots < num_groups:
+            raise PlacementError(
+                f"{self._ask(per_node)}, but the cluster can host only {slots} such node "
+                f"group(s): {self._cluster_summary(nodes)}. Lower num_devices / "
+                "devices_per_node / cpus_per_worker, or join a bigger cluster via RAY_ADDRESS."
+            )
+        for index in range(num_groups):
+            self._placement_groups.append(
+                placement_group(
+                    [dict(c.bundle) for _ in range(per_node)],
+                    strategy="STRICT_PACK",
+                    name=f"{c.name}-node{index}-{self._uid}",
+                )
+            )
+        try:
+            ray.get([pg.ready() for pg in self._placement_groups], timeout=c.placement_timeout_s)
+        except rex.GetTimeoutError as err:
+            raise PlacementError(
+                f"{self._ask(per_node)}; the placement groups were not ready after "
+                f"{c.placement_timeout_s:g} s (resources busy?). Cluster: "
+                f"{self._cluster_summary(nodes)}; available now: {ray.available_resources()}"
+            ) from err
+        node_order: dict[str, int] = {}
+        node_of_slot = []
+        for pg in self._placement_groups:
+            table = placement_group_table(pg)
+            for bundle_index in range(per_node):
+                node_id = table["bundles_to_node_id"][bundle_index]
+                node_of_slot.append(node_order.setdefault(node_id, len(node_order)))
+        self.rank_infos = pool_rank_infos(node_of_slot)
+        self._per_node = per_node
+
+    def _spawn(self) -> None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        c = self.config
+        actor_cls = ray.remote(Worker)
+        runtime_env = {"env_vars": dict(c.env)} if c.env else None
+        for info in self.rank_infos:
+            pg = self._placement_groups[info.rank // self._per_node]
+            options: dict[str, Any] = {
+                "num_cpus": c.cpus_per_worker,
+                "num_gpus": 1 if c.device == "cuda" else 0,
+                "name": f"{c.name}-worker{info.rank}-{self._uid}",
+                "max_restarts": 0,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    placement_group=pg,
+                    placement_group_bundle_index=info.rank % self._per_node,
+                ),
+            }
+            if runtime_env:
+                options["runtime_env"] = runtime_env
+            self._actors.append(
+                actor_cls.options(**options).remote(
+                    info, device=c.device, cpus_per_worker=c.cpus_per_worker
+                )
+            )
+        ranks = tuple(range(c.num_devices))
+        self.worker_info = self._control("node_info", ranks, timeout_s=c.placement_timeout_s)
+        address = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        for info in self.worker_info:
+            info["node_ip"] = address[info["node_id"]]
+        self.node_ips = [w["node_ip"] for w in self.worker_info]
+        self.device_labels = [
+            "cpu" if c.device == "cpu" else f"cuda:0 (GPU {','.join(w['gpu_ids'])})"
+            for w in self.worker_info
+        ]
+        port = self._control("free_port", (0,), timeout_s=c.placement_timeout_s)[0]
+        master = {"MASTER_ADDR": self.node_ips[0], "MASTER_PORT": str(port)}
+        refs = [
+            self.submit(r, "set_env", {**self.rank_infos[r].torch_env(), **master}) for r in ranks
+        ]
+        self._wait_control("set_env", ranks, refs, timeout_s=c.placement_timeout_s)
+
+    # ---- calls ---------------------------------------------------------------------------
+
+    def actor(self, pool_rank: int) -> Any:
+        """The Ray actor handle of worker ``pool_rank`` (for tools such as weight sync)."""
+        return self._actors[pool_rank]
+
+    def submit(self, pool_rank: int, method: str, *args: Any) -> ray.ObjectRef:
+        if self._closed:
+            raise RuntimeError(f"DevicePool '{self.config.name}' is shut down")
+        return getattr(self._actors[pool_rank], method).remote(*args)
+
+    def _wait_control(
+        self, method: str, ranks: tuple[int, ...], refs: list[Any], *, timeout_s: float | None
+    ) -> list[Any]:
+        pending = PendingCall(
+            role=f"<pool {self.config.name}>",
+            method=method,
+            dispatch=Dispatch.BROADCAST,
+            calls=[RankCall(rank=r, pool_rank=r, ref=ref) for r, ref in zip(ranks, refs)],
+            timeout_s=timeout_s,
+            node_ips=self.node_ips or ["?"] * self.config.num_devices,
+        )
+        return wait_all([pending])[0]
+
+    def _control(
+        self, method: str, ranks: tuple[int, ...], *args: Any, timeout_s: float | None
+    ) -> list[Any]:
+        """Call Worker ``method`` on pool ``ranks`` and wait (failures -> RemoteCallError)."""
+        refs = [self.submit(r, method, *args) for r in ranks]
+        return self._wait_control(method, ranks, refs, timeout_s=timeout_s)
+
+    def ping(self, timeout_s: float = 30.0) -> list[int]:
+        """Pool ranks of live workers (raises ``RemoteCallError`` naming a dead/stuck one)."""
+        return self._control("ping", tuple(range(self.num_devices)), timeout_s=timeout_s)
+
+    def create_role(self, name, spec, kwargs, siblings, pool_ranks, parallel) -> Handle:  # type: ignore[no-untyped-def]
+        infos = slab_rank_infos([self.rank_infos[r] for r in pool_ranks], parallel)
+        refs = [
+            self.submit(
+                pool_rank,
+                "create_role",
+                name,
+                spec,
+                kwargs,
+                siblings,
+                RoleContext(name=name, rank_info=info, pool_ranks=tuple(pool_ranks)),
+            )
+            for pool_rank, info in zip(pool_ranks, infos)
+        ]
+        pending = PendingCall(
+            role=name,
+            method="__init__",
+            dispatch=Dispatch.BROADCAST,
+            calls=[
+                RankCall(rank=i, pool_rank=p, ref=ref)
+                for i, (p, ref) in enumerate(zip(pool_ranks, refs))
+            ],
+            timeout_s=self.call_timeout_s,
+            node_ips=self.node_ips,
+        )
+        try:
+            specs: list[dict[str, DistributedSpec]] = wait_all([pending])[0]
+        except BaseException:
+            for pool_rank in pool_ranks:  # best effort: do not leave half-built roles behind
+                self.submit(pool_rank, "drop_role", name)
+            raise
+        handle = Handle(
+            pool=self, role=name, pool_ranks=pool_ranks, rank_infos=infos, specs=specs[0]
+        )
+        self.roles[name] = handle
+        return handle
+
+    def init_process_group(
+        self, pool_ranks: tuple[int, ...], *, group_name: str, timeout_s: float | None = None
+    ) -> None:
+        """World group over the pool (once), then a subgroup over ``pool_ranks`` if smaller.
+
+        Backend: gloo on CPU, ``cpu:gloo,cuda:nccl`` on CUDA. ``timeout_s`` (default
+        ``collective_timeout_s``) bounds the rendezvous and every later collective.
+        """
+        timeout = timeout_s or self.config.collective_timeout_s
+        backend = "gloo" if self.config.device == "cpu" else "cpu:gloo,cuda:nccl"
+        everyone = tuple(range(self.num_devices))
+        if not self._world_ready:
+            self._control(
+                "init_process_group",
+                everyone,
+                WORLD_GROUP,
+                list(everyone),
+                backend,
+                timeout,
+                timeout_s=timeout + 30.0,
+            )
+            self._world_ready = True
+        if tuple(sorted(pool_ranks)) != everyone:
+            self._control(
+                "init_process_group",
+                tuple(pool_ranks),
+                group_name,
+                list(pool_ranks),
+                backend,
+                timeout,
+                timeout_s=timeout + 30.0,
+            )
+
+    def shutdown(self) -> None:
+        """Kill the workers and remove the placement groups (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if not ray.is_initialized():
+            return
+        from ray.util.placement_group import remove_placement_group
+
+        for actor in self._actors:
+            with contextlib.suppress(Exception):  # already dead: nothing left to kill
+                ray.kill(actor, no_restart=True)
+        for pg in self._placement_groups:
+            with contextlib.suppress(Exception):  # already removed
+                remove_placement_group(pg)
+        self._actors.clear()
+        self._placement_groups.clear()
