@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from unirl.reward.base import RewardBackend, RewardError, ScoreResult, TextRewardBackend
 from unirl.reward.multi import WeightedRewardBackend, batch_zscore
+from unirl.reward.remote import RemoteRewardBackend
 from unirl.reward.service import RewardService
 
 __all__ = [
+    "RemoteRewardBackend",
     "RewardBackend",
     "RewardError",
     "RewardService",

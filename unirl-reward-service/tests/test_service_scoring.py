@@ -1,0 +1,268 @@
+"""The service on loopback gives the same scores as the in-process scorers.
+
+Tolerance: exact (``torch.equal``) for images sent as PNG: ``uint8`` pixels survive the PNG
+round trip bit for bit, the server divides by 255 exactly as the test does, and each request
+is one scorer call with the same batch. JPEG payloads are compared with the in-process score
+of the JPEG-decoded pixels (also exact). Videos: the mean over frames, ``abs=1e-6``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw, ImageFont
+from unirl.reward import RemoteRewardBackend, RewardService, WeightedRewardBackend
+from unirl.reward.local import (
+    BrightnessTarget,
+    ImageStats,
+    JpegCompressibility,
+    JpegIncompressibility,
+    OCRScorer,
+)
+from unirl.types import Images, RolloutTrack
+
+from unirl_reward_service import create_app
+from unirl_reward_service.codec import encode_png
+from unirl_reward_service.testing import serve_in_thread
+
+STATS = ("dark_fraction", "color_entropy", "edge_density")
+CONFIG = {
+    "server": {"batch_wait_ms": 2},
+    "rewards": {
+        "jpeg": {"_target_": "unirl.reward.local.JpegCompressibility", "replicas": 2},
+        "jpeg_incompressibility": {"_target_": "unirl.reward.local.JpegIncompressibility"},
+        "stats": {"_target_": "unirl.reward.local.ImageStats", "max_batch_size": 64},
+        "brightness": {"_target_": "unirl.reward.local.BrightnessTarget", "target": 0.5},
+        "task_and_guard": {
+            "_target_": "unirl.reward.WeightedRewardBackend",
+            "components": {
+                "bright": {"_target_": "unirl.reward.local.BrightnessTarget", "target": 0.5},
+                "jpeg": {"_target_": "unirl.reward.local.JpegCompressibility"},
+            },
+            "weights": {"bright": 2.0, "jpeg": 0.25},
+        },
+    },
+}
+
+
+def uint8_images(n: int, h: int = 24, w: int = 32, seed: int = 0) -> torch.Tensor:
+    """Random ``uint8`` pixels as ``[n, 3, h, w]`` float32 = k / 255 (what the server sees)."""
+    g = torch.Generator().manual_seed(seed)
+    pixels = torch.randint(0, 256, (n, 3, h, w), generator=g, dtype=torch.uint8)
+    # Smooth half of each image so JPEG sizes and edge densities vary across samples.
+    pixels[:, :, : h // 2] = (
+        pixels[:, :, : h // 2].float().mean(dim=3, keepdim=True).to(torch.uint8)
+    )
+    return pixels.float() / 255.0
+
+
+def as_png(image: torch.Tensor) -> str:
+    array = image.mul(255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    return encode_png(array)
+
+
+@pytest.fixture(scope="module")
+def service():
+    app = create_app(CONFIG)
+    with serve_in_thread(app) as url:
+        yield url
+
+
+def test_remote_scores_equal_in_process(service):
+    images = uint8_images(6)
+    prompts = [f"p{i}" for i in range(6)]
+    metadata = [{} for _ in range(6)]
+    jpeg = RemoteRewardBackend(url=service, reward="jpeg", batch_size=6)
+    local = JpegCompressibility().score(images, prompts, metadata).scores["jpeg_compressibility"]
+    remote = jpeg.score(images, prompts, metadata)
+    assert torch.equal(remote.scores["jpeg"], local)
+    assert remote.errors["jpeg"] == [None] * 6
+    assert remote.metrics == {"remote/jpeg/retries": 0.0, "remote/jpeg/failed_samples": 0.0}
+
+    incompressible = RemoteRewardBackend(url=service, reward="jpeg_incompressibility")
+    local_inc = JpegIncompressibility().score(images, prompts, metadata)
+    assert torch.equal(
+        incompressible.score(images, prompts, metadata).scores["jpeg_incompressibility"],
+        local_inc.scores["jpeg_incompressibility"],
+    )
+
+    stats = RemoteRewardBackend(url=service, reward="stats", components=STATS)
+    local_stats = ImageStats().score(images, prompts, metadata)
+    remote_stats = stats.score(images, prompts, metadata)
+    for name in STATS:
+        assert torch.equal(remote_stats.scores[name], local_stats.scores[name]), name
+
+
+def test_batches_split_on_the_client_and_keep_order(service):
+    images = uint8_images(5, seed=1)
+    metadata = [{} for _ in range(5)]
+    client = RemoteRewardBackend(url=service, reward="brightness", batch_size=2)
+    remote = client.score(images, [""] * 5, metadata)
+    expected = BrightnessTarget(target=0.5).score(images, [""] * 5, metadata).scores["brightness"]
+    # 3 requests of 2, 2, 1 images: each is its own scorer call, so per-sample equality is
+    # exact only up to float32 reduction order across batch shapes.
+    torch.testing.assert_close(remote.scores["brightness"], expected, rtol=0, atol=1e-6)
+
+
+def test_jpeg_payloads_score_the_decoded_pixels(service):
+    images = uint8_images(3, seed=2)
+    client = RemoteRewardBackend(url=service, reward="stats", components=STATS, image_format="jpeg")
+    remote = client.score(images, [""] * 3, [{}] * 3)
+    decoded = []
+    for array in images.mul(255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy():
+        buffer = io.BytesIO()
+        Image.fromarray(array).save(buffer, format="JPEG", quality=95)
+        pixels = np.asarray(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB"))
+        decoded.append(torch.from_numpy(pixels.copy()).permute(2, 0, 1))
+    local = ImageStats().score(torch.stack(decoded).float() / 255.0, [""] * 3, [{}] * 3)
+    for name in STATS:
+        assert torch.equal(remote.scores[name], local.scores[name]), name
+
+
+def test_weighted_remote_reward_feeds_reward_service(service):
+    images = uint8_images(4, seed=3)
+    prompts = ["a", "b", "c", "d"]
+    local = WeightedRewardBackend(
+        components={"bright": BrightnessTarget(target=0.5), "jpeg": JpegCompressibility()},
+        weights={"bright": 2.0, "jpeg": 0.25},
+    ).score(images, prompts, [{}] * 4)
+    client = RemoteRewardBackend(
+        url=service, reward="task_and_guard", components=["bright", "jpeg"], use_total=True
+    )
+    reward_service = RewardService(backend=client)
+    track = RolloutTrack(
+        sample_ids=torch.arange(4),
+        group_ids=torch.tensor([0, 0, 1, 1]),
+        decoded=Images(pixels=images),
+        prompts=prompts,
+    )
+    scored, metrics = reward_service.score_track(track)
+    assert torch.equal(scored.rewards, local.total)
+    assert torch.equal(scored.component_rewards["jpeg"], local.scores["jpeg"])
+    assert torch.equal(scored.component_rewards["bright"], local.scores["bright"])
+    assert metrics["reward/dropped_groups"] == 0.0
+
+
+def test_one_request_several_rewards(service):
+    images = uint8_images(2, seed=4)
+    body = {"rewards": ["jpeg", "stats"], "images": [as_png(im) for im in images]}
+    answer = httpx.post(service + "/score", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    data = answer.json()
+    assert data["kind"] == "images" and data["num_samples"] == 2
+    assert set(data["results"]) == {"jpeg", "stats"}
+    stats = data["results"]["stats"]
+    assert stats["components"] == list(STATS) and stats["has_total"] is False
+    local = ImageStats().score(images, ["", ""], [{}, {}])
+    for i, sample in enumerate(stats["samples"]):
+        assert sample["score"] is None and sample["error"] is None  # several components, no total
+        for name in STATS:
+            assert sample["components"][name] == float(local.scores[name][i])
+    jpeg = data["results"]["jpeg"]
+    expected = JpegCompressibility().score(images, ["", ""], [{}, {}]).scores
+    assert [s["score"] for s in jpeg["samples"]] == expected["jpeg_compressibility"].tolist()
+    assert jpeg["metrics"] == {
+        "failures": 0.0,
+        "timeouts": 0.0,
+        "jpeg_compressibility/failures": 0.0,
+    }
+
+
+def test_rewards_and_health_describe_the_pools(service):
+    info = httpx.get(service + "/rewards", timeout=10).json()
+    by_name = {r["name"]: r for r in info["rewards"]}
+    assert by_name["stats"]["components"] == list(STATS)
+    assert by_name["stats"]["scalar"] is False
+    assert by_name["task_and_guard"] == {
+        "name": "task_and_guard",
+        "target": "unirl.reward.WeightedRewardBackend",
+        "components": ["bright", "jpeg"],
+        "has_total": True,
+        "scalar": True,
+        "replicas": 1,
+        "timeout_s": 60.0,
+        "max_batch_size": 32,
+        "device": "cpu",
+    }
+    assert info["auth"] is False
+    assert info["limits"]["max_batch_size"] == 256
+    health = httpx.get(service + "/health", timeout=10).json()
+    assert health["status"] == "ok"
+    assert health["rewards"]["jpeg"]["replicas"] == 2
+    assert health["uptime_s"] > 0
+
+
+def test_videos_as_frame_lists_and_mp4(service):
+    frames = uint8_images(3, seed=5)
+    body = {"reward": "brightness", "videos": [[as_png(f) for f in frames], [as_png(frames[0])]]}
+    data = httpx.post(service + "/score", json=body, timeout=30).json()
+    per_frame = BrightnessTarget(target=0.5).score(frames, [""] * 3, [{}] * 3).scores["brightness"]
+    scores = [s["score"] for s in data["results"]["brightness"]["samples"]]
+    assert data["kind"] == "videos"
+    assert scores == pytest.approx([float(per_frame.mean()), float(per_frame[0])], abs=1e-6)
+
+    av = pytest.importorskip("av", reason="pip install av for mp4 payloads")
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=8)
+        stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
+        for level in (30, 120, 220):
+            array = np.full((32, 32, 3), level, dtype=np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    mp4 = buffer.getvalue()
+    with av.open(io.BytesIO(mp4)) as container:
+        decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(decoded) == 3
+    pixels = torch.stack([torch.from_numpy(d.copy()).permute(2, 0, 1) for d in decoded]) / 255.0
+    expected = BrightnessTarget(target=0.5).score(pixels, [""] * 3, [{}] * 3).scores["brightness"]
+    body = {"reward": "brightness", "videos": [base64.b64encode(mp4).decode()]}
+    data = httpx.post(service + "/score", json=body, timeout=30).json()
+    score = data["results"]["brightness"]["samples"][0]["score"]
+    assert score == pytest.approx(float(expected.mean()), abs=1e-6)
+
+
+def test_mp4_without_pyav_is_a_clear_422(service, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "av", None)  # the server runs in this process
+    body = {"reward": "brightness", "videos": [base64.b64encode(b"not really").decode()]}
+    answer = httpx.post(service + "/score", json=body, timeout=30)
+    assert answer.status_code == 422
+    assert "videos[0]: mp4 videos need PyAV" in answer.json()["detail"]
+    assert "unirl-reward-service[video]" in answer.json()["detail"]
+
+
+# -- OCR through the service ---------------------------------------------------------------
+
+
+def _render(text: str, width: int = 320, height: int = 96) -> torch.Tensor:
+    font = ImageFont.load_default(size=40)
+    if not isinstance(font, ImageFont.FreeTypeFont):
+        pytest.skip("Pillow was built without FreeType: no TrueType font to render test text")
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
+    origin = ((width - (right - left)) / 2 - left, (height - (bottom - top)) / 2 - top)
+    draw.text(origin, text, fill="black", font=font)
+    return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1).float() / 255.0
+
+
+def test_ocr_through_the_service_equals_in_process():
+    pytest.importorskip("rapidocr_onnxruntime", reason="pip install 'unirl[ocr]' for OCR tests")
+    images = torch.stack([_render("LIGHTHOUSE"), _render("OPEN LATE"), torch.ones(3, 96, 320)])
+    prompts = ['A sign that says "LIGHTHOUSE"', 'A sign that says "LIGHTHOUSX"', 'blank "HELLO"']
+    metadata = [{}, {"target_text": "open late"}, {}]
+    app = create_app({"rewards": {"ocr": {"_target_": "unirl.reward.local.OCRScorer"}}})
+    with serve_in_thread(app) as url:
+        remote = RemoteRewardBackend(url=url, reward="ocr").score(images, prompts, metadata)
+    local = OCRScorer().score(images, prompts, metadata)
+    assert torch.equal(remote.scores["ocr"], local.scores["ocr"])  # same pixels, same engine
+    assert remote.scores["ocr"].tolist() == [1.0, 1.0, 0.0]

@@ -1,0 +1,476 @@
+"""The FastAPI app: ``GET /health``, ``GET /rewards``, ``POST /score``.
+
+Client mistakes are answered with an :class:`~unirl_reward_service.schemas.ErrorResponse`:
+400 unparseable body (not UTF-8), 401 missing/wrong bearer token, 404 unknown reward, 413 body over ``max_request_bytes`` or
+more samples / frames / pixels than the limits, 422 malformed body, bad base64 or an
+undecodable image (the message names the index). Scorer failures and timeouts are not HTTP
+errors: they come back as per-sample ``error`` entries of that reward only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import math
+import time
+from collections.abc import Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Body, Depends, FastAPI, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from unirl_reward_service import __version__
+from unirl_reward_service.codec import DecodeError, TooLarge, decode_image, decode_mp4
+from unirl_reward_service.config import ServiceConfig, parse_config
+from unirl_reward_service.pool import RewardPool, Sample, SampleResult, describe
+from unirl_reward_service.schemas import (
+    ErrorResponse,
+    FieldError,
+    HealthResponse,
+    Limits,
+    PoolState,
+    RewardInfo,
+    RewardResult,
+    RewardsResponse,
+    SampleScore,
+    ScoreRequest,
+    ScoreResponse,
+)
+
+
+class RewardServer:
+    """The app's state: config, one :class:`RewardPool` per reward, the auth token."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        self.config = config
+        self.token = config.server.resolve_token()
+        self.started = time.monotonic()
+        self.pools: dict[str, RewardPool] = {}
+        try:
+            for name, reward in config.rewards.items():
+                self.pools[name] = RewardPool(reward, config.server.batch_wait_ms / 1000.0)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+
+    def info(self) -> RewardsResponse:
+        server = self.config.server
+        rewards = [
+            RewardInfo(
+                name=name,
+                target=pool.config.target,
+                components=list(pool.names),
+                has_total=pool.has_total,
+                scalar=pool.has_total or len(pool.names) == 1,
+                replicas=pool.config.replicas,
+                timeout_s=pool.config.timeout_s,
+                max_batch_size=pool.config.max_batch_size,
+                device=pool.config.device,
+            )
+            for name, pool in self.pools.items()
+        ]
+        limits = Limits(
+            max_request_bytes=server.max_request_bytes,
+            max_batch_size=server.max_batch_size,
+            max_frames=server.max_frames,
+            max_image_pixels=server.max_image_pixels,
+        )
+        return RewardsResponse(rewards=rewards, limits=limits, auth=self.token is not None)
+
+    def health(self) -> HealthResponse:
+        states = {name: PoolState(**pool.state()) for name, pool in self.pools.items()}
+        degraded = any(s.replicas == 0 or s.abandoned > 0 for s in states.values())
+        return HealthResponse(
+            status="degraded" if degraded else "ok",
+            uptime_s=time.monotonic() - self.started,
+            rewards=states,
+        )
+
+    def reward_names(self, request: ScoreRequest) -> list[str]:
+        if (request.reward is None) == (request.rewards is None):
+            raise _error(422, "give exactly one of 'reward' (a name) and 'rewards' (a list)")
+        names = [request.reward] if request.reward is not None else list(request.rewards or [])
+        if len(set(names)) != len(names):
+            raise _error(422, f"'rewards' lists a name twice: {names}")
+        unknown = [n for n in names if n not in self.pools]
+        if unknown:
+            raise _error(
+                404,
+                f"unknown reward {unknown}; this server has {sorted(self.pools)} (GET /rewards)",
+            )
+        return names
+
+    def decode(self, request: ScoreRequest) -> tuple[str, list[list[Sample]]]:
+        """Per sample the list of images to score (one image, or a video's frames)."""
+        server = self.config.server
+        if (request.images is None) == (request.videos is None):
+            raise _error(422, "give exactly one of 'images' and 'videos'")
+        kind = "images" if request.images is not None else "videos"
+        items: list[Any] = request.images if request.images is not None else request.videos  # type: ignore[assignment]
+        n = len(items)
+        if n > server.max_batch_size:
+            raise _error(
+                413,
+                f"{n} {kind} in one request; this server accepts at most "
+                f"{server.max_batch_size} (server.max_batch_size): split the batch",
+            )
+        prompts = request.prompts if request.prompts is not None else [""] * n
+        metadata = request.metadata if request.metadata is not None else [{} for _ in range(n)]
+        for key, values in (("prompts", prompts), ("metadata", metadata)):
+            if len(values) != n:
+                raise _error(422, f"'{key}' has {len(values)} entries for {n} {kind}")
+        samples: list[list[Sample]] = []
+        try:
+            for i, item in enumerate(items):
+                where = f"{kind}[{i}]"
+                if kind == "images":
+                    frames = [decode_image(item, where, server.max_image_pixels)]
+                elif isinstance(item, str):
+                    frames = decode_mp4(item, where, server.max_frames, server.max_image_pixels)
+                else:
+                    if len(item) > server.max_frames:
+                        raise TooLarge(
+                            f"{where}: {len(item)} frames; this server accepts at most "
+                            f"{server.max_frames} per video (server.max_frames)"
+                        )
+                    frames = [
+                        decode_image(frame, f"{where}[{j}]", server.max_image_pixels)
+                        for j, frame in enumerate(item)
+                    ]
+                samples.append([Sample(f, prompts[i], metadata[i]) for f in frames])
+        except DecodeError as exc:
+            raise _error(422, str(exc)) from exc
+        except TooLarge as exc:
+            raise _error(413, str(exc)) from exc
+        return kind, samples
+
+    async def score_one(self, name: str, per_sample: list[list[Sample]]) -> RewardResult:
+        """Run one reward on every image of the request and fold frames back into samples."""
+        pool = self.pools[name]
+        flat = [s for frames in per_sample for s in frames]
+        started = time.monotonic()
+        timeout_s = pool.config.timeout_s
+        try:
+            futures = pool.submit(flat)
+        except RuntimeError as exc:
+            raise _error(503, str(exc)) from exc
+        waiters = [asyncio.wrap_future(f) for f in futures]
+        for waiter in waiters:
+            waiter.add_done_callback(_consume)
+        _, pending = await asyncio.wait(waiters, timeout=timeout_s)
+        size = pool.config.max_batch_size
+        chunk_sizes = [len(flat[i : i + size]) for i in range(0, len(flat), size)]
+        if pending:
+            timed_out = sum(n for w, n in zip(waiters, chunk_sizes) if w in pending)
+            pool.expire(futures, timed_out)
+        results: list[SampleResult] = []
+        for waiter, n in zip(waiters, chunk_sizes):
+            if waiter in pending or waiter.cancelled():
+                message = f"timeout after {timeout_s:g}s"
+                results += [SampleResult.failed(pool.names, message, pool.has_total)] * n
+            elif waiter.exception() is not None:
+                message = describe(waiter.exception())  # type: ignore[arg-type]
+                results += [SampleResult.failed(pool.names, message, pool.has_total)] * n
+            else:
+                results += waiter.result()
+        folded: list[SampleResult] = []
+        offset = 0
+        for frames in per_sample:
+            folded.append(_mean_over_frames(results[offset : offset + len(frames)], pool.names))
+            offset += len(frames)
+        return _reward_result(pool, folded, time.monotonic() - started)
+
+
+def create_app(config: ServiceConfig | Mapping[str, Any]) -> FastAPI:
+    """Build the app and start every reward's worker pool (stopped on app shutdown)."""
+    if not isinstance(config, ServiceConfig):
+        config = parse_config(config)
+    server = RewardServer(config)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        server.close()
+
+    app = FastAPI(
+        title="UniRL reward service",
+        version=__version__,
+        summary="Scores images and videos with the rewards named in its YAML config.",
+        lifespan=lifespan,
+    )
+    app.state.reward_server = server
+    app.add_middleware(BodyLimit, max_bytes=config.server.max_request_bytes)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+
+    bearer = HTTPBearer(auto_error=False)
+
+    def check_token(
+        credentials: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
+    ) -> None:
+        if server.token is None:
+            return
+        if credentials is None or not hmac.compare_digest(
+            credentials.credentials.encode(), server.token.encode()
+        ):
+            raise HTTPException(
+                401,
+                "missing or wrong bearer token: send 'Authorization: Bearer <token>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    examples = _examples(config)
+    secured = [Depends(check_token)] if server.token is not None else []
+    auth_responses: dict[int | str, dict[str, Any]] = (
+        {401: {"model": ErrorResponse, "description": "Missing or wrong bearer token"}}
+        if server.token is not None
+        else {}
+    )
+
+    @app.get("/health", response_model=HealthResponse, summary="Liveness and per-reward pools")
+    async def health() -> HealthResponse:
+        return server.health()
+
+    @app.get(
+        "/rewards",
+        response_model=RewardsResponse,
+        dependencies=secured,
+        responses=auth_responses,
+        summary="Configured rewards, their components and the request limits",
+    )
+    async def rewards() -> RewardsResponse:
+        return server.info()
+
+    @app.post(
+        "/score",
+        response_model=ScoreResponse,
+        dependencies=secured,
+        responses={
+            **auth_responses,
+            400: {"model": ErrorResponse, "description": "Body is not parseable (e.g. not UTF-8)"},
+            404: {"model": ErrorResponse, "description": "Unknown reward name"},
+            413: {
+                "model": ErrorResponse,
+                "description": "Body over max_request_bytes, or more samples, frames or "
+                "pixels than the server's limits",
+            },
+            422: {
+                "model": ErrorResponse,
+                "description": "Malformed body, bad base64 or an undecodable image",
+            },
+            503: {"model": ErrorResponse, "description": "The server is shutting down"},
+        },
+        summary="Score images or videos with one or several rewards",
+    )
+    async def score(
+        request: ScoreRequest = Body(openapi_examples=examples),  # noqa: B008 (FastAPI idiom)
+    ) -> ScoreResponse:
+        names = server.reward_names(request)
+        kind, per_sample = await run_in_threadpool(server.decode, request)
+        results = await asyncio.gather(*(server.score_one(n, per_sample) for n in names))
+        return ScoreResponse(
+            kind=kind,  # type: ignore[arg-type]
+            num_samples=len(per_sample),
+            results=dict(zip(names, results)),
+        )
+
+    return app
+
+
+# A 2x2 red PNG, so the published examples are requests that really score.
+_EXAMPLE_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGM8ISfHwMDAxMDAwMDAAAANBAEIfXHKZgAAAABJRU5ErkJggg=="
+
+
+def _examples(config: ServiceConfig) -> dict[str, Any]:
+    names = list(config.rewards)
+    return {
+        "images": {
+            "summary": "Two PNG images, one reward",
+            "value": {
+                "reward": names[0],
+                "images": [_EXAMPLE_PNG, _EXAMPLE_PNG],
+                "prompts": ['a sign that says "hi"', 'a sign that says "hi"'],
+                "metadata": [{}, {}],
+            },
+        },
+        "videos": {
+            "summary": "One two-frame video, every reward",
+            "value": {"rewards": names, "videos": [[_EXAMPLE_PNG, _EXAMPLE_PNG]]},
+        },
+    }
+
+
+def _error(status: int, detail: str) -> HTTPException:
+    return HTTPException(status_code=status, detail=detail)
+
+
+def _consume(future: asyncio.Future) -> None:
+    """Retrieve a late exception so asyncio does not log 'never retrieved'."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _mean_over_frames(frames: list[SampleResult], names: tuple[str, ...]) -> SampleResult:
+    """A video's result: the mean over its frames (NaN if any frame failed); one image as is."""
+    if len(frames) == 1:
+        return frames[0]
+    components = {n: math.fsum(f.components[n] for f in frames) / len(frames) for n in names}
+    errors: dict[str, str] = {}
+    for n in names:
+        for j, frame in enumerate(frames):
+            if n in frame.errors:
+                errors[n] = f"frame {j}: {frame.errors[n]}"
+                break
+    total = None
+    if frames[0].total is not None:
+        total = math.fsum(f.total for f in frames if f.total is not None) / len(frames)
+    return SampleResult(components, errors, total)
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _reward_result(pool: RewardPool, results: list[SampleResult], elapsed: float) -> RewardResult:
+    names = pool.names
+    samples: list[SampleScore] = []
+    failures = 0
+    per_component = dict.fromkeys(names, 0)
+    timeouts = 0
+    for r in results:
+        if pool.has_total:
+            raw = r.total
+        elif len(names) == 1:
+            raw = r.components[names[0]]
+        else:
+            raw = None
+        score = _finite(raw)
+        error = None
+        if r.errors:
+            first = next(iter(r.errors))
+            error = r.errors[first] if len(names) == 1 else f"{first}: {r.errors[first]}"
+        if raw is not None and score is None and error is None:
+            error = f"non-finite total ({raw})"
+        components = {n: _finite(r.components[n]) for n in names}
+        failed = (score is None and raw is not None) or any(v is None for v in components.values())
+        failures += failed
+        timeouts += any(e.startswith("timeout after") for e in r.errors.values())
+        for n in names:
+            per_component[n] += components[n] is None
+        samples.append(
+            SampleScore(
+                score=score, error=error, components=components, component_errors=dict(r.errors)
+            )
+        )
+    metrics = {"failures": float(failures), "timeouts": float(timeouts)}
+    metrics.update({f"{n}/failures": float(c) for n, c in per_component.items()})
+    return RewardResult(
+        components=list(names),
+        has_total=pool.has_total,
+        samples=samples,
+        metrics=metrics,
+        elapsed_s=elapsed,
+    )
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = [
+        FieldError(
+            loc=[p if isinstance(p, int) else str(p) for p in e.get("loc", ())],
+            msg=str(e.get("msg", "")),
+            type=str(e.get("type", "")),
+        )
+        for e in exc.errors()
+    ]
+    first = errors[0] if errors else None
+    detail = "invalid request body"
+    if first is not None:
+        detail += f": {'.'.join(str(p) for p in first.loc)}: {first.msg}"
+    body = ErrorResponse(detail=detail, errors=errors)
+    return JSONResponse(status_code=422, content=body.model_dump())
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    body = ErrorResponse(detail=str(exc.detail))
+    return JSONResponse(status_code=exc.status_code, content=body.model_dump(), headers=exc.headers)
+
+
+class BodyLimit:
+    """ASGI middleware: 413 when ``Content-Length`` or the received body exceeds ``max_bytes``.
+
+    The body is read here (at most ``max_bytes``) and replayed to the app.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for key, value in scope.get("headers", []):
+            if key == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await _send_error(send, 400, "Content-Length is not an integer")
+                    return
+                if declared > self.max_bytes:
+                    await _send_error(send, 413, self._too_large(declared))
+                    return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                await _send_error(send, 413, self._too_large(len(body)))
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    def _too_large(self, size: int) -> str:
+        return (
+            f"request body of {size} bytes exceeds server.max_request_bytes={self.max_bytes}; "
+            "send fewer or smaller images per request"
+        )
+
+
+async def _send_error(send: Send, status: int, detail: str) -> None:
+    body = ErrorResponse(detail=detail).model_dump_json().encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,315 @@
+"""One worker pool per reward: replica threads, cross-request batching, timeouts.
+
+Each replica is a thread that owns its own scorer instance, so a scorer is never called
+from two threads at once. Requests are queued as jobs (at most ``max_batch_size`` images
+each); a free replica takes the oldest job, waits up to ``batch_wait_ms`` for more, takes
+every following job that still fits in ``max_batch_size`` and scores them in one call per
+image size. A thread cannot be killed: when a request times out while a replica is still
+scoring its samples (or has been busy for longer than ``timeout_s``), the replica is *abandoned* (its result is dropped when
+it returns and the thread exits) and a replacement replica with a fresh scorer is started,
+at most ``replicas`` abandoned threads at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from unirl.reward import RewardBackend
+
+from unirl_reward_service.config import RewardConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Sample:
+    """One image to score: ``pixels`` ``uint8[3, H, W]`` RGB, its prompt and metadata."""
+
+    pixels: Tensor
+    prompt: str
+    metadata: dict
+
+
+@dataclass
+class SampleResult:
+    """One sample's scores: every component (NaN = failed), errors of flagged components only,
+    and the total for combining backends (``None`` otherwise)."""
+
+    components: dict[str, float]
+    errors: dict[str, str] = field(default_factory=dict)
+    total: float | None = None
+
+    @classmethod
+    def failed(cls, names: tuple[str, ...], message: str, has_total: bool) -> SampleResult:
+        return cls(
+            components=dict.fromkeys(names, math.nan),
+            errors=dict.fromkeys(names, message),
+            total=math.nan if has_total else None,
+        )
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def score_samples(
+    scorer: RewardBackend, samples: list[Sample], has_total: bool, source: str
+) -> list[SampleResult]:
+    """Score ``samples`` with one call per image size; isolate failures per sample.
+
+    When a call with several samples raises, each of its samples is scored alone, so one bad
+    sample (or one bad request batched with others) fails only itself.
+    """
+    names = tuple(scorer.names)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, sample in enumerate(samples):
+        groups.setdefault(tuple(sample.pixels.shape), []).append(i)
+    out: list[SampleResult | None] = [None] * len(samples)
+    for indices in groups.values():
+        try:
+            results = _score_group(scorer, [samples[i] for i in indices], has_total, source)
+        except Exception as exc:
+            if len(indices) == 1:
+                out[indices[0]] = SampleResult.failed(names, describe(exc), has_total)
+                continue
+            results = []
+            for i in indices:
+                try:
+                    results += _score_group(scorer, [samples[i]], has_total, source)
+                except Exception as single_exc:
+                    results.append(SampleResult.failed(names, describe(single_exc), has_total))
+        for i, result in zip(indices, results):
+            out[i] = result
+    return out  # type: ignore[return-value]
+
+
+def _score_group(
+    scorer: RewardBackend, group: list[Sample], has_total: bool, source: str
+) -> list[SampleResult]:
+    """One scorer call on same-sized images: ``images[n, 3, H, W]`` float32 in [0, 1]."""
+    n = len(group)
+    images = torch.stack([s.pixels for s in group]).float().div_(255.0)
+    prompts = [s.prompt for s in group]
+    metadata = [dict(s.metadata) for s in group]  # scorers must not mutate shared request data
+    with torch.no_grad():
+        result = scorer.score(images, prompts, metadata)
+    names = tuple(scorer.names)
+    result.check(names, n, source)
+    if has_total and result.total is None:
+        raise RuntimeError(f"{source} is a combining backend but returned no total")
+    scores = {k: result.scores[k].detach().float().cpu().tolist() for k in names}
+    totals = result.total.detach().float().cpu().tolist() if has_total else None
+    out = []
+    for k in range(n):
+        components = {name: float(scores[name][k]) for name in names}
+        errors: dict[str, str] = {}
+        for name in names:
+            given = (result.errors.get(name) or [None] * n)[k]
+            if given:
+                errors[name] = str(given)
+            elif not math.isfinite(components[name]):
+                errors[name] = f"non-finite score ({components[name]})"
+        out.append(
+            SampleResult(components, errors, float(totals[k]) if totals is not None else None)
+        )
+    return out
+
+
+class _Job:
+    __slots__ = ("future", "samples")
+
+    def __init__(self, samples: list[Sample]) -> None:
+        self.samples = samples
+        self.future: Future[list[SampleResult]] = Future()
+
+
+class _Replica:
+    def __init__(self, index: int, scorer: RewardBackend | None) -> None:
+        self.index = index
+        self.scorer = scorer
+        self.started: float | None = None
+        self.running: list[Future] = []
+        self.abandoned = False
+        self.thread: threading.Thread | None = None
+
+
+class RewardPool:
+    """Worker threads for one reward. ``submit`` returns futures of per-sample results."""
+
+    def __init__(self, config: RewardConfig, batch_wait_s: float) -> None:
+        self.config = config
+        self.batch_wait_s = batch_wait_s
+        scorers = [config.build() for _ in range(config.replicas)]
+        self.names: tuple[str, ...] = tuple(scorers[0].names)
+        self.has_total = bool(scorers[0].produces_total)
+        self.source = f"reward '{config.name}' ({config.target})"
+        self._cond = threading.Condition()
+        self._queue: deque[_Job] = deque()
+        self._replicas: list[_Replica] = []
+        self._next_index = 0
+        self._abandoned = 0
+        self._closed = False
+        self.counters = dict.fromkeys(
+            ("scored_samples", "failed_samples", "timeouts", "batches"), 0
+        )
+        with self._cond:
+            for scorer in scorers:
+                self._spawn(scorer)
+
+    def submit(self, samples: list[Sample]) -> list[Future[list[SampleResult]]]:
+        """Queue ``samples`` in chunks of at most ``max_batch_size``; one future per chunk."""
+        size = self.config.max_batch_size
+        jobs = [_Job(samples[i : i + size]) for i in range(0, len(samples), size)]
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"{self.source}: the pool is shut down")
+            self._queue.extend(jobs)
+            self._cond.notify_all()
+        return [job.future for job in jobs]
+
+    def expire(self, futures: list[Future[list[SampleResult]]], timed_out_samples: int) -> None:
+        """A request gave up on ``futures``: drop queued ones; replace replicas still running
+        them or busy past ``timeout_s`` (at most ``replicas`` abandoned threads at a time)."""
+        with self._cond:
+            for future in futures:
+                future.cancel()  # only succeeds while still queued
+            self.counters["timeouts"] += timed_out_samples
+            now = time.monotonic()
+            expired = {id(f) for f in futures}
+            for replica in list(self._replicas):
+                if replica.started is None:
+                    continue
+                # Stuck: running a job this request gave up on, or busy past timeout_s.
+                runs_expired = any(id(f) in expired for f in replica.running)
+                overdue = now - replica.started >= self.config.timeout_s
+                if (runs_expired or overdue) and self._abandoned < self.config.replicas:
+                    log.warning(
+                        "%s: replica %d busy for %.2fs past a request's timeout %.1fs; starting a replacement",
+                        self.source,
+                        replica.index,
+                        now - replica.started,
+                        self.config.timeout_s,
+                    )
+                    replica.abandoned = True
+                    self._abandoned += 1
+                    self._replicas.remove(replica)
+                    self._spawn(None)
+
+    def state(self) -> dict[str, int]:
+        with self._cond:
+            return {
+                "replicas": sum(r.scorer is not None for r in self._replicas),
+                "busy": sum(r.started is not None for r in self._replicas),
+                "abandoned": self._abandoned,
+                "queued_jobs": len(self._queue),
+                "queued_samples": sum(len(j.samples) for j in self._queue),
+                **self.counters,
+            }
+
+    def close(self, join_timeout_s: float = 5.0) -> None:
+        """Stop taking work, cancel queued jobs and join idle replicas."""
+        with self._cond:
+            self._closed = True
+            for job in self._queue:
+                job.future.cancel()
+            self._queue.clear()
+            threads = [r.thread for r in self._replicas if r.thread is not None]
+            self._cond.notify_all()
+        deadline = time.monotonic() + join_timeout_s
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    # -- worker side -----------------------------------------------------------------------
+
+    def _spawn(self, scorer: RewardBackend | None) -> None:
+        """Start a replica thread (caller holds the lock); ``None`` builds its own scorer."""
+        replica = _Replica(self._next_index, scorer)
+        self._next_index += 1
+        replica.thread = threading.Thread(
+            target=self._work,
+            args=(replica,),
+            name=f"reward-{self.config.name}-{replica.index}",
+            daemon=True,
+        )
+        self._replicas.append(replica)
+        replica.thread.start()
+
+    def _work(self, replica: _Replica) -> None:
+        if replica.scorer is None:
+            try:
+                replica.scorer = self.config.build()
+            except Exception:
+                log.exception("%s: building a replacement replica failed", self.source)
+                with self._cond:
+                    if replica in self._replicas:
+                        self._replicas.remove(replica)
+                return
+        while True:
+            jobs = self._take(replica)
+            if jobs is None:
+                return
+            self._run(replica.scorer, jobs)
+            with self._cond:
+                replica.started = None
+                replica.running = []
+                if replica.abandoned:
+                    self._abandoned -= 1
+                    return
+
+    def _take(self, replica: _Replica) -> list[_Job] | None:
+        """Block for the next batch of jobs; ``None`` when the pool closes."""
+        limit = self.config.max_batch_size
+        with self._cond:
+            while True:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return None
+                jobs: list[_Job] = []
+                count = 0
+                deadline = time.monotonic() + self.batch_wait_s
+                while True:
+                    while self._queue and count + len(self._queue[0].samples) <= limit:
+                        job = self._queue.popleft()
+                        if job.future.set_running_or_notify_cancel():  # False: timed out
+                            jobs.append(job)
+                            count += len(job.samples)
+                    remaining = deadline - time.monotonic()
+                    if count >= limit or self._queue or remaining <= 0 or self._closed:
+                        break
+                    self._cond.wait(remaining)
+                if jobs:
+                    replica.started = time.monotonic()
+                    replica.running = [job.future for job in jobs]
+                    return jobs
+
+    def _run(self, scorer: RewardBackend, jobs: list[_Job]) -> None:
+        samples = [s for job in jobs for s in job.samples]
+        try:
+            results = score_samples(scorer, samples, self.has_total, self.source)
+        except BaseException as exc:  # a bug outside the scorer call: fail these jobs only
+            log.exception("%s: scoring a batch failed", self.source)
+            for job in jobs:
+                job.future.set_exception(exc)
+            return
+        failed = sum(
+            any(not math.isfinite(v) for v in r.components.values())
+            or (r.total is not None and not math.isfinite(r.total))
+            for r in results
+        )
+        with self._cond:
+            self.counters["batches"] += 1
+            self.counters["scored_samples"] += len(samples)
+            self.counters["failed_samples"] += failed
+        offset = 0
+        for job in jobs:
+            job.future.set_result(results[offset : offset + len(job.samples)])
+            offset += len(job.samples)

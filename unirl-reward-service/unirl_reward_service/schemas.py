@@ -1,0 +1,131 @@
+"""Request and response bodies (pydantic), which also define the published OpenAPI schema."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Frames = Annotated[list[str], Field(min_length=1)]
+
+
+class ScoreRequest(BaseModel):
+    """Score ``N`` samples with one reward (``reward``) or several (``rewards``).
+
+    Give exactly one of ``images`` (base64 PNG or JPEG, one per sample) and ``videos`` (per
+    sample a list of base64 PNG/JPEG frames, or one base64 mp4 string). ``prompts`` and
+    ``metadata`` default to ``""`` and ``{}`` per sample; when given they need ``N`` entries.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    reward: str | None = Field(default=None, description="One reward name (see GET /rewards).")
+    rewards: list[str] | None = Field(
+        default=None, min_length=1, description="Several reward names, scored independently."
+    )
+    images: list[str] | None = Field(
+        default=None, min_length=1, description="Base64 PNG or JPEG, one per sample."
+    )
+    videos: list[Frames | str] | None = Field(
+        default=None,
+        min_length=1,
+        description="Per sample a list of base64 PNG/JPEG frames, or a base64 mp4 string.",
+    )
+    prompts: list[str] | None = Field(default=None, description="One prompt per sample.")
+    metadata: list[dict[str, Any]] | None = Field(
+        default=None, description="One JSON object per sample (e.g. target_text for OCR)."
+    )
+
+
+class SampleScore(BaseModel):
+    """One sample's result for one reward.
+
+    ``score`` is the reward's scalar (the total of a combining backend, else its single
+    component); it is ``null`` when the sample failed (then ``error`` says why) and for
+    rewards with several components and no total (read ``components``). ``error`` may also
+    accompany a finite score when the scorer reported a problem (e.g. an OCR engine failure
+    scored 0). ``component_errors`` holds the errors of failed or flagged components only.
+    """
+
+    score: float | None
+    error: str | None
+    components: dict[str, float | None]
+    component_errors: dict[str, str] = Field(default_factory=dict)
+
+
+class RewardResult(BaseModel):
+    """One reward's results for every sample of the request, in request order."""
+
+    components: list[str]
+    has_total: bool
+    samples: list[SampleScore]
+    metrics: dict[str, float] = Field(
+        description="Request-level counters: failures, timeouts, <component>/failures."
+    )
+    elapsed_s: float
+
+
+class ScoreResponse(BaseModel):
+    kind: Literal["images", "videos"]
+    num_samples: int
+    results: dict[str, RewardResult]
+
+
+class RewardInfo(BaseModel):
+    name: str
+    target: str = Field(description="The scorer's _target_ class path.")
+    components: list[str]
+    has_total: bool
+    scalar: bool = Field(description="Whether SampleScore.score is filled for this reward.")
+    replicas: int
+    timeout_s: float
+    max_batch_size: int = Field(description="Most images one scorer call receives.")
+    device: str
+
+
+class Limits(BaseModel):
+    max_request_bytes: int
+    max_batch_size: int = Field(description="Most samples (images or videos) per request.")
+    max_frames: int
+    max_image_pixels: int
+
+
+class RewardsResponse(BaseModel):
+    rewards: list[RewardInfo]
+    limits: Limits
+    auth: bool = Field(description="Whether a bearer token is required.")
+
+
+class PoolState(BaseModel):
+    replicas: int = Field(description="Live worker threads.")
+    busy: int = Field(description="Replicas scoring right now.")
+    abandoned: int = Field(description="Timed-out calls still running in the background.")
+    queued_jobs: int
+    queued_samples: int
+    scored_samples: int
+    failed_samples: int
+    timeouts: int
+    batches: int
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok", "degraded"] = Field(
+        description="degraded while a pool has no live replica or abandoned calls running."
+    )
+    uptime_s: float
+    rewards: dict[str, PoolState]
+
+
+class FieldError(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx answer: ``detail`` says what was wrong and how to fix it."""
+
+    detail: str
+    errors: list[FieldError] = Field(
+        default_factory=list, description="Per-field errors of a body that failed validation."
+    )

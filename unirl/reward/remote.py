@@ -1,0 +1,328 @@
+"""RemoteRewardBackend: the HTTP client of the standalone ``unirl-reward-service``."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import io
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from PIL import Image
+from torch import Tensor
+
+from unirl.config import ConfigError, require
+from unirl.reward.base import (
+    RewardBackend,
+    RewardError,
+    ScoreResult,
+    as_scores,
+    check_images,
+    check_lengths,
+    images_to_uint8,
+)
+
+_RETRY_STATUS = (429, 500, 502, 503, 504)
+
+
+def _httpx() -> Any:
+    try:
+        import httpx
+    except ImportError as exc:
+        raise ImportError(
+            "RemoteRewardBackend needs httpx: pip install 'httpx>=0.27' (included in unirl[dev])"
+        ) from exc
+    return httpx
+
+
+@functools.cache
+def _tls_context() -> Any:
+    """One verifying TLS context per process (building one costs ~0.1-0.4 s per client)."""
+    return _httpx().create_ssl_context()
+
+
+@dataclass(kw_only=True)
+class RemoteRewardBackend(RewardBackend):
+    """Scores images with reward ``reward`` of a ``unirl-reward-service`` at ``url``.
+
+    ``components`` names the server components to return (``names``); empty means the
+    reward's scalar ``score`` under the name ``reward``. ``use_total=True`` also returns the
+    server's total (for a combining reward, e.g. a ``WeightedRewardBackend``), so several
+    components can feed ``RewardService`` directly. Images go as base64 PNG (lossless for
+    ``uint8``) or JPEG, ``batch_size`` per request (capped at the server's
+    ``max_batch_size``). Timeouts, connection errors, 429 and 5xx
+    are retried ``max_retries`` times with backoff ``backoff_s · 2^k`` (capped at
+    ``max_backoff_s``; a numeric ``Retry-After`` wins); other 4xx raise at once with the
+    server's message. A per-sample server error becomes NaN plus ``errors[name][i]``, so the
+    service's failure policy applies. The server is checked on first use (or :meth:`check`).
+    """
+
+    url: str
+    reward: str
+    components: Sequence[str] = ()
+    use_total: bool = False
+    timeout_s: float = 120.0
+    max_retries: int = 3
+    backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+    batch_size: int = 32
+    token: str | None = None
+    token_env: str | None = None
+    image_format: Literal["png", "jpeg"] = "png"
+    jpeg_quality: int = 95
+
+    _client: Any = field(init=False, repr=False, compare=False, default=None)
+    _info: dict[str, Any] | None = field(init=False, repr=False, compare=False, default=None)
+    _request_size: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.url = str(self.url).rstrip("/")
+        self.components = tuple(str(c) for c in self.components)
+        require(
+            self.url.startswith(("http://", "https://")),
+            f"RemoteRewardBackend.url={self.url!r} must start with http:// or https://",
+        )
+        require(bool(self.reward), "RemoteRewardBackend.reward must name a reward on the server")
+        require(
+            len(set(self.components)) == len(self.components),
+            f"RemoteRewardBackend.components {list(self.components)} lists a name twice",
+        )
+        require(self.timeout_s > 0, "RemoteRewardBackend.timeout_s must be > 0")
+        require(self.max_retries >= 0, "RemoteRewardBackend.max_retries must be >= 0")
+        require(self.backoff_s >= 0, "RemoteRewardBackend.backoff_s must be >= 0")
+        require(self.max_backoff_s >= 0, "RemoteRewardBackend.max_backoff_s must be >= 0")
+        require(self.batch_size >= 1, "RemoteRewardBackend.batch_size must be >= 1")
+        require(
+            self.image_format in ("png", "jpeg"),
+            f"RemoteRewardBackend.image_format={self.image_format!r}: use 'png' or 'jpeg'",
+        )
+        require(1 <= self.jpeg_quality <= 100, "RemoteRewardBackend.jpeg_quality in [1, 100]")
+        require(
+            not (self.token and self.token_env),
+            "RemoteRewardBackend: give token or token_env, not both",
+        )
+        # A combining remote reward fills ScoreResult.total, like WeightedRewardBackend.
+        self.produces_total = self.use_total  # type: ignore[misc]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.components) if self.components else (self.reward,)
+
+    # -- setup -----------------------------------------------------------------------------
+
+    def check(self) -> dict[str, Any]:
+        """``GET /rewards`` and verify the reward, components and limits; returns its info."""
+        body = self._request("GET", "/rewards", None)
+        rewards = {r["name"]: r for r in body.get("rewards", [])}
+        info = rewards.get(self.reward)
+        if info is None:
+            raise RewardError(
+                f"reward service {self.url} has no reward '{self.reward}'; "
+                f"it serves {sorted(rewards)}"
+            )
+        have = list(info.get("components", []))
+        missing = [c for c in self.components if c not in have]
+        if missing:
+            raise RewardError(
+                f"reward '{self.reward}' on {self.url} lacks components {missing}; it has {have}"
+            )
+        if not self.components and not info.get("scalar", False):
+            raise RewardError(
+                f"reward '{self.reward}' on {self.url} has components {have} and no total; "
+                "set RemoteRewardBackend.components to the ones you need"
+            )
+        if self.use_total and not info.get("has_total", False):
+            raise RewardError(
+                f"RemoteRewardBackend.use_total=true but reward '{self.reward}' on {self.url} "
+                "has no total (it is not a combining backend)"
+            )
+        # Requests never carry more samples than the server accepts (it would answer 413).
+        limit = int(body.get("limits", {}).get("max_batch_size", self.batch_size))
+        self._request_size = max(1, min(self.batch_size, limit))
+        server_timeout = float(info.get("timeout_s", 0.0))
+        if server_timeout >= self.timeout_s:
+            raise ConfigError(
+                f"RemoteRewardBackend.timeout_s={self.timeout_s} is not above the server's "
+                f"timeout_s={server_timeout} for '{self.reward}'; the client would give up "
+                "before the server answers: raise timeout_s"
+            )
+        self._info = info
+        return info
+
+    def close(self) -> None:
+        """Close the HTTP connection pool (a later call opens a new one)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_client"] = None  # connections do not travel (e.g. to a Ray worker)
+        return state
+
+    # -- scoring ---------------------------------------------------------------------------
+
+    def score(self, images: Tensor | None, prompts: list[str], metadata: list[dict]) -> ScoreResult:
+        """Score ``images[N, 3, H, W]`` in [0, 1]; returns one ``Tensor[N]`` per name."""
+        n = len(prompts)
+        source = f"RemoteRewardBackend('{self.reward}' at {self.url})"
+        check_lengths(n, source, metadata=metadata)
+        images = check_images(images, n, source)
+        for i, meta in enumerate(metadata):
+            try:
+                json.dumps(meta)
+            except (TypeError, ValueError) as exc:
+                raise RewardError(
+                    f"{source}: metadata[{i}] is not JSON-serialisable: {exc}"
+                ) from exc
+        if self._info is None:
+            self.check()
+        pixels = images_to_uint8(images)
+        values: dict[str, list[float]] = {name: [] for name in self.names}
+        errors: dict[str, list[str | None]] = {name: [] for name in self.names}
+        totals: list[float] = []
+        retries = 0
+        for start in range(0, n, self._request_size):
+            stop = min(start + self._request_size, n)
+            payload = {
+                "reward": self.reward,
+                "images": [self._encode(p) for p in pixels[start:stop]],
+                "prompts": list(prompts[start:stop]),
+                "metadata": list(metadata[start:stop]),
+            }
+            body, attempts = self._request_counted("POST", "/score", payload)
+            retries += attempts - 1
+            samples = body.get("results", {}).get(self.reward, {}).get("samples")
+            if not isinstance(samples, list) or len(samples) != stop - start:
+                got = len(samples) if isinstance(samples, list) else None
+                raise RewardError(
+                    f"{source}: expected {stop - start} results for samples {start}..{stop - 1}, "
+                    f"got {got}"
+                )
+            for sample in samples:
+                self._collect(sample, values, errors)
+                if self.use_total:
+                    totals.append(_num(sample.get("score")))
+        failed = sum(
+            any(not math.isfinite(values[name][i]) for name in self.names) for i in range(n)
+        )
+        return ScoreResult(
+            scores={name: as_scores(v) for name, v in values.items()},
+            errors=errors,
+            total=as_scores(totals) if self.use_total else None,
+            metrics={
+                f"remote/{self.reward}/retries": float(retries),
+                f"remote/{self.reward}/failed_samples": float(failed),
+            },
+        )
+
+    def _collect(
+        self,
+        sample: dict[str, Any],
+        values: dict[str, list[float]],
+        errors: dict[str, list[str | None]],
+    ) -> None:
+        component_errors = sample.get("component_errors") or {}
+        if not self.components:
+            value = _num(sample.get("score"))
+            values[self.reward].append(value)
+            error = sample.get("error")
+            if error is None and not math.isfinite(value):
+                error = "the server returned no score"
+            errors[self.reward].append(error)
+            return
+        found = sample.get("components") or {}
+        for name in self.components:
+            value = _num(found.get(name))
+            error = component_errors.get(name)
+            if error is None and not math.isfinite(value):
+                error = sample.get("error") or f"the server returned no score for '{name}'"
+            values[name].append(value)
+            errors[name].append(error)
+
+    def _encode(self, pixels: Any) -> str:
+        buffer = io.BytesIO()
+        if self.image_format == "png":
+            Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
+        else:
+            Image.fromarray(pixels).save(buffer, format="JPEG", quality=self.jpeg_quality)
+        return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+    # -- HTTP ------------------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        token = self.token
+        if self.token_env:
+            token = os.environ.get(self.token_env)
+            require(
+                bool(token),
+                f"RemoteRewardBackend.token_env={self.token_env!r} is unset or empty; "
+                "export the service's bearer token in it",
+            )
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _request(self, method: str, path: str, payload: dict | None) -> dict[str, Any]:
+        return self._request_counted(method, path, payload)[0]
+
+    def _request_counted(
+        self, method: str, path: str, payload: dict | None
+    ) -> tuple[dict[str, Any], int]:
+        """Send with retries; returns ``(json body, attempts)``."""
+        httpx = _httpx()
+        if self._client is None:
+            self._client = httpx.Client(timeout=self.timeout_s, verify=_tls_context())
+        headers = self._headers()
+        where = f"reward service {method} {self.url}{path} (reward '{self.reward}')"
+        last = ""
+        attempts = self.max_retries + 1
+        for attempt in range(attempts):
+            wait = min(self.backoff_s * 2**attempt, self.max_backoff_s)
+            try:
+                response = self._client.request(
+                    method, self.url + path, json=payload, headers=headers
+                )
+            except httpx.TransportError as exc:  # timeouts and connection errors
+                last = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code < 400:
+                    try:
+                        return response.json(), attempt + 1
+                    except ValueError as exc:
+                        raise RewardError(f"{where}: answer is not JSON ({exc})") from exc
+                detail = _detail(response)
+                if response.status_code not in _RETRY_STATUS:
+                    raise RewardError(f"{where} answered {response.status_code}: {detail}")
+                last = f"HTTP {response.status_code}: {detail}"
+                retry_after = _retry_after(response)
+                if retry_after is not None:
+                    wait = min(retry_after, self.max_backoff_s)
+            if attempt + 1 < attempts:
+                time.sleep(wait)
+        raise RewardError(f"{where} failed after {attempts} attempts; last error: {last}")
+
+
+def _num(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) else math.nan
+
+
+def _detail(response: Any) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(body, dict) and "detail" in body:
+        return str(body["detail"])
+    return str(body)[:500]
+
+
+def _retry_after(response: Any) -> float | None:
+    value = response.headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: fall back to the exponential backoff
