@@ -1,0 +1,391 @@
+"""The ``tiny`` SD3 stack: every component at toy size, built from configs, no download.
+
+Components are the real diffusers / transformers classes (so the saved folder is a valid
+``StableDiffusion3Pipeline`` layout); only their sizes and two initialisations are ours:
+
+- tokenizers: byte-level BPE trained on ``tiny_corpus.txt`` (CLIP-style and T5-style);
+- the VAE decoder is reshaped into a near-linear, smooth up-projection (:func:`shape_tiny_decoder`)
+  because a randomly initialised decoder barely reacts to its latents, which would make
+  pixel rewards (brightness, colour, JPEG size) unlearnable.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from unirl.models.sd3.progress import hf_progress_bars_disabled
+
+# Bump when the build code changes what it writes: it is part of the cache key.
+TINY_BUILDER_VERSION = 1
+
+CLIP_BOS, CLIP_EOS = "<|startoftext|>", "<|endoftext|>"
+T5_PAD, T5_EOS, T5_UNK = "<pad>", "</s>", "<unk>"
+
+
+@dataclass(kw_only=True, frozen=True)
+class TinySD3Spec:
+    """Sizes of the tiny stack. CLIP-L and CLIP-G get different widths on purpose, so a
+    swapped concat order or a missing pad to the T5 width fails a shape check."""
+
+    seed: int = 0
+    vocab_size: int = 1000
+    # text encoders
+    clip_l_hidden: int = 32
+    clip_l_projection: int = 32
+    clip_g_hidden: int = 48
+    clip_g_projection: int = 48
+    clip_layers: int = 2
+    clip_heads: int = 2
+    clip_max_length: int = 77
+    t5_d_model: int = 96
+    t5_d_ff: int = 192
+    t5_layers: int = 2
+    t5_heads: int = 2
+    t5_d_kv: int = 32
+    t5_model_max_length: int = 512
+    # transformer (MMDiT); dual attention in block 0 exercises the SD3.5 path
+    sample_size: int = 8
+    patch_size: int = 2
+    num_layers: int = 2
+    num_attention_heads: int = 2
+    attention_head_dim: int = 32
+    dual_attention_layers: tuple[int, ...] = (0,)
+    pos_embed_max_size: int = 32
+    # VAE (SD3 latent format: 16 channels, SD3 scaling / shift)
+    latent_channels: int = 16
+    vae_channels: int = 32
+    vae_levels: int = 4
+    scaling_factor: float = 1.5305
+    shift_factor: float = 0.0609
+    # decoder shaping (see shape_tiny_decoder)
+    decoder_anchor_channels: int = 8
+    decoder_anchor_value: float = 20.0
+    decoder_gain: float = 2.5
+    decoder_residual_damping: float = 0.05
+    # scheduler
+    shift: float = 3.0
+
+    @property
+    def joint_attention_dim(self) -> int:
+        return self.t5_d_model
+
+    @property
+    def pooled_projection_dim(self) -> int:
+        return self.clip_l_projection + self.clip_g_projection
+
+
+def corpus_lines() -> list[str]:
+    """The bundled prompt corpus the tiny tokenizers are trained on."""
+    text = resources.files("unirl.models.sd3").joinpath("tiny_corpus.txt").read_text("utf-8")
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+# -- tokenizers ----------------------------------------------------------------------------------
+
+
+def _train_bpe(lines: list[str], specials: list[str], vocab_size: int, *, lowercase: bool) -> Any:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    if lowercase:  # CLIP's tokenizer lowercases; T5's keeps case
+        tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(lines, trainer)
+    return tok
+
+
+def build_tiny_tokenizers(
+    spec: TinySD3Spec, lines: list[str] | None = None
+) -> tuple[Any, Any, Any]:
+    """``(clip_l, clip_g, t5)`` ``PreTrainedTokenizerFast`` trained on the corpus.
+
+    CLIP-style: ``<|startoftext|> … <|endoftext|>``, max length 77; CLIP-L pads with the end
+    token and CLIP-G with ``!`` (as the released SD3 tokenizers do). T5-style: ``… </s>``,
+    pad ``<pad>`` = 0, eos ``</s>`` = 1.
+    """
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    lines = corpus_lines() if lines is None else lines
+    clip = _train_bpe(lines, [CLIP_BOS, CLIP_EOS], spec.vocab_size, lowercase=True)
+    bos, eos = clip.token_to_id(CLIP_BOS), clip.token_to_id(CLIP_EOS)
+    clip.post_processor = processors.TemplateProcessing(
+        single=f"{CLIP_BOS} $A {CLIP_EOS}",
+        pair=f"{CLIP_BOS} $A {CLIP_EOS} $B {CLIP_EOS}",
+        special_tokens=[(CLIP_BOS, bos), (CLIP_EOS, eos)],
+    )
+    common = {"bos_token": CLIP_BOS, "eos_token": CLIP_EOS, "unk_token": CLIP_EOS}
+    clip_l = PreTrainedTokenizerFast(
+        tokenizer_object=clip, pad_token=CLIP_EOS, model_max_length=spec.clip_max_length, **common
+    )
+    clip_g = PreTrainedTokenizerFast(
+        tokenizer_object=clip.from_str(clip.to_str()),
+        pad_token="!",
+        model_max_length=spec.clip_max_length,
+        **common,
+    )
+
+    t5 = _train_bpe(lines, [T5_PAD, T5_EOS, T5_UNK], spec.vocab_size, lowercase=False)
+    t5.post_processor = processors.TemplateProcessing(
+        single=f"$A {T5_EOS}",
+        pair=f"$A {T5_EOS} $B {T5_EOS}",
+        special_tokens=[(T5_EOS, t5.token_to_id(T5_EOS))],
+    )
+    t5_tok = PreTrainedTokenizerFast(
+        tokenizer_object=t5,
+        eos_token=T5_EOS,
+        pad_token=T5_PAD,
+        unk_token=T5_UNK,
+        model_max_length=spec.t5_model_max_length,
+    )
+    return clip_l, clip_g, t5_tok
+
+
+# -- model configs -------------------------------------------------------------------------------
+
+
+def transformer_config(spec: TinySD3Spec) -> dict[str, Any]:
+    inner = spec.num_attention_heads * spec.attention_head_dim
+    return {
+        "sample_size": spec.sample_size,
+        "patch_size": spec.patch_size,
+        "in_channels": spec.latent_channels,
+        "out_channels": spec.latent_channels,
+        "num_layers": spec.num_layers,
+        "attention_head_dim": spec.attention_head_dim,
+        "num_attention_heads": spec.num_attention_heads,
+        "joint_attention_dim": spec.joint_attention_dim,
+        "caption_projection_dim": inner,
+        "pooled_projection_dim": spec.pooled_projection_dim,
+        "pos_embed_max_size": spec.pos_embed_max_size,
+        "dual_attention_layers": tuple(spec.dual_attention_layers),
+        "qk_norm": "rms_norm",
+    }
+
+
+def vae_config(spec: TinySD3Spec) -> dict[str, Any]:
+    return {
+        "in_channels": 3,
+        "out_channels": 3,
+        "down_block_types": ("DownEncoderBlock2D",) * spec.vae_levels,
+        "up_block_types": ("UpDecoderBlock2D",) * spec.vae_levels,
+        # equal widths: no conv shortcuts, so the decoder's residual path is an identity
+        "block_out_channels": (spec.vae_channels,) * spec.vae_levels,
+        "layers_per_block": 1,
+        "latent_channels": spec.latent_channels,
+        # one group: GroupNorm normalises over all channels, which the anchor channels pin
+        "norm_num_groups": 1,
+        "sample_size": spec.sample_size * 2 ** (spec.vae_levels - 1),
+        "scaling_factor": spec.scaling_factor,
+        "shift_factor": spec.shift_factor,
+        "use_quant_conv": False,
+        "use_post_quant_conv": False,
+        "force_upcast": True,
+    }
+
+
+def clip_config(
+    spec: TinySD3Spec, *, hidden: int, projection: int, act: str, bos: int, eos: int, pad: int
+) -> Any:
+    from transformers import CLIPTextConfig
+
+    return CLIPTextConfig(
+        vocab_size=spec.vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        projection_dim=projection,
+        num_hidden_layers=spec.clip_layers,
+        num_attention_heads=spec.clip_heads,
+        max_position_embeddings=spec.clip_max_length,
+        hidden_act=act,
+        bos_token_id=bos,
+        eos_token_id=eos,  # != 2, so pooling takes the first end token (pad may equal eos)
+        pad_token_id=pad,
+    )
+
+
+def t5_config(spec: TinySD3Spec) -> Any:
+    from transformers import T5Config
+
+    return T5Config(
+        vocab_size=spec.vocab_size,
+        d_model=spec.t5_d_model,
+        d_kv=spec.t5_d_kv,
+        d_ff=spec.t5_d_ff,
+        num_layers=spec.t5_layers,
+        num_heads=spec.t5_heads,
+        feed_forward_proj="gated-gelu",  # T5 v1.1, as T5-XXL
+        dropout_rate=0.0,
+        is_encoder_decoder=False,
+        use_cache=False,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+
+
+def scheduler_config(spec: TinySD3Spec) -> dict[str, Any]:
+    return {"num_train_timesteps": 1000, "shift": spec.shift}
+
+
+# -- the decoder trap ----------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def shape_tiny_decoder(
+    decoder: torch.nn.Module, spec: TinySD3Spec, generator: torch.Generator
+) -> None:
+    """Turn a random ``AutoencoderKL`` decoder into a smooth, strongly responsive one.
+
+    Hidden channels split into *signal* and *anchor* channels. ``conv_in`` maps the latent
+    to the signal channels by a random 1x1 projection and writes constant ±A into the anchor
+    channels; the anchors dominate every (single-group) GroupNorm's statistics, so the
+    normalisations act as fixed affine maps instead of erasing global shifts. Residual
+    branches (resnets, mid attention) are damped, upsamplers blur (nearest x2 then a 3x3
+    binomial), the last norm puts SiLU in its monotone near-linear range and ``conv_out``
+    mixes signal channels into RGB centred on mid-grey. The decoder is then close to a
+    smooth linear up-projection: shifting a latent direction moves brightness and colour
+    monotonically and different latents give visibly different images.
+    """
+    from diffusers.models.resnet import ResnetBlock2D
+    from diffusers.models.upsampling import Upsample2D
+
+    channels = spec.vae_channels
+    anchors = spec.decoder_anchor_channels
+    signal = channels - anchors
+    if anchors < 2 or anchors % 2 or signal < 3:
+        raise ValueError(
+            f"TinySD3Spec: decoder_anchor_channels={anchors} must be even and >= 2, leaving >= 3 of "
+            f"vae_channels={channels} for the signal"
+        )
+    latent = spec.latent_channels
+
+    w_in = torch.zeros_like(decoder.conv_in.weight)
+    w_in[:signal, :, 1, 1] = torch.randn(signal, latent, generator=generator) / math.sqrt(latent)
+    decoder.conv_in.weight.copy_(w_in)
+    b_in = torch.zeros(channels)
+    b_in[signal:] = spec.decoder_anchor_value * torch.tensor([1.0, -1.0]).repeat(anchors // 2)
+    decoder.conv_in.bias.copy_(b_in)
+
+    blur = torch.tensor([1.0, 2.0, 1.0])
+    blur = (blur[:, None] * blur[None, :]) / 16.0
+    for module in decoder.modules():
+        if isinstance(module, ResnetBlock2D):
+            module.conv2.weight.mul_(spec.decoder_residual_damping)
+            module.conv2.bias.zero_()
+        elif isinstance(module, Upsample2D):
+            w_up = torch.zeros_like(module.conv.weight)
+            for c in range(channels):
+                w_up[c, c] = blur
+            module.conv.weight.copy_(w_up)
+            module.conv.bias.zero_()
+    for attn in decoder.mid_block.attentions:
+        if attn is not None:
+            attn.to_out[0].weight.mul_(spec.decoder_residual_damping)
+            attn.to_out[0].bias.zero_()
+
+    # Global std after conv_in is ~A·sqrt(anchors/channels); undo it for the signal channels,
+    # scale to ~0.6 and bias by +1 so SiLU works in its monotone, near-linear range.
+    norm_scale = spec.decoder_anchor_value * math.sqrt(anchors / channels)
+    norm = decoder.conv_norm_out
+    norm.weight.zero_()
+    norm.weight[:signal] = 0.6 * norm_scale
+    norm.bias.zero_()
+    norm.bias[:signal] = 1.0
+
+    mix = torch.randn(3, signal, generator=generator) * (spec.decoder_gain / math.sqrt(signal))
+    w_out = torch.zeros_like(decoder.conv_out.weight)
+    w_out[:, :signal, 1, 1] = mix
+    decoder.conv_out.weight.copy_(w_out)
+    decoder.conv_out.bias.zero_()
+    # Centre each RGB channel on mid-grey over N(0, 1) model-space latents (the damped residual
+    # branches and SiLU's curvature leave a small offset otherwise).
+    z = torch.randn(32, latent, spec.sample_size, spec.sample_size, generator=generator)
+    offset = decoder(z / spec.scaling_factor + spec.shift_factor).mean(dim=(0, 2, 3))
+    decoder.conv_out.bias.copy_(-offset)
+
+
+# -- build ---------------------------------------------------------------------------------------
+
+
+def build_tiny_pipeline(spec: TinySD3Spec) -> Any:
+    """The tiny stack as an in-memory ``StableDiffusion3Pipeline`` (fp32, CPU, seeded)."""
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        SD3Transformer2DModel,
+        StableDiffusion3Pipeline,
+    )
+    from transformers import CLIPTextModelWithProjection, T5EncoderModel
+
+    tok_l, tok_g, tok_t5 = build_tiny_tokenizers(spec)
+    bos, eos = tok_l.bos_token_id, tok_l.eos_token_id
+
+    # One seed per component, so resizing one component leaves the others' weights unchanged;
+    # the caller's RNG state is restored afterwards.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        transformer = SD3Transformer2DModel(**transformer_config(spec))
+        torch.manual_seed(spec.seed + 1)
+        vae = AutoencoderKL(**vae_config(spec))
+        shape_tiny_decoder(vae.decoder, spec, torch.Generator().manual_seed(spec.seed + 2))
+        torch.manual_seed(spec.seed + 3)
+        clip_l = CLIPTextModelWithProjection(
+            clip_config(
+                spec,
+                hidden=spec.clip_l_hidden,
+                projection=spec.clip_l_projection,
+                act="quick_gelu",
+                bos=bos,
+                eos=eos,
+                pad=tok_l.pad_token_id,
+            )
+        )
+        torch.manual_seed(spec.seed + 4)
+        clip_g = CLIPTextModelWithProjection(
+            clip_config(
+                spec,
+                hidden=spec.clip_g_hidden,
+                projection=spec.clip_g_projection,
+                act="gelu",
+                bos=bos,
+                eos=eos,
+                pad=tok_g.pad_token_id,
+            )
+        )
+        torch.manual_seed(spec.seed + 5)
+        t5 = T5EncoderModel(t5_config(spec))
+    scheduler = FlowMatchEulerDiscreteScheduler(**scheduler_config(spec))
+    for module in (transformer, vae, clip_l, clip_g, t5):
+        module.eval()
+    return StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=clip_l,
+        tokenizer=tok_l,
+        text_encoder_2=clip_g,
+        tokenizer_2=tok_g,
+        text_encoder_3=t5,
+        tokenizer_3=tok_t5,
+    )
+
+
+def write_tiny_sd3(folder: Path, spec: TinySD3Spec) -> None:
+    """Build the tiny stack and ``save_pretrained`` it (safetensors) into ``folder``."""
+    pipe = build_tiny_pipeline(spec)
+    with hf_progress_bars_disabled():
+        pipe.save_pretrained(str(folder), safe_serialization=True)
