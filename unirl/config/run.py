@@ -1,0 +1,169 @@
+"""``RunConfig``: the typed top level of every recipe. Unknown top-level keys are errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from unirl.config.require import ConfigError, require
+
+COMPONENT_BLOCKS = (
+    "bundle",
+    "pipeline",
+    "backend",
+    "rollout",
+    "reward",
+    "algorithm",
+    "stack",
+    "sync",
+    "data_source",
+    "sampling",
+)
+
+
+@dataclass(kw_only=True)
+class AdvantageConfig:
+    """How rewards become advantages (``RolloutTrack.compute_advantages``)."""
+
+    scope: Literal["group", "global"] = "group"
+    std: Literal["group", "batch", "none"] = "batch"
+    eps: float = 1e-4
+    clip: float | None = 5.0
+
+    def __post_init__(self) -> None:
+        require(self.scope in ("group", "global"), f"advantage.scope must be 'group' or 'global', got {self.scope!r}")
+        require(self.std in ("group", "batch", "none"), f"advantage.std must be 'group', 'batch' or 'none', got {self.std!r}")
+        require(self.eps >= 0, "advantage.eps must be >= 0")
+        require(self.clip is None or self.clip > 0, "advantage.clip must be > 0 or null")
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    """Periodic evaluation on fixed prompts (ODE sampling, EMA weights when present)."""
+
+    prompts_path: str | None = None
+    num_prompts: int = 8
+    samples_per_prompt: int = 1
+    seed: int = 1234
+    use_ema: bool = True
+
+    def __post_init__(self) -> None:
+        require(self.num_prompts >= 1, "eval.num_prompts must be >= 1")
+        require(self.samples_per_prompt >= 1, "eval.samples_per_prompt must be >= 1")
+
+
+@dataclass(kw_only=True)
+class LoggingConfig:
+    """Trackers and media. ``local`` (metrics.jsonl / metrics.csv) is always on."""
+
+    trackers: list[str] = field(default_factory=lambda: ["local"])
+    wandb_project: str | None = None
+    wandb_run_name: str | None = None
+    gallery_interval: int = 1
+    gallery_max_images: int = 16
+    progress: Literal["auto", "on", "off"] = "auto"
+
+    def __post_init__(self) -> None:
+        known = {"local", "tensorboard", "wandb"}
+        unknown = sorted(set(self.trackers) - known)
+        require(not unknown, f"logging.trackers: unknown tracker(s) {unknown}; choose from {sorted(known)}")
+        require(self.gallery_interval >= 0, "logging.gallery_interval must be >= 0 (0 disables galleries)")
+        require(self.progress in ("auto", "on", "off"), "logging.progress must be auto, on or off")
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Run-level facts: devices, batch geometry, cadence, outputs. Component blocks stay as
+    ``_target_`` configs (validated by signature in ``unirl.config.validate``)."""
+
+    num_devices: int = 1
+    devices_per_node: int | None = None
+    device: Literal["cpu", "cuda"] = "cpu"
+    cpus_per_worker: int = 1
+    batch_size: int = 8
+    layout: Literal["colocate", "separate"] = "colocate"
+    train_fraction: float = 1.0
+    num_rollouts: int = 100
+    save_interval: int = 0
+    eval_interval: int = 0
+    sync_interval: int = 1
+    output_dir: str = "outputs/run"
+    resume: str | None = None
+    seed: int = 0
+    dry_run: bool = False
+    call_timeout_s: float | None = 1800.0
+    max_nonfinite_in_row: int = 3
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    # component blocks (``_target_`` dicts); ``sync`` only for dedicated engines
+    bundle: Any = None
+    pipeline: Any = None
+    backend: Any = None
+    rollout: Any = None
+    reward: Any = None
+    algorithm: Any = None
+    stack: Any = None
+    sync: Any = None
+    data_source: Any = None
+    sampling: Any = None
+
+    def __post_init__(self) -> None:
+        require(self.num_devices >= 1, "num_devices must be >= 1")
+        require(
+            self.devices_per_node is None or (self.devices_per_node >= 1 and self.num_devices % self.devices_per_node == 0),
+            f"devices_per_node={self.devices_per_node} must divide num_devices={self.num_devices}",
+        )
+        require(self.device in ("cpu", "cuda"), f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        require(self.cpus_per_worker >= 1, "cpus_per_worker must be >= 1")
+        require(self.batch_size >= 1, "batch_size (prompts per rollout) must be >= 1")
+        require(self.layout in ("colocate", "separate"), f"layout must be 'colocate' or 'separate', got {self.layout!r}")
+        require(0.0 < self.train_fraction <= 1.0, "train_fraction must be in (0, 1]")
+        require(self.num_rollouts >= 1, "num_rollouts must be >= 1")
+        for name in ("save_interval", "eval_interval", "sync_interval"):
+            require(getattr(self, name) >= 0, f"{name} must be >= 0 (0 disables it)")
+        require(self.max_nonfinite_in_row >= 1, "max_nonfinite_in_row must be >= 1")
+        require(self.call_timeout_s is None or self.call_timeout_s > 0, "call_timeout_s must be > 0 or null")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        """Build from a plain dict; unknown keys raise ``ConfigError`` listing the known ones."""
+        data = {k: v for k, v in data.items() if k != "hydra"}
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown top-level key(s) {unknown}; known keys are {sorted(known)} "
+                "(check the spelling, or put component settings inside their block)"
+            )
+        nested = {"advantage": AdvantageConfig, "eval": EvalConfig, "logging": LoggingConfig}
+        kwargs = dict(data)
+        for name, klass in nested.items():
+            block = kwargs.get(name)
+            if block is None:
+                kwargs.pop(name, None)
+                continue
+            kwargs[name] = _typed_block(klass, block, name)
+        return cls(**kwargs)
+
+    @property
+    def samples_per_rollout(self) -> int:
+        spp = _get(self.sampling, "samples_per_prompt", 1)
+        return self.batch_size * int(spp)
+
+
+def _typed_block(klass: type, block: dict[str, Any], name: str) -> Any:
+    known = {f.name for f in dataclasses.fields(klass)}
+    unknown = sorted(set(block) - known)
+    if unknown:
+        raise ConfigError(f"{name}: unknown key(s) {unknown}; known keys are {sorted(known)}")
+    return klass(**block)
+
+
+def _get(block: Any, key: str, default: Any = None) -> Any:
+    if block is None:
+        return default
+    if isinstance(block, dict):
+        return block.get(key, default)
+    return getattr(block, key, default)

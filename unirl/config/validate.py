@@ -1,0 +1,260 @@
+"""Cross-component validators: run by the driver on the composed recipe before any Ray work.
+
+Each check raises ``ConfigError`` with a message that names the fields involved and the fix.
+Component blocks are checked by ``_target_`` signature (a misspelt key is an error), and
+nested config dataclasses (SDE strategy, SDE-step schedule, LoRA, optimizer, sampling) are
+instantiated, which runs their own ``__post_init__`` validation. No weights are loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import os
+from collections.abc import Callable
+from typing import Any
+
+from unirl.config.precision import canonical_precision
+from unirl.config.require import ConfigError, require
+from unirl.config.run import COMPONENT_BLOCKS, RunConfig
+
+REQUIRED_BLOCKS = ("bundle", "pipeline", "backend", "rollout", "reward", "algorithm", "stack", "data_source", "sampling")
+PRECISION_KEYS = ("dtype", "param_dtype", "reduce_dtype", "storage_dtype", "text_encoder_dtype", "vae_dtype", "wire_dtype")
+
+
+def locate(path: str, where: str) -> Any:
+    """Import ``module.attr`` named by a ``_target_``; the error names the block."""
+    module_name, _, attr = path.rpartition(".")
+    try:
+        obj: Any = importlib.import_module(module_name) if module_name else None
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj
+    except (ImportError, AttributeError) as exc:
+        # ``a.b.C.method`` style targets: walk from the longest importable module prefix
+        parts = path.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            try:
+                for part in parts[cut:]:
+                    obj = getattr(obj, part)
+                return obj
+            except AttributeError:
+                break
+        raise ConfigError(f"{where}._target_: cannot import {path!r} ({exc})") from exc
+
+
+def _signature_params(target: Any) -> tuple[set[str], bool]:
+    """Accepted keyword names of a target and whether it takes ``**kwargs``."""
+    if dataclasses.is_dataclass(target):
+        return {f.name for f in dataclasses.fields(target) if f.init}, False
+    func = target.__init__ if inspect.isclass(target) else target
+    sig = inspect.signature(func)
+    names = {n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    names.discard("self")
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    return names, var_kw
+
+
+def check_block(block: Any, where: str, *, instantiate_dataclasses: bool) -> Any:
+    """Check a ``_target_`` block recursively; returns the instantiated object for cheap
+    dataclass targets (when allowed) or the block itself."""
+    if isinstance(block, list):
+        return [check_block(b, f"{where}[{i}]", instantiate_dataclasses=instantiate_dataclasses) for i, b in enumerate(block)]
+    if not isinstance(block, dict):
+        return block
+    for key in PRECISION_KEYS:
+        if key in block and isinstance(block[key], str):
+            canonical_precision(block[key], f"{where}.{key}")
+    children = {
+        k: check_block(v, f"{where}.{k}", instantiate_dataclasses=True)
+        for k, v in block.items()
+        if k != "_target_"
+    }
+    if "_target_" not in block:
+        return children
+    target = locate(str(block["_target_"]), where)
+    accepted, var_kw = _signature_params(target)
+    unknown = sorted(k for k in children if not k.startswith("_") and k not in accepted)
+    if unknown and not var_kw:
+        raise ConfigError(
+            f"{where}: unknown key(s) {unknown} for {block['_target_']}; accepted keys are {sorted(accepted)}"
+        )
+    if instantiate_dataclasses and dataclasses.is_dataclass(target):
+        kwargs = {k: v for k, v in children.items() if not k.startswith("_")}
+        try:
+            return target(**kwargs)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+        except TypeError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+    return block
+
+
+def _target(cfg: RunConfig, name: str) -> str:
+    block = getattr(cfg, name)
+    return str(block.get("_target_", "")) if isinstance(block, dict) else ""
+
+
+def engine_kind(cfg: RunConfig) -> str:
+    """``trainside`` | ``dedicated`` | ``sglang`` | ``vllm_omni`` from the rollout target."""
+    target = _target(cfg, "rollout").lower()
+    for kind in ("trainside", "dedicated", "sglang", "vllm_omni"):
+        if kind in target:
+            return kind
+    cls = locate(_target(cfg, "rollout"), "rollout") if target else None
+    return str(getattr(cls, "engine_kind", "trainside"))
+
+
+# -- the cross-component checks --------------------------------------------------------------
+
+
+def check_required_blocks(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    missing = [b for b in REQUIRED_BLOCKS if getattr(cfg, b) is None]
+    require(not missing, f"recipe is missing block(s) {missing}; every recipe builds these by _target_")
+
+
+def check_layout_and_sync(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    kind = engine_kind(cfg)
+    if kind == "trainside":
+        require(cfg.sync is None, "rollout is trainside (it samples with the trained module), so remove the `sync` block")
+        require(cfg.layout == "colocate", "layout=separate needs a dedicated rollout engine; trainside runs colocated only")
+    else:
+        require(cfg.sync is not None, f"rollout engine {kind!r} holds its own weights: add exactly one `sync` block")
+        sync_target = _target(cfg, "sync").lower()
+        if "ipc" in sync_target:
+            require(cfg.layout == "colocate", "CUDA-IPC weight sync works only with layout=colocate")
+    if cfg.layout == "separate":
+        require(cfg.num_devices >= 2, "layout=separate needs num_devices >= 2 (disjoint train and rollout slabs)")
+        require(cfg.train_fraction < 1.0, "layout=separate needs train_fraction < 1 so rollout gets devices")
+
+
+def _slab_sizes(cfg: RunConfig) -> tuple[int, int]:
+    if cfg.layout == "separate":
+        train = int(round(cfg.num_devices * cfg.train_fraction))
+        return train, cfg.num_devices - train
+    return cfg.num_devices, cfg.num_devices
+
+
+def check_batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    n = cfg.samples_per_rollout
+    train_dp, rollout_dp = _slab_sizes(cfg)
+    require(train_dp >= 1 and rollout_dp >= 1, f"train_fraction={cfg.train_fraction} leaves a slab with no devices")
+    require(
+        n % rollout_dp == 0,
+        f"batch_size x samples_per_prompt = {n} samples is not divisible by the {rollout_dp} rollout "
+        "data-parallel ranks; change batch_size or num_devices",
+    )
+    require(
+        n % train_dp == 0,
+        f"batch_size x samples_per_prompt = {n} samples is not divisible by the {train_dp} train "
+        "data-parallel ranks; change batch_size or num_devices",
+    )
+    stack = cfg.stack or {}
+    updates = int(stack.get("num_updates_per_batch", 1))
+    micro = int(stack.get("micro_batch_size", 1))
+    per_rank = n // train_dp
+    require(
+        per_rank % updates == 0,
+        f"{per_rank} samples per train rank cannot be split into stack.num_updates_per_batch={updates} "
+        "equal mini-batches",
+    )
+    require(
+        (per_rank // updates) % micro == 0,
+        f"a mini-batch of {per_rank // updates} samples per rank is not divisible by "
+        f"stack.micro_batch_size={micro}",
+    )
+
+
+def check_strategy_and_algorithm(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    strategy = objs.get("pipeline.strategy")
+    algorithm = locate(_target(cfg, "algorithm"), "algorithm") if _target(cfg, "algorithm") else None
+    needs_logp = bool(getattr(algorithm, "requires_log_prob", False))
+    if strategy is not None and needs_logp:
+        require(
+            getattr(strategy, "provides_log_prob", True),
+            f"algorithm {_target(cfg, 'algorithm')} is ratio-based and needs per-step log-probs, but "
+            f"pipeline.strategy {type(strategy).__name__} records none; use FlowSDE, CPS or DanceSDE",
+        )
+    sampling = objs.get("sampling")
+    sde_steps = getattr(sampling, "sde_steps", None)
+    if needs_logp and sde_steps is not None and hasattr(sde_steps, "select"):
+        chosen = sde_steps.select(sampling.num_inference_steps, seed=0, rollout_index=0)
+        require(len(chosen) >= 1, "sampling.sde_steps selects no step to train; widen its range")
+        require(
+            max(chosen) < sampling.num_inference_steps,
+            f"sampling.sde_steps selects step {max(chosen)} but num_inference_steps={sampling.num_inference_steps}",
+        )
+    if sampling is not None and needs_logp and cfg.advantage.scope == "group":
+        require(
+            sampling.samples_per_prompt >= 2,
+            "group advantages need sampling.samples_per_prompt >= 2 (a group of one has zero advantage)",
+        )
+
+
+def check_reference_policy(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    algo = cfg.algorithm or {}
+    kl_beta = float(algo.get("kl_beta", 0.0) or 0.0)
+    if kl_beta > 0:
+        backend = cfg.backend or {}
+        require(
+            backend.get("lora") is not None,
+            "algorithm.kl_beta > 0 takes the reference from the frozen base by disabling the LoRA "
+            "adapter; set backend.lora or kl_beta=0",
+        )
+
+
+def check_data(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    path = (cfg.data_source or {}).get("path")
+    if path:
+        require(
+            os.path.isfile(str(path)),
+            f"data_source.path: prompt file {path!r} does not exist (set DATA_PATH or data_source.path)",
+        )
+
+
+def check_device(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    bundle_device = (cfg.bundle or {}).get("device")
+    if bundle_device is not None:
+        require(
+            str(bundle_device).split(":")[0] == cfg.device,
+            f"bundle.device={bundle_device!r} disagrees with device={cfg.device!r}; set one device for the run",
+        )
+
+
+CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
+    check_required_blocks,
+    check_layout_and_sync,
+    check_batch_geometry,
+    check_strategy_and_algorithm,
+    check_reference_policy,
+    check_data,
+    check_device,
+)
+
+
+def validate(data: dict[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
+    """Type the top level, check every block, run every cross-component check.
+
+    Returns the ``RunConfig`` and the cheap objects built on the way (``"sampling"``,
+    ``"pipeline.strategy"``, …) so callers can print geometry without loading weights.
+    """
+    cfg = RunConfig.from_dict(data)
+    objs: dict[str, Any] = {}
+    for name in COMPONENT_BLOCKS:
+        block = getattr(cfg, name)
+        if block is None:
+            continue
+        checked = check_block(block, name, instantiate_dataclasses=(name == "sampling"))
+        objs[name] = checked
+        if isinstance(block, dict):
+            for key, value in block.items():
+                if isinstance(value, dict) and "_target_" in value:
+                    objs[f"{name}.{key}"] = check_block(value, f"{name}.{key}", instantiate_dataclasses=True)
+    for check in CHECKS:
+        check(cfg, objs)
+    return cfg, objs

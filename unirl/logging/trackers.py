@@ -1,0 +1,137 @@
+"""Metric trackers behind one interface: local files always, TensorBoard and W&B optional."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class Tracker(Protocol):
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _clean(metrics: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for k, v in metrics.items():
+        try:
+            out[k] = float(v)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+class LocalTracker:
+    """``metrics.jsonl`` (one object per step, appended) and ``metrics.csv`` (rewritten with
+    the union of columns, so a metric that appears late still gets a column)."""
+
+    def __init__(self, output_dir: str | Path, *, prefix: str = "metrics") -> None:
+        self.dir = Path(output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = self.dir / f"{prefix}.jsonl"
+        self.csv = self.dir / f"{prefix}.csv"
+        self.rows: list[dict[str, float]] = []
+        if self.jsonl.exists():  # resume: keep history, the CSV is rebuilt from it
+            with self.jsonl.open() as f:
+                self.rows = [json.loads(line) for line in f if line.strip()]
+
+    def truncate_after(self, step: int) -> None:
+        """Drop rows past ``step`` (a resumed run rewrites what the killed run logged after
+        its last checkpoint)."""
+        self.rows = [r for r in self.rows if r.get("step", -1) <= step]
+        with self.jsonl.open("w") as f:
+            for row in self.rows:
+                f.write(json.dumps(row) + "\n")
+        self._write_csv()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **_clean(metrics)}
+        row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        self.rows.append(row)
+        with self.jsonl.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        self._write_csv()
+
+    def _write_csv(self) -> None:
+        columns: list[str] = []
+        for row in self.rows:
+            columns.extend(k for k in row if k not in columns)
+        tmp = self.csv.with_suffix(".csv.tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(self.rows)
+        os.replace(tmp, self.csv)
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoardTracker:
+    def __init__(self, output_dir: str | Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError(
+                "logging.trackers has 'tensorboard' but the tensorboard package is missing: "
+                "pip install 'unirl[tensorboard]'"
+            ) from exc
+        self.writer = SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard"))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for k, v in _clean(metrics).items():
+            self.writer.add_scalar(k, v, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker:
+    def __init__(self, output_dir: str | Path, *, project: str | None, run_name: str | None, config: dict[str, Any]) -> None:
+        try:
+            import wandb
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError(
+                "logging.trackers has 'wandb' but wandb is not installed: pip install 'unirl[wandb]'"
+            ) from exc
+        self.run = wandb.init(project=project or "unirl", name=run_name, dir=str(output_dir), config=config)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(_clean(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MultiTracker:
+    """Fans one ``log`` out to every configured tracker."""
+
+    def __init__(self, trackers: list[Any]) -> None:
+        self.trackers = trackers
+
+    @property
+    def local(self) -> LocalTracker | None:
+        return next((t for t in self.trackers if isinstance(t, LocalTracker)), None)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for t in self.trackers:
+            t.log(step, metrics)
+
+    def close(self) -> None:
+        for t in self.trackers:
+            t.close()
+
+
+def build_trackers(names: list[str], output_dir: str | Path, *, config: dict[str, Any], wandb_project: str | None = None, wandb_run_name: str | None = None) -> MultiTracker:
+    trackers: list[Any] = [LocalTracker(output_dir)]
+    if "tensorboard" in names:
+        trackers.append(TensorBoardTracker(output_dir))
+    if "wandb" in names:
+        trackers.append(WandbTracker(output_dir, project=wandb_project, run_name=wandb_run_name, config=config))
+    return MultiTracker(trackers)

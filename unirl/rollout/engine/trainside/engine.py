@@ -1,0 +1,39 @@
+"""The trainside engine: the training module itself samples (direct sampling, no weight sync)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from unirl.config.require import require
+from unirl.distributed.group.dispatch import Dispatch, distributed
+from unirl.types import RolloutReq, RolloutResp
+
+
+class TrainsideEngine:
+    """Samples with the pipeline that wraps the trained (LoRA / FSDP) module on this worker.
+
+    There is no second copy of the weights, hence no ``sync`` block and no separate layout.
+    Under FSDP every rank must run the same number of forwards: the driver splits the request
+    into equal data-parallel shards (validated before the run starts).
+    """
+
+    engine_kind = "trainside"
+
+    def __init__(self, *, pipeline: Any, forward_batch_size: int | None = None) -> None:
+        require(forward_batch_size is None or forward_batch_size >= 1, "rollout.forward_batch_size must be >= 1")
+        self.pipeline = pipeline
+        if forward_batch_size is not None:
+            self.pipeline.forward_batch_size = forward_batch_size
+
+    @distributed(dispatch=Dispatch.DP_SCATTER)
+    def generate(self, req: RolloutReq) -> RolloutResp:
+        """Sample this rank's shard of ``req``."""
+        return self.pipeline.generate(req)
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def sleep(self) -> None:
+        """Nothing to free: the weights belong to the trainer."""
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def wake_up(self) -> None:
+        """Nothing to restore."""

@@ -1,0 +1,166 @@
+"""``TrainStack``: sequences one track through the algorithm and the backend.
+
+Per rollout, on each train rank (its data-parallel shard of the track):
+
+1. order the samples (seeded shuffle) and cut them into ``num_updates_per_batch``
+   mini-batches of ``micro_batch_size`` micro-batches;
+2. freeze π_old once, before any update, micro-batch by micro-batch — at exactly the
+   geometry the loss will use, so the first ratio is exactly 1;
+3. per mini-batch: loss + backward per micro-batch, grad clip, non-finite check, optimizer step.
+
+A non-finite loss or gradient norm is never skipped silently: the step is not applied, it is
+counted and logged, and after ``max_nonfinite_in_row`` in a row the run stops with the step,
+role and rank in the message.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from unirl.algorithms.base import StageAlgorithm
+from unirl.config.require import require
+from unirl.distributed.group.dispatch import Dispatch, distributed
+from unirl.types import RolloutTrack
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive non-finite optimizer steps."""
+
+
+class TrainStack:
+    """Drives ``algorithm`` over a track with ``backend`` (an ``FSDPBackend``)."""
+
+    def __init__(
+        self,
+        *,
+        backend: Any,
+        algorithm: StageAlgorithm,
+        micro_batch_size: int = 1,
+        num_updates_per_batch: int = 1,
+        max_grad_norm: float | None = 1.0,
+        shuffle: bool = True,
+        max_nonfinite_in_row: int = 3,
+        seed: int = 0,
+    ) -> None:
+        require(micro_batch_size >= 1, "stack.micro_batch_size must be >= 1")
+        require(num_updates_per_batch >= 1, "stack.num_updates_per_batch must be >= 1")
+        require(max_grad_norm is None or max_grad_norm > 0, "stack.max_grad_norm must be > 0 or null")
+        require(max_nonfinite_in_row >= 1, "stack.max_nonfinite_in_row must be >= 1")
+        require(
+            num_updates_per_batch == 1 or algorithm.supports_multi_update,
+            f"{type(algorithm).__name__} does not support several updates per rollout; "
+            "set stack.num_updates_per_batch=1",
+        )
+        self.backend = backend
+        self.algorithm = algorithm
+        self.micro_batch_size = micro_batch_size
+        self.num_updates_per_batch = num_updates_per_batch
+        self.max_grad_norm = max_grad_norm
+        self.shuffle = shuffle
+        self.max_nonfinite_in_row = max_nonfinite_in_row
+        self.seed = seed
+        self.nonfinite_in_row = 0
+        self.nonfinite_total = 0
+        self.global_step = 0
+        reference = getattr(backend, "adapter_disabled", None) if getattr(backend, "has_lora", True) else None
+        algorithm.bind_reference(reference)
+
+    def _order(self, n: int, rollout_index: int) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(n)
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + rollout_index)
+        return torch.randperm(n, generator=gen)
+
+    @distributed(dispatch=Dispatch.DP_SCATTER)
+    def train_track(self, track: RolloutTrack, rollout_index: int = 0, progress: float = 0.0) -> dict[str, Any]:
+        """Train on this rank's shard of ``track`` (advantages attached); returns
+        ``{"steps": [metrics of each optimizer step]}``."""
+        if track.advantages is None or track.segment is None or track.conditions is None:
+            raise ValueError("train_track needs a track with conditions, segment and advantages")
+        n = len(track)
+        require(
+            n % self.num_updates_per_batch == 0,
+            f"{n} samples on this rank cannot be split into {self.num_updates_per_batch} mini-batches",
+        )
+        mini = n // self.num_updates_per_batch
+        require(mini % self.micro_batch_size == 0, f"mini-batch {mini} not divisible by micro_batch_size {self.micro_batch_size}")
+        device = self.backend.device
+        track = track.select(self._order(n, rollout_index))
+        conditions = track.conditions.to(device)
+        segment = track.segment.to(device)
+        advantages = track.advantages.float().to(device)
+
+        t0 = time.perf_counter()
+        micro_slices = [slice(s, s + self.micro_batch_size) for s in range(0, n, self.micro_batch_size)]
+        micro = []
+        for sl in micro_slices:  # freeze π_old once, before any update, at training geometry
+            idx = torch.arange(n)[sl]
+            cond_mb, seg_mb = conditions.select(idx), segment.select(idx)
+            micro.append((cond_mb, self.algorithm.prepare_segment(cond_mb, seg_mb), advantages[sl]))
+        anchor_time = time.perf_counter() - t0
+
+        per_mini = mini // self.micro_batch_size
+        all_metrics = []
+        for update in range(self.num_updates_per_batch):
+            t0 = time.perf_counter()
+            self.backend.zero_grad()
+            losses, terms = [], []
+            for cond_mb, seg_mb, adv_mb in micro[update * per_mini : (update + 1) * per_mini]:
+                result = self.algorithm.compute_loss_and_backward(
+                    cond_mb, seg_mb, adv_mb, progress, loss_scale=len(adv_mb) / mini
+                )
+                losses.append(result.loss)
+                terms.append(result.terms)
+            grad_norm = self.backend.clip_grad_norm(self.max_grad_norm)
+            loss = sum(losses)
+            finite = math.isfinite(loss) and math.isfinite(grad_norm)
+            finite = self._all_ranks_agree(finite)
+            metrics = {
+                "loss": loss,
+                "grad_norm": grad_norm,
+                "lr": float(self.backend.lr),
+                "nonfinite/count": float(self.nonfinite_total),
+            }
+            if finite:
+                self.backend.optimizer_step()
+                self.nonfinite_in_row = 0
+            else:
+                self.backend.zero_grad()
+                self.nonfinite_in_row += 1
+                self.nonfinite_total += 1
+                metrics["nonfinite/count"] = float(self.nonfinite_total)
+                metrics["nonfinite/skipped_step"] = 1.0
+                if self.nonfinite_in_row >= self.max_nonfinite_in_row:
+                    raise NonFiniteError(
+                        f"{self.nonfinite_in_row} non-finite optimizer steps in a row (loss={loss}, "
+                        f"grad_norm={grad_norm}) at global step {self.global_step}, rollout {rollout_index}, "
+                        f"update {update}; lower the learning rate, check rewards and precision"
+                    )
+            self.global_step += 1
+            merged = {k: torch.cat([t[k] for t in terms]) for k in terms[0]} if terms and terms[0] else {}
+            metrics.update(self.algorithm.summarize(merged) if merged else {})
+            metrics["time/train_step"] = time.perf_counter() - t0
+            metrics["time/old_logp"] = anchor_time if update == 0 else 0.0
+            all_metrics.append(metrics)
+        return {"steps": all_metrics}
+
+    def _all_ranks_agree(self, flag: bool) -> bool:
+        """All ranks must take (or skip) the optimizer step together."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return flag
+        t = torch.tensor([0.0 if flag else 1.0], device=self.backend.device)
+        torch.distributed.all_reduce(t)
+        return bool(t.item() == 0.0)
+
+    @distributed(dispatch=Dispatch.RANK_ZERO)
+    def state(self) -> dict[str, int]:
+        return {"global_step": self.global_step, "nonfinite_total": self.nonfinite_total}
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def load_state(self, state: dict[str, int]) -> None:
+        self.global_step = int(state.get("global_step", 0))
+        self.nonfinite_total = int(state.get("nonfinite_total", 0))

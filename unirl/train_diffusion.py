@@ -1,0 +1,28 @@
+"""``python -m unirl.train_diffusion --config-name=diffusion/<recipe> [key=value ...]``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from unirl.config.entry import hydra_entry
+
+DEFAULT_RECIPE = "diffusion/sd3_tiny_trainside"
+
+
+def run(data: dict[str, Any]) -> int:
+    """Validate the composed recipe before any Ray work; then dry-run or train."""
+    from unirl.config.dry_run import print_dry_run
+    from unirl.config.validate import validate
+    from unirl.trainer.diffusion import plan_roles, run_diffusion
+
+    cfg, objs = validate(data)
+    if cfg.dry_run:
+        print_dry_run(cfg, objs, plan_roles(cfg))
+        return 0
+    return run_diffusion(cfg, data)
+
+
+main = hydra_entry(DEFAULT_RECIPE, run)
+
+if __name__ == "__main__":
+    main()
