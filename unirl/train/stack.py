@@ -146,7 +146,17 @@ class TrainStack:
             metrics["time/train_step"] = time.perf_counter() - t0
             metrics["time/old_logp"] = anchor_time if update == 0 else 0.0
             all_metrics.append(metrics)
-        return {"steps": all_metrics}
+        return {"steps": all_metrics, "param_checksum": self.param_checksum()}
+
+    def param_checksum(self) -> float:
+        """A checksum of the full trainable parameters (sharded ones gathered), so the driver
+        can check that every data-parallel rank holds the same weights after a step."""
+        total = 0.0
+        for p in self.backend.trainable_parameters():
+            t = p.full_tensor() if hasattr(p, "full_tensor") else p
+            t = t.detach().double()
+            total += float(t.sum()) + float(t.square().sum())
+        return total
 
     def _all_ranks_agree(self, flag: bool) -> bool:
         """All ranks must take (or skip) the optimizer step together."""

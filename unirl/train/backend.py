@@ -1,0 +1,567 @@
+"""``FSDPBackend``: the role that owns the trainable module on each train rank.
+
+Construction applies, in this fixed order (torchtitan style, one function per step):
+
+1. LoRA injection through peft on the plain module (seeded draw), plus frozen copies
+   (``lora.extra_adapters``) — before any wrapping, so FSDP shards the adapter with its block;
+2. precision: trainable parameters in fp32 (the master copy the optimizer updates), the frozen
+   base in ``param_dtype``; then the module moves to ``device``;
+3. activation checkpointing per block (``fsdp.activation_checkpointing``);
+4. FSDP2 ``fully_shard`` per block, then the root — only when torch.distributed is initialised
+   with world > 1 (gloo on CPU works as well as NCCL);
+5. AdamW over the trainable parameters only, the LR schedule, the EMA shadows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from unirl.config import require
+from unirl.config.precision import parse_dtype
+from unirl.train import checkpoint as ckpt
+from unirl.train.ema import EMAConfig, ParamEMA
+from unirl.train.export import write_lora_export
+from unirl.train.lora import (
+    LoraConfig,
+    adapter_active,
+    adapter_names,
+    adapter_parameter_names,
+    adapters_disabled,
+    add_frozen_adapter,
+    cast_adapters,
+    cast_parameters,
+    copy_adapter,
+    inject_lora,
+)
+from unirl.train.optim import (
+    LRScheduleConfig,
+    OptimizerConfig,
+    build_lr_scheduler,
+    build_optimizer,
+    grad_norm_and_clip,
+)
+from unirl.train.parallel import (
+    FSDPConfig,
+    apply_activation_checkpointing,
+    apply_fsdp,
+    broadcast_object,
+    find_blocks,
+    full_from_local,
+    full_tensor,
+    gather_objects,
+    local_tensor,
+    reshard,
+    scatter_objects,
+    shard_like,
+    world_info,
+)
+
+_C = TypeVar("_C")
+_T = TypeVar("_T")
+
+
+def _as_config(value: Any, cls: type[_C], field: str) -> _C | None:
+    """Accept the dataclass itself or a mapping of its fields (a Hydra block)."""
+    if value is None or isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        return cls(**{str(k): v for k, v in value.items() if k != "_target_"})
+    require(
+        False,
+        f"backend.{field} must be a {cls.__name__} or a mapping of its fields, got {type(value).__name__}",
+    )
+    return None
+
+
+def _resolve_device(device: str) -> torch.device:
+    name = str(device)
+    require(
+        name in ("cpu", "cuda", "auto") or name.startswith("cuda:"),
+        f"backend.device must be cpu, cuda, cuda:N or auto, got {device!r}",
+    )
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        require(
+            torch.cuda.is_available(),
+            f"backend.device={device} but no CUDA device is visible; set backend.device=cpu",
+        )
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if name == "cuda"
+            else torch.device(name)
+        )
+    return torch.device("cpu")
+
+
+class FSDPBackend:
+    """Owns ``bundle.trainable_module``: LoRA / EMA injection, FSDP2, AdamW, LR schedule,
+    clipping, offload, checkpoints and LoRA export. See the module docstring for the order.
+
+    ``bundle``: any object with ``trainable_module`` (or the attribute ``trainable_attr``);
+    the wrapped module is set back as ``bundle.<trainable_attr>``. ``lora=None`` trains every
+    parameter. ``param_dtype`` is the storage dtype of frozen parameters (and, with LoRA, of
+    floating buffers); trainable ones are always fp32. ``seed`` seeds the LoRA draw only.
+    """
+
+    def __init__(
+        self,
+        *,
+        bundle: Any,
+        lora: LoraConfig | Mapping[str, Any] | None = None,
+        optimizer: OptimizerConfig | Mapping[str, Any] | None = None,
+        lr_schedule: LRScheduleConfig | Mapping[str, Any] | None = None,
+        ema: EMAConfig | Mapping[str, Any] | None = None,
+        fsdp: FSDPConfig | Mapping[str, Any] | None = None,
+        param_dtype: str = "bf16",
+        device: str = "cpu",
+        seed: int = 0,
+        trainable_attr: str = "transformer",
+    ) -> None:
+        self.lora = _as_config(lora, LoraConfig, "lora")
+        self.optimizer_config = (
+            _as_config(optimizer, OptimizerConfig, "optimizer") or OptimizerConfig()
+        )
+        self.lr_schedule_config = (
+            _as_config(lr_schedule, LRScheduleConfig, "lr_schedule") or LRScheduleConfig()
+        )
+        self.ema_config = _as_config(ema, EMAConfig, "ema")
+        self.fsdp_config = _as_config(fsdp, FSDPConfig, "fsdp") or FSDPConfig()
+        self.param_dtype = parse_dtype(param_dtype, "backend.param_dtype")
+        self._device = _resolve_device(device)
+        self.seed = int(seed)
+        self.trainable_attr = trainable_attr
+        self.rank, self.world_size = world_info()
+        self.is_sharded = self.world_size > 1
+        require(
+            not self.fsdp_config.cpu_offload or (self.is_sharded and self._device.type == "cuda"),
+            "fsdp.cpu_offload needs a sharded CUDA run (torch.distributed with world > 1); in one "
+            "process call backend.offload() / onload() between phases instead",
+        )
+        module = self._module_of(bundle)
+
+        # 1. LoRA through peft before wrapping (seeded), then the frozen copies.
+        self._lora_targets: list[str] = []
+        if self.lora is not None:
+            self._lora_targets = list(
+                self.lora.targets
+                or self._bundle_default(bundle, "lora_default_targets", "lora.targets")
+            )
+            inject_lora(module, self.lora, self._lora_targets, seed=self.seed)
+            for name in self.lora.extra_adapters:
+                add_frozen_adapter(
+                    module, self.lora, self._lora_targets, name, copy_from=self.lora.adapter_name
+                )
+        else:
+            module.requires_grad_(True)
+
+        # 2. fp32 master copy of what trains; the frozen base in param_dtype; then the device.
+        cast_parameters(
+            module,
+            trainable_dtype=torch.float32,
+            frozen_dtype=self.param_dtype,
+            buffer_dtype=self.param_dtype if self.lora is not None else None,
+        )
+        if self.lora is not None:
+            cast_adapters(module, torch.float32)  # frozen copies stay exact copies of the master
+        module.to(self._device)
+
+        # 3. activation checkpointing, 4. FSDP2 per block then root.
+        blocks: list[nn.Module] = []
+        if self.fsdp_config.activation_checkpointing or self.is_sharded:
+            names = self.fsdp_config.block_class_names or list(
+                self._bundle_default(bundle, "block_class_names", "fsdp.block_class_names")
+            )
+            blocks = find_blocks(module, names)
+        if self.fsdp_config.activation_checkpointing:
+            apply_activation_checkpointing(blocks)
+        if self.is_sharded:
+            apply_fsdp(module, blocks, self.fsdp_config, self._device)
+        setattr(bundle, trainable_attr, module)
+        self.module = module
+
+        # 5. optimizer over the trainable parameters only; schedule; EMA.
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self._trainable_names = [n for n, _ in named]
+        self._trainable = [p for _, p in named]
+        self.optimizer = build_optimizer(self._trainable, self.optimizer_config)
+        self.scheduler = build_lr_scheduler(self.optimizer, self.lr_schedule_config)
+        self._ema = (
+            ParamEMA(self._trainable, self.ema_config) if self.ema_config is not None else None
+        )
+        self.step = 0
+        self.moved_bytes: dict[str, int] = {"offload": 0, "onload": 0}
+
+    # -- construction helpers ------------------------------------------------------------------
+
+    def _module_of(self, bundle: Any) -> nn.Module:
+        module = getattr(bundle, "trainable_module", None)
+        if module is None:
+            module = getattr(bundle, self.trainable_attr, None)
+        require(
+            isinstance(module, nn.Module),
+            f"backend.bundle ({type(bundle).__name__}) must expose the trainable nn.Module as "
+            f"`trainable_module` or `{self.trainable_attr}` (backend.trainable_attr)",
+        )
+        return module
+
+    @staticmethod
+    def _bundle_default(bundle: Any, attr: str, field: str) -> Any:
+        value = getattr(bundle, attr, None)
+        require(
+            value,
+            f"{field} is null and the bundle ({type(bundle).__name__}) has no `{attr}`; set {field}",
+        )
+        return value
+
+    # -- what trains ---------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def has_lora(self) -> bool:
+        return self.lora is not None
+
+    @property
+    def has_ema(self) -> bool:
+        return self._ema is not None
+
+    @property
+    def adapters(self) -> list[str]:
+        """Every adapter on the module (sorted); empty without LoRA."""
+        return adapter_names(self.module) if self.lora is not None else []
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The parameters the optimizer updates (DTensor shards under FSDP)."""
+        return list(self._trainable)
+
+    def named_trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return list(zip(self._trainable_names, self._trainable, strict=True))
+
+    def num_trainable_params(self) -> int:
+        """Global element count of the trainable parameters (unsharded)."""
+        return int(sum(p.numel() for p in self._trainable))
+
+    def full_trainable_state(self) -> dict[str, torch.Tensor]:
+        """Unsharded copies of the trainable parameters on every rank (a collective)."""
+        return {n: full_tensor(p) for n, p in self.named_trainable_parameters()}
+
+    # -- one optimizer step --------------------------------------------------------------------
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def clip_grad_norm(self, max_norm: float | None) -> float:
+        """Total gradient norm across ranks, then clip to ``max_norm`` (``None``: measure only).
+        inf / nan come back as they are and the gradients are not touched."""
+        require(
+            max_norm is None or max_norm > 0,
+            f"clip_grad_norm: max_norm must be > 0 or None, got {max_norm}",
+        )
+        return grad_norm_and_clip(self._trainable, max_norm)
+
+    def optimizer_step(self) -> None:
+        """AdamW step, LR schedule step, ``step += 1``, EMA update."""
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        if self._ema is not None:
+            self._ema.update(self.step)
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next optimizer step uses."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # -- weight views --------------------------------------------------------------------------
+
+    def _require_lora(self, what: str) -> LoraConfig:
+        require(
+            self.lora is not None,
+            f"{what} needs LoRA (backend.lora); this backend trains the full module",
+        )
+        assert self.lora is not None
+        return self.lora
+
+    @contextlib.contextmanager
+    def adapter_disabled(self) -> Iterator[None]:
+        """The frozen base model (every adapter bypassed) inside the block, without a copy."""
+        self._require_lora("adapter_disabled")
+        with adapters_disabled(self.module):
+            yield
+
+    @contextlib.contextmanager
+    def set_active_adapter(self, name: str) -> Iterator[None]:
+        """Run with adapter ``name`` (e.g. NFT's ``"old"``) instead of the trained one."""
+        self._require_lora("set_active_adapter")
+        with adapter_active(self.module, name):
+            yield
+
+    def add_adapter(
+        self, name: str, *, copy_from: str | None = None, trainable: bool = False
+    ) -> None:
+        """Add a frozen adapter ``name`` holding a copy of ``copy_from`` (default: the trained
+        adapter). Under FSDP list it in ``lora.extra_adapters`` instead: adapters must exist
+        before wrapping."""
+        lora = self._require_lora("add_adapter")
+        require(
+            not trainable,
+            "add_adapter: only frozen adapters can be added; the optimizer trains lora.adapter_name",
+        )
+        require(
+            not self.is_sharded,
+            f"add_adapter({name!r}) after FSDP wrapping is not possible; list it in lora.extra_adapters",
+        )
+        add_frozen_adapter(
+            self.module, lora, self._lora_targets, name, copy_from=copy_from or lora.adapter_name
+        )
+        cast_adapters(self.module, torch.float32)
+
+    def sync_adapter(self, dst: str, *, src: str | None = None, decay: float = 0.0) -> None:
+        """``dst ← decay·dst + (1 − decay)·src`` (``src`` defaults to the trained adapter);
+        ``decay=0`` copies. Shard-local, no communication."""
+        lora = self._require_lora("sync_adapter")
+        reshard(self.module)
+        copy_adapter(self.module, src=src or lora.adapter_name, dst=dst, decay=decay)
+
+    @contextlib.contextmanager
+    def ema_weights(self) -> Iterator[None]:
+        """The trainable parameters hold their EMA inside the block; restored exactly after."""
+        require(self._ema is not None, "ema_weights needs backend.ema")
+        assert self._ema is not None
+        reshard(self.module)  # the next forward gathers the EMA values, not a stale copy
+        with self._ema.swapped_in():
+            try:
+                yield
+            finally:
+                reshard(self.module)
+
+    # -- memory --------------------------------------------------------------------------------
+
+    def offload(self) -> int:
+        """Parameters, buffers, optimizer state and EMA to CPU; returns (and records in
+        ``moved_bytes['offload']``) the bytes that changed device (0 when already on CPU)."""
+        return self._move_all(torch.device("cpu"), "offload")
+
+    def onload(self) -> int:
+        """Inverse of :meth:`offload`, back to ``device``."""
+        return self._move_all(self._device, "onload")
+
+    def _move_all(self, target: torch.device, what: str) -> int:
+        reshard(self.module)
+        moved = 0
+        for t in [*self.module.parameters(), *self.module.buffers()]:
+            local = local_tensor(t)
+            if local.device != target:
+                moved += local.numel() * local.element_size()
+        self.module.to(target)
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.dim() > 0 and value.device != target:
+                    local = local_tensor(value)
+                    moved += local.numel() * local.element_size()
+                    state[key] = value.to(target)
+        if self._ema is not None:
+            moved += self._ema.to(target)
+        self.moved_bytes[what] = moved
+        return moved
+
+    # -- checkpoints and export ----------------------------------------------------------------
+
+    def _rank0(self, fn: Callable[[], _T]) -> _T | None:
+        """Run ``fn`` on rank 0; if it raises, every rank raises."""
+        error: BaseException | None = None
+        result: _T | None = None
+        if self.rank == 0:
+            try:
+                result = fn()
+            except BaseException as exc:
+                error = exc
+        status = broadcast_object(None if error is None else f"{type(error).__name__}: {error}")
+        if error is not None:
+            raise error
+        if status is not None:
+            raise ckpt.CheckpointError(f"rank 0 failed: {status}")
+        return result
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "kind": "adapter" if self.lora is not None else "full",
+            "step": self.step,
+            "adapters": self.adapters,
+            "trained_adapter": self.lora.adapter_name if self.lora is not None else None,
+            "has_ema": self.has_ema,
+            "world_size": self.world_size,
+            "num_trainable_params": self.num_trainable_params(),
+        }
+
+    def state_dict_for_checkpoint(self) -> dict[str, Any]:
+        """``{"meta", "model", "ema", "optimizer", "scheduler"}`` with full (unsharded) CPU
+        tensors on rank 0 and empty dicts on the others (a collective: call on every rank).
+        ``model`` holds every adapter's parameters with LoRA, the full state dict without.
+        Without sharding the tensors may alias live parameters: write them before training on."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        reshard(self.module)
+        options = StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=self.has_lora
+        )
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizer, options=options)
+        model: dict[str, torch.Tensor] = model_sd
+        if self.lora is not None:
+            model = {n: model_sd[n] for n in self._trainable_names} if self.rank == 0 else {}
+            named = dict(self.module.named_parameters())
+            trainable = set(self._trainable_names)
+            for n in adapter_parameter_names(self.module):  # frozen adapters (NFT's "old")
+                if n not in trainable:
+                    value = full_tensor(named[n])
+                    if self.rank == 0:
+                        model[n] = value.cpu()
+        ema: dict[str, torch.Tensor] | None = None
+        if self._ema is not None:
+            ema = {}
+            for (n, p), shadow in zip(
+                self.named_trainable_parameters(), self._ema.shadows, strict=True
+            ):
+                value = full_from_local(shadow, p)
+                if self.rank == 0:
+                    ema[n] = value.cpu()
+        return {
+            "meta": self._meta(),
+            "model": model,
+            "ema": ema,
+            "optimizer": optim_sd,
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def save_checkpoint(self, path: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
+        """Write a checkpoint to ``path`` atomically (rank 0 writes; call on every rank).
+        ``extra`` must be ``torch.load(weights_only=True)``-safe: tensors, numbers, strings,
+        lists, tuples, dicts."""
+        payload = self.state_dict_for_checkpoint()
+        rng = gather_objects(ckpt.capture_rng_state())
+
+        def write() -> Path:
+            return ckpt.write_checkpoint(path, {**payload, "rng": rng, "extra": dict(extra or {})})
+
+        self._rank0(write)
+        return Path(path)
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Restore parameters, optimizer, schedule, EMA, step and RNG from ``path`` (rank 0
+        reads, then broadcasts and shards); returns the saved ``extra`` on every rank."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        payload = self._rank0(lambda: ckpt.read_checkpoint(path)) or {}
+        meta = broadcast_object(payload.get("meta"))
+        self._check_meta(meta, payload, path)
+        self.zero_grad()
+        reshard(self.module)
+        # Two calls, not set_state_dict(model, optim): with broadcast_from_rank0, torch 2.13's
+        # set_state_dict treats an empty model dict on ranks > 0 as "optimizer only" and skips
+        # the model broadcast on them (checked: rank 1 kept its old values).
+        options = StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=self.is_sharded, strict=not self.has_lora
+        )
+        set_model_state_dict(self.module, payload.get("model", {}), options=options)
+        set_optimizer_state_dict(
+            self.module, self.optimizer, payload.get("optimizer", {}), options=options
+        )
+        if self._ema is not None:
+            self._load_ema(payload.get("ema"), bool(meta["has_ema"]))
+        scheduler, extra = broadcast_object((payload.get("scheduler"), payload.get("extra")))
+        self.scheduler.load_state_dict(scheduler)
+        self.step = int(meta["step"])
+        if int(meta["world_size"]) == self.world_size:
+            ckpt.restore_rng_state(scatter_objects(payload.get("rng")))
+        else:
+            warnings.warn(
+                f"checkpoint {path} was written by {meta['world_size']} ranks, this run has "
+                f"{self.world_size}: RNG states are not restored",
+                stacklevel=2,
+            )
+        return dict(extra)
+
+    def _check_meta(self, meta: dict[str, Any], payload: dict[str, Any], path: str | Path) -> None:
+        kind = "adapter" if self.lora is not None else "full"
+        if meta["kind"] != kind:
+            raise ckpt.CheckpointError(
+                f"checkpoint {path} is {meta['kind']!r}, this backend trains {kind!r}"
+            )
+        if self.lora is not None and sorted(meta["adapters"]) != self.adapters:
+            raise ckpt.CheckpointError(
+                f"checkpoint {path} has adapters {meta['adapters']}, this backend {self.adapters} "
+                "(lora.adapter_name / lora.extra_adapters)"
+            )
+        if self.lora is not None:
+            problem = None
+            if self.rank == 0:  # only rank 0 holds the tensors; every rank must raise together
+                expected = set(adapter_parameter_names(self.module))
+                got = set(payload["model"])
+                if got != expected:
+                    problem = (
+                        f"checkpoint {path}: adapter tensors differ from this model's (lora.targets?); "
+                        f"missing {sorted(expected - got)[:5]}, unexpected {sorted(got - expected)[:5]}"
+                    )
+            problem = broadcast_object(problem)
+            if problem is not None:
+                raise ckpt.CheckpointError(problem)
+        if meta["has_ema"] != self.has_ema:
+            warnings.warn(
+                f"checkpoint {path} has_ema={meta['has_ema']}, backend has_ema={self.has_ema}: "
+                + (
+                    "EMA restarts from the loaded weights"
+                    if self.has_ema
+                    else "the saved EMA is ignored"
+                ),
+                stacklevel=3,
+            )
+
+    @torch.no_grad()
+    def _load_ema(self, saved: dict[str, torch.Tensor] | None, has_saved: bool) -> None:
+        assert self._ema is not None
+        for i, (n, p) in enumerate(self.named_trainable_parameters()):
+            if has_saved:
+                value = shard_like(saved[n] if saved is not None else None, p)
+            else:
+                value = local_tensor(p)
+            self._ema.shadows[i].copy_(value)
+
+    def adapter_state_dict(self, adapter: str | None = None) -> dict[str, torch.Tensor]:
+        """Full tensors of one adapter under peft's names (adapter name removed, e.g.
+        ``transformer_blocks.0.attn.to_q.lora_A.weight``) on every rank (a collective)."""
+        from peft.functional import get_peft_model_state_dict
+
+        lora = self._require_lora("adapter_state_dict")
+        adapter = adapter or lora.adapter_name
+        require(
+            adapter in self.adapters,
+            f"adapter {adapter!r} not on the module; present: {self.adapters}",
+        )
+        named = dict(self.module.named_parameters())
+        full = {n: full_tensor(named[n]) for n in adapter_parameter_names(self.module, adapter)}
+        return get_peft_model_state_dict(self.module, state_dict=full, adapter_name=adapter)
+
+    def export_lora(self, path: str | Path, *, adapter: str | None = None) -> Path:
+        """Write ``adapter`` (default: the trained one) for diffusers
+        (``pytorch_lora_weights.safetensors``) and peft (``adapter_config.json`` +
+        ``adapter_model.safetensors``). Call on every rank; rank 0 writes."""
+        lora = self._require_lora("export_lora")
+        adapter = adapter or lora.adapter_name
+        state = self.adapter_state_dict(adapter)
+        peft_config = self.module.peft_config[adapter]
+        self._rank0(lambda: write_lora_export(path, state, peft_config))
+        return Path(path)

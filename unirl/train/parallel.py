@@ -1,0 +1,232 @@
+"""Parallelism for the trainable module: activation checkpointing and FSDP2, plus the few
+collective helpers the backend needs (full / local views of sharded tensors, object broadcast).
+
+``FSDPBackend`` applies these in one fixed order (see ``backend.py``): activation checkpointing
+per block, then ``fully_shard`` per block, then ``fully_shard`` on the root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils.checkpoint import checkpoint
+
+from unirl.config import require
+from unirl.config.precision import canonical_precision, parse_dtype
+
+_AC_MARKER = "_unirl_activation_checkpointed"
+
+
+@dataclass(kw_only=True)
+class FSDPConfig:
+    """FSDP2 / activation-checkpointing knobs of :class:`~unirl.train.FSDPBackend`.
+
+    ``block_class_names``: class names of the modules sharded (and checkpointed) one by one;
+    ``None`` takes the bundle's ``block_class_names`` (SD3: ``JointTransformerBlock``).
+    ``param_dtype`` is FSDP's compute dtype for all-gathered parameters (``None``: as stored);
+    ``reduce_dtype`` the gradient reduce-scatter dtype. ``cpu_offload`` is FSDP2's
+    ``CPUOffloadPolicy`` (sharded parameters, gradients and optimizer step live on CPU); it
+    needs a sharded run (world > 1) on CUDA.
+    """
+
+    block_class_names: list[str] | None = None
+    reshard_after_forward: bool = True
+    param_dtype: str | None = None
+    reduce_dtype: str | None = "fp32"
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+
+    def __post_init__(self) -> None:
+        if self.block_class_names is not None:
+            self.block_class_names = list(self.block_class_names)
+            require(
+                bool(self.block_class_names)
+                and all(isinstance(n, str) and n for n in self.block_class_names),
+                "fsdp.block_class_names must be a non-empty list of class names (or null for the bundle's)",
+            )
+        if self.param_dtype is not None:
+            self.param_dtype = canonical_precision(self.param_dtype, "fsdp.param_dtype")
+        if self.reduce_dtype is not None:
+            self.reduce_dtype = canonical_precision(self.reduce_dtype, "fsdp.reduce_dtype")
+
+
+def world_info() -> tuple[int, int]:
+    """``(rank, world_size)``; ``(0, 1)`` when torch.distributed is not initialised."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def find_blocks(module: nn.Module, class_names: Iterable[str]) -> list[nn.Module]:
+    """Modules of ``module`` whose class name is in ``class_names`` (outermost first order).
+
+    Raises ``ConfigError`` listing the class names present when none matches.
+    """
+    names = set(class_names)
+    blocks = [m for m in module.modules() if type(m).__name__ in names]
+    if not blocks:
+        present = sorted({type(m).__name__ for m in module.modules()})
+        require(
+            False,
+            f"fsdp.block_class_names={sorted(names)} matches no module of {type(module).__name__}; "
+            f"class names present: {present[:40]}",
+        )
+    return blocks
+
+
+def apply_activation_checkpointing(blocks: Iterable[nn.Module]) -> None:
+    """Recompute each block's activations in backward (``torch.utils.checkpoint``, non-reentrant).
+
+    The block's ``forward`` is wrapped in place instead of wrapping the module in a new parent:
+    parameter names (state dicts, peft keys, exported LoRA) stay exactly as they were. Without
+    grad (rollout, reference passes) the plain forward runs.
+    """
+    for block in blocks:
+        if getattr(block, _AC_MARKER, False):
+            continue
+        inner = block.forward
+
+        def forward(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+            if not torch.is_grad_enabled():
+                return _inner(*args, **kwargs)
+            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+
+        block.forward = forward  # instance attribute; nn.Module.__call__ dispatches to it
+        setattr(block, _AC_MARKER, True)
+
+
+def apply_fsdp(
+    module: nn.Module, blocks: list[nn.Module], cfg: FSDPConfig, device: torch.device
+) -> None:
+    """``fully_shard`` each block, then the root, over a 1-D mesh of all ranks.
+
+    Needs torch.distributed initialised (gloo on CPU works, NCCL on CUDA).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
+
+    _, world = world_info()
+    mesh = init_device_mesh(device.type, (world,))
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=parse_dtype(cfg.param_dtype, "fsdp.param_dtype") if cfg.param_dtype else None,
+        reduce_dtype=parse_dtype(cfg.reduce_dtype, "fsdp.reduce_dtype")
+        if cfg.reduce_dtype
+        else None,
+    )
+    offload = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
+    kwargs = dict(
+        mesh=mesh,
+        mp_policy=mp_policy,
+        offload_policy=offload,
+        reshard_after_forward=cfg.reshard_after_forward,
+    )
+    for block in blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(module, **kwargs)
+
+
+def reshard(module: nn.Module) -> None:
+    """Free any unsharded FSDP parameters, so the next forward all-gathers the current shards.
+
+    Call before editing sharded parameters in place (EMA swap, adapter copy, checkpoint load):
+    with ``reshard_after_forward=False`` a no-grad forward leaves stale unsharded copies.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's storage of ``t`` (the local shard of a DTensor; ``t`` itself otherwise).
+
+    In-place edits of the result under ``torch.no_grad()`` edit the parameter.
+    """
+    if isinstance(t, DTensor):
+        return t.to_local()
+    return t.data if isinstance(t, nn.Parameter) else t
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A new tensor with the whole (unsharded) value of ``t`` on every rank (never an alias of
+    ``t``'s storage); a collective for DTensors."""
+    t = t.detach()
+    return t.full_tensor() if isinstance(t, DTensor) else t.clone()
+
+
+def full_from_local(local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Gather a tensor sharded exactly like ``like`` (e.g. an EMA shard) to its full value
+    (a new tensor); a collective for DTensors."""
+    if not isinstance(like, DTensor):
+        return local.detach().clone()
+    dt = DTensor.from_local(
+        local,
+        like.device_mesh,
+        like.placements,
+        run_check=False,
+        shape=like.shape,
+        stride=like.stride(),
+    )
+    return dt.full_tensor()
+
+
+def shard_like(full: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of rank 0's ``full`` tensor, sharded like ``like`` (a collective for
+    DTensors; other ranks may pass ``None``). Returns a plain local tensor."""
+    if not isinstance(like, DTensor):
+        require(full is not None, "shard_like: the full tensor is required without sharding")
+        return full
+    rank, _ = world_info()
+    local = like.to_local()
+    if full is None or rank != 0:
+        full = torch.empty(like.shape, dtype=local.dtype, device=local.device)
+    full = full.to(device=local.device, dtype=local.dtype)
+    return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=0).to_local()
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (identity when not distributed)."""
+    _, world = world_info()
+    if world == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather_objects(obj: Any) -> list[Any] | None:
+    """Every rank's ``obj`` as a list on rank 0 (``None`` elsewhere)."""
+    rank, world = world_info()
+    if world == 1:
+        return [obj]
+    out: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def scatter_objects(objs: list[Any] | None) -> Any:
+    """Rank ``r`` receives ``objs[r]`` from rank 0."""
+    rank, world = world_info()
+    if world == 1:
+        require(objs is not None, "scatter_objects: rank 0 needs the list")
+        return objs[0]
+    out: list[Any] = [None]
+    dist.scatter_object_list(out, objs if rank == 0 else None, src=0)
+    return out[0]
+
+
+def barrier() -> None:
+    if world_info()[1] > 1:
+        dist.barrier()
