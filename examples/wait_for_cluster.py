@@ -31,7 +31,9 @@ def main() -> int:
         gpus = sum(n.get("Resources", {}).get("GPU", 0) for n in alive)
         cpus = sum(n.get("Resources", {}).get("CPU", 0) for n in alive)
         if nodes >= args.nodes and gpus >= args.gpus and cpus >= args.cpus:
-            print(f"[wait_for_cluster] ready: {nodes} nodes, {gpus:g} GPUs, {cpus:g} CPUs", flush=True)
+            print(
+                f"[wait_for_cluster] ready: {nodes} nodes, {gpus:g} GPUs, {cpus:g} CPUs", flush=True
+            )
             return 0
         time.sleep(args.poll)
     print(

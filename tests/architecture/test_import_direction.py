@@ -10,7 +10,9 @@ from pathlib import Path
 import unirl
 
 PACKAGE = Path(unirl.__file__).parent
-DISPATCH_MARKER = "distributed.group.dispatch"  # the @distributed marker: no Ray, allowed everywhere
+DISPATCH_MARKER = (
+    "distributed.group.dispatch"  # the @distributed marker: no Ray, allowed everywhere
+)
 
 # layer -> layers it may import (besides itself)
 ALLOWED: dict[str, set[str]] = {
@@ -49,7 +51,9 @@ def test_layers_import_only_downward() -> None:
         layer = rel.parts[0]
         if layer in TOP:
             continue
-        assert layer in ALLOWED, f"new top-level package unirl/{layer}: add it to ALLOWED with its rules"
+        assert layer in ALLOWED, (
+            f"new top-level package unirl/{layer}: add it to ALLOWED with its rules"
+        )
         for name in _imports(path):
             parts = name.split(".")
             if len(parts) < 2:

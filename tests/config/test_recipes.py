@@ -41,7 +41,9 @@ def test_recipe_composes_and_validates(recipe: str) -> None:
 @pytest.mark.parametrize("case", BROKEN, ids=lambda p: p.stem)
 def test_broken_recipe_fails_with_its_message(case: Path) -> None:
     spec = yaml.safe_load(case.read_text())
-    assert set(spec) == {"base", "overrides", "expect"}, f"{case.name}: keys must be base/overrides/expect"
+    assert set(spec) == {"base", "overrides", "expect"}, (
+        f"{case.name}: keys must be base/overrides/expect"
+    )
     with pytest.raises(ConfigError) as info:
         validate(compose_recipe(spec["base"], spec["overrides"]))
     assert re.search(spec["expect"], str(info.value)), f"{case.name}: got {info.value}"
@@ -56,7 +58,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "RAY_ADDRESS": "", "HYDRA_FULL_ERROR": "0"}
     return subprocess.run(
         [sys.executable, "-m", "unirl.train_diffusion", *args],
-        capture_output=True, text=True, env=env, cwd="/", timeout=120,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+        timeout=120,
     )
 
 
@@ -71,7 +77,9 @@ def test_cli_compose_check_and_dry_run_from_any_directory() -> None:
 
 
 def test_cli_reports_config_errors_without_traceback_and_before_ray() -> None:
-    out = _cli("--config-name=diffusion/sd3_tiny_trainside", "batch_size=3", "stack.micro_batch_size=8")
+    out = _cli(
+        "--config-name=diffusion/sd3_tiny_trainside", "batch_size=3", "stack.micro_batch_size=8"
+    )
     assert out.returncode == 2
     assert "configuration error" in out.stderr and "Traceback" not in out.stderr
     assert "ray" not in out.stdout.lower()

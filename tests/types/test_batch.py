@@ -163,12 +163,16 @@ def test_init_noise_is_per_id_and_split_invariant() -> None:
     assert torch.equal(init_noise(ids[2:], (2, 3), seed=1), full[2:])
     assert not torch.equal(init_noise(ids, (2, 3), seed=2), full)
     req = _req()
-    assert torch.equal(RolloutReq.concat([p for p in req.chunk(4)]).initial_noise(), req.initial_noise())
+    assert torch.equal(
+        RolloutReq.concat([p for p in req.chunk(4)]).initial_noise(), req.initial_noise()
+    )
 
 
 def test_compute_advantages_group_and_batch_std() -> None:
     rewards = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 5.0, 5.0, 5.0])
-    track = RolloutTrack(sample_ids=torch.arange(8), group_ids=torch.arange(8) // 4, rewards=rewards)
+    track = RolloutTrack(
+        sample_ids=torch.arange(8), group_ids=torch.arange(8) // 4, rewards=rewards
+    )
     out, metrics = track.compute_advantages(scope="group", std="group", eps=0.0, clip=None)
     g = rewards[:4]
     expected = (g - g.mean()) / g.std(unbiased=False)
@@ -183,22 +187,34 @@ def test_compute_advantages_group_and_batch_std() -> None:
 def test_compute_advantages_excludes_dropped_samples() -> None:
     rewards = torch.tensor([1.0, 3.0, float("nan"), 0.0])
     status = torch.tensor([0, 0, 1, 1])
-    track = RolloutTrack(sample_ids=torch.arange(4), group_ids=torch.tensor([0, 0, 1, 1]), rewards=rewards, status=status)
+    track = RolloutTrack(
+        sample_ids=torch.arange(4),
+        group_ids=torch.tensor([0, 0, 1, 1]),
+        rewards=rewards,
+        status=status,
+    )
     out, _ = track.compute_advantages(eps=0.0, clip=None)
     assert out.advantages.tolist() == [-1.0, 1.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="non-finite rewards for samples \\[2\\]"):
-        RolloutTrack(sample_ids=torch.arange(4), group_ids=torch.tensor([0, 0, 1, 1]), rewards=rewards).compute_advantages()
+        RolloutTrack(
+            sample_ids=torch.arange(4), group_ids=torch.tensor([0, 0, 1, 1]), rewards=rewards
+        ).compute_advantages()
 
 
 def test_lineage_is_validated() -> None:
     parent = RolloutTrack(sample_ids=torch.tensor([1, 2]), group_ids=torch.tensor([0, 1]))
     child = RolloutTrack(
-        sample_ids=torch.arange(4), group_ids=torch.tensor([0, 0, 1, 1]),
-        parent_ids=torch.tensor([1, 1, 2, 2]), parent_track="ar",
+        sample_ids=torch.arange(4),
+        group_ids=torch.tensor([0, 0, 1, 1]),
+        parent_ids=torch.tensor([1, 1, 2, 2]),
+        parent_track="ar",
     )
     RolloutResp(tracks={"ar": parent, "diffusion": child})
     bad = RolloutTrack(
-        sample_ids=torch.arange(2), group_ids=torch.tensor([0, 1]), parent_ids=torch.tensor([1, 9]), parent_track="ar",
+        sample_ids=torch.arange(2),
+        group_ids=torch.tensor([0, 1]),
+        parent_ids=torch.tensor([1, 9]),
+        parent_track="ar",
     )
     with pytest.raises(ValueError, match="unknown parent samples \\[9\\]"):
         RolloutResp(tracks={"ar": parent, "diffusion": bad})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from unirl.algorithms.advantages import gdpo_advantages
 from unirl.algorithms.base import StageAlgorithm, StepResult
+from unirl.algorithms.diffusionnft import DiffusionNFT, OldAdapterEMA, nft_loss
 from unirl.algorithms.drpo import DRPO
 from unirl.algorithms.flowdppo import FlowDPPO
 from unirl.algorithms.flowgrpo import FlowGRPO
@@ -11,7 +12,9 @@ from unirl.algorithms.grpo import GRPO, TokenPolicy, TokenPolicyLoss
 
 __all__ = [
     "DRPO",
+    "DiffusionNFT",
     "GRPO",
+    "OldAdapterEMA",
     "FlowDPPO",
     "FlowGRPO",
     "StageAlgorithm",
@@ -19,4 +22,5 @@ __all__ = [
     "TokenPolicy",
     "TokenPolicyLoss",
     "gdpo_advantages",
+    "nft_loss",
 ]

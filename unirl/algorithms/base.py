@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import Conditions, LatentSegment
 
 
@@ -39,11 +40,39 @@ class StageAlgorithm(ABC):
 
     def __init__(self) -> None:
         self._reference: Callable[[], AbstractContextManager[Any]] | None = None
+        self.backend: Any = None
 
     def bind_reference(self, reference: Callable[[], AbstractContextManager[Any]] | None) -> None:
         """Install the context that turns the trained module into the frozen reference
         (the backend's ``adapter_disabled``)."""
         self._reference = reference
+
+    def bind_backend(self, backend: Any) -> None:
+        """Called by the train stack on each worker: the backend that owns the trained module
+        (adapters, EMA). The reference policy is the base with the LoRA adapter disabled."""
+        self.backend = backend
+        self.bind_reference(
+            backend.adapter_disabled if getattr(backend, "has_lora", False) else None
+        )
+
+    # -- loop hooks (driver-callable; every train worker runs them) -----------------------------
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def begin_rollout(self, rollout_index: int, mode: str) -> None:
+        """Before the engine samples (``mode`` is ``train`` or ``eval``); e.g. NFT switches the
+        trainside sampler to its old adapter here."""
+        return None
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def end_rollout(self, rollout_index: int, mode: str) -> None:
+        """After the engine sampled; undo whatever ``begin_rollout`` did."""
+        return None
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def after_train(self, rollout_index: int) -> dict[str, float]:
+        """After the optimizer steps of a rollout (e.g. NFT's EMA of the old adapter);
+        returns metrics."""
+        return {}
 
     def reference(self) -> AbstractContextManager[Any]:
         if self._reference is None:

@@ -14,7 +14,9 @@ def batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> dict[str, Any]:
     stack = cfg.stack or {}
     updates = int(stack.get("num_updates_per_batch", 1))
     micro = int(stack.get("micro_batch_size", 1))
-    train_ranks = cfg.num_devices if cfg.layout == "colocate" else int(round(cfg.num_devices * cfg.train_fraction))
+    train_ranks = (
+        cfg.num_devices if cfg.layout == "colocate" else round(cfg.num_devices * cfg.train_fraction)
+    )
     per_rank = n // max(train_ranks, 1)
     geometry = {
         "prompts_per_rollout": cfg.batch_size,
@@ -29,7 +31,11 @@ def batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> dict[str, Any]:
     }
     if sampling is not None:
         sde = getattr(sampling, "sde_steps", None)
-        chosen = sde.select(sampling.num_inference_steps, seed=cfg.seed, rollout_index=0) if sde is not None else ()
+        chosen = (
+            sde.select(sampling.num_inference_steps, seed=cfg.seed, rollout_index=0)
+            if sde is not None
+            else ()
+        )
         geometry.update(
             {
                 "resolution": f"{sampling.height}x{sampling.width}",

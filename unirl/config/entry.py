@@ -58,7 +58,9 @@ def examples_dir() -> Path:
     return EXAMPLES_DIR
 
 
-def hydra_entry(default_config: str, run: Callable[[dict[str, Any]], int | None]) -> Callable[[], None]:
+def hydra_entry(
+    default_config: str, run: Callable[[dict[str, Any]], int | None]
+) -> Callable[[], None]:
     """A Hydra main for one domain: composes the recipe, resolves it and calls ``run``."""
     import hydra
     from omegaconf import DictConfig, OmegaConf
@@ -79,7 +81,11 @@ def hydra_entry(default_config: str, run: Callable[[dict[str, Any]], int | None]
 
     def main() -> None:
         given = sys.argv[1:]
-        extra = [arg for prefix, arg in _HYDRA_DEFAULT_ARGS if not any(a.startswith(prefix) for a in given)]
+        extra = [
+            arg
+            for prefix, arg in _HYDRA_DEFAULT_ARGS
+            if not any(a.startswith(prefix) for a in given)
+        ]
         sys.argv = [sys.argv[0], *given, *extra]
         os.environ.setdefault("HYDRA_FULL_ERROR", "0")
         _main()

@@ -32,8 +32,14 @@ class AdvantageConfig:
     clip: float | None = 5.0
 
     def __post_init__(self) -> None:
-        require(self.scope in ("group", "global"), f"advantage.scope must be 'group' or 'global', got {self.scope!r}")
-        require(self.std in ("group", "batch", "none"), f"advantage.std must be 'group', 'batch' or 'none', got {self.std!r}")
+        require(
+            self.scope in ("group", "global"),
+            f"advantage.scope must be 'group' or 'global', got {self.scope!r}",
+        )
+        require(
+            self.std in ("group", "batch", "none"),
+            f"advantage.std must be 'group', 'batch' or 'none', got {self.std!r}",
+        )
         require(self.eps >= 0, "advantage.eps must be >= 0")
         require(self.clip is None or self.clip > 0, "advantage.clip must be > 0 or null")
 
@@ -67,8 +73,14 @@ class LoggingConfig:
     def __post_init__(self) -> None:
         known = {"local", "tensorboard", "wandb"}
         unknown = sorted(set(self.trackers) - known)
-        require(not unknown, f"logging.trackers: unknown tracker(s) {unknown}; choose from {sorted(known)}")
-        require(self.gallery_interval >= 0, "logging.gallery_interval must be >= 0 (0 disables galleries)")
+        require(
+            not unknown,
+            f"logging.trackers: unknown tracker(s) {unknown}; choose from {sorted(known)}",
+        )
+        require(
+            self.gallery_interval >= 0,
+            "logging.gallery_interval must be >= 0 (0 disables galleries)",
+        )
         require(self.progress in ("auto", "on", "off"), "logging.progress must be auto, on or off")
 
 
@@ -112,19 +124,28 @@ class RunConfig:
     def __post_init__(self) -> None:
         require(self.num_devices >= 1, "num_devices must be >= 1")
         require(
-            self.devices_per_node is None or (self.devices_per_node >= 1 and self.num_devices % self.devices_per_node == 0),
+            self.devices_per_node is None
+            or (self.devices_per_node >= 1 and self.num_devices % self.devices_per_node == 0),
             f"devices_per_node={self.devices_per_node} must divide num_devices={self.num_devices}",
         )
-        require(self.device in ("cpu", "cuda"), f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        require(
+            self.device in ("cpu", "cuda"), f"device must be 'cpu' or 'cuda', got {self.device!r}"
+        )
         require(self.cpus_per_worker >= 1, "cpus_per_worker must be >= 1")
         require(self.batch_size >= 1, "batch_size (prompts per rollout) must be >= 1")
-        require(self.layout in ("colocate", "separate"), f"layout must be 'colocate' or 'separate', got {self.layout!r}")
+        require(
+            self.layout in ("colocate", "separate"),
+            f"layout must be 'colocate' or 'separate', got {self.layout!r}",
+        )
         require(0.0 < self.train_fraction <= 1.0, "train_fraction must be in (0, 1]")
         require(self.num_rollouts >= 1, "num_rollouts must be >= 1")
         for name in ("save_interval", "eval_interval", "sync_interval"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0 (0 disables it)")
         require(self.max_nonfinite_in_row >= 1, "max_nonfinite_in_row must be >= 1")
-        require(self.call_timeout_s is None or self.call_timeout_s > 0, "call_timeout_s must be > 0 or null")
+        require(
+            self.call_timeout_s is None or self.call_timeout_s > 0,
+            "call_timeout_s must be > 0 or null",
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:

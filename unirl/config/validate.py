@@ -19,8 +19,26 @@ from unirl.config.precision import canonical_precision
 from unirl.config.require import ConfigError, require
 from unirl.config.run import COMPONENT_BLOCKS, RunConfig
 
-REQUIRED_BLOCKS = ("bundle", "pipeline", "backend", "rollout", "reward", "algorithm", "stack", "data_source", "sampling")
-PRECISION_KEYS = ("dtype", "param_dtype", "reduce_dtype", "storage_dtype", "text_encoder_dtype", "vae_dtype", "wire_dtype")
+REQUIRED_BLOCKS = (
+    "bundle",
+    "pipeline",
+    "backend",
+    "rollout",
+    "reward",
+    "algorithm",
+    "stack",
+    "data_source",
+    "sampling",
+)
+PRECISION_KEYS = (
+    "dtype",
+    "param_dtype",
+    "reduce_dtype",
+    "storage_dtype",
+    "text_encoder_dtype",
+    "vae_dtype",
+    "wire_dtype",
+)
 
 
 def locate(path: str, where: str) -> Any:
@@ -54,7 +72,9 @@ def _signature_params(target: Any) -> tuple[set[str], bool]:
         return {f.name for f in dataclasses.fields(target) if f.init}, False
     func = target.__init__ if inspect.isclass(target) else target
     sig = inspect.signature(func)
-    names = {n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    names = {
+        n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
     names.discard("self")
     var_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
     return names, var_kw
@@ -64,7 +84,10 @@ def check_block(block: Any, where: str, *, instantiate_dataclasses: bool) -> Any
     """Check a ``_target_`` block recursively; returns the instantiated object for cheap
     dataclass targets (when allowed) or the block itself."""
     if isinstance(block, list):
-        return [check_block(b, f"{where}[{i}]", instantiate_dataclasses=instantiate_dataclasses) for i, b in enumerate(block)]
+        return [
+            check_block(b, f"{where}[{i}]", instantiate_dataclasses=instantiate_dataclasses)
+            for i, b in enumerate(block)
+        ]
     if not isinstance(block, dict):
         return block
     for key in PRECISION_KEYS:
@@ -115,27 +138,46 @@ def engine_kind(cfg: RunConfig) -> str:
 
 def check_required_blocks(cfg: RunConfig, objs: dict[str, Any]) -> None:
     missing = [b for b in REQUIRED_BLOCKS if getattr(cfg, b) is None]
-    require(not missing, f"recipe is missing block(s) {missing}; every recipe builds these by _target_")
+    require(
+        not missing, f"recipe is missing block(s) {missing}; every recipe builds these by _target_"
+    )
 
 
 def check_layout_and_sync(cfg: RunConfig, objs: dict[str, Any]) -> None:
     kind = engine_kind(cfg)
     if kind == "trainside":
-        require(cfg.sync is None, "rollout is trainside (it samples with the trained module), so remove the `sync` block")
-        require(cfg.layout == "colocate", "layout=separate needs a dedicated rollout engine; trainside runs colocated only")
+        require(
+            cfg.sync is None,
+            "rollout is trainside (it samples with the trained module), so remove the `sync` block",
+        )
+        require(
+            cfg.layout == "colocate",
+            "layout=separate needs a dedicated rollout engine; trainside runs colocated only",
+        )
     else:
-        require(cfg.sync is not None, f"rollout engine {kind!r} holds its own weights: add exactly one `sync` block")
+        require(
+            cfg.sync is not None,
+            f"rollout engine {kind!r} holds its own weights: add exactly one `sync` block",
+        )
         sync_target = _target(cfg, "sync").lower()
         if "ipc" in sync_target:
-            require(cfg.layout == "colocate", "CUDA-IPC weight sync works only with layout=colocate")
+            require(
+                cfg.layout == "colocate", "CUDA-IPC weight sync works only with layout=colocate"
+            )
     if cfg.layout == "separate":
-        require(cfg.num_devices >= 2, "layout=separate needs num_devices >= 2 (disjoint train and rollout slabs)")
-        require(cfg.train_fraction < 1.0, "layout=separate needs train_fraction < 1 so rollout gets devices")
+        require(
+            cfg.num_devices >= 2,
+            "layout=separate needs num_devices >= 2 (disjoint train and rollout slabs)",
+        )
+        require(
+            cfg.train_fraction < 1.0,
+            "layout=separate needs train_fraction < 1 so rollout gets devices",
+        )
 
 
 def _slab_sizes(cfg: RunConfig) -> tuple[int, int]:
     if cfg.layout == "separate":
-        train = int(round(cfg.num_devices * cfg.train_fraction))
+        train = round(cfg.num_devices * cfg.train_fraction)
         return train, cfg.num_devices - train
     return cfg.num_devices, cfg.num_devices
 
@@ -143,7 +185,10 @@ def _slab_sizes(cfg: RunConfig) -> tuple[int, int]:
 def check_batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> None:
     n = cfg.samples_per_rollout
     train_dp, rollout_dp = _slab_sizes(cfg)
-    require(train_dp >= 1 and rollout_dp >= 1, f"train_fraction={cfg.train_fraction} leaves a slab with no devices")
+    require(
+        train_dp >= 1 and rollout_dp >= 1,
+        f"train_fraction={cfg.train_fraction} leaves a slab with no devices",
+    )
     require(
         n % rollout_dp == 0,
         f"batch_size x samples_per_prompt = {n} samples is not divisible by the {rollout_dp} rollout "
@@ -172,7 +217,9 @@ def check_batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> None:
 
 def check_strategy_and_algorithm(cfg: RunConfig, objs: dict[str, Any]) -> None:
     strategy = objs.get("pipeline.strategy")
-    algorithm = locate(_target(cfg, "algorithm"), "algorithm") if _target(cfg, "algorithm") else None
+    algorithm = (
+        locate(_target(cfg, "algorithm"), "algorithm") if _target(cfg, "algorithm") else None
+    )
     needs_logp = bool(getattr(algorithm, "requires_log_prob", False))
     if strategy is not None and needs_logp:
         require(
@@ -183,7 +230,10 @@ def check_strategy_and_algorithm(cfg: RunConfig, objs: dict[str, Any]) -> None:
     sampling = objs.get("sampling")
     sde_steps = getattr(sampling, "sde_steps", None)
     if needs_logp and sde_steps is not None and hasattr(sde_steps, "select"):
-        chosen = sde_steps.select(sampling.num_inference_steps, seed=0, rollout_index=0)
+        try:
+            chosen = sde_steps.select(sampling.num_inference_steps, seed=0, rollout_index=0)
+        except ValueError as exc:
+            raise ConfigError(f"sampling.sde_steps: {exc}") from exc
         require(len(chosen) >= 1, "sampling.sde_steps selects no step to train; widen its range")
         require(
             max(chosen) < sampling.num_inference_steps,
@@ -254,7 +304,9 @@ def validate(data: dict[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
         if isinstance(block, dict):
             for key, value in block.items():
                 if isinstance(value, dict) and "_target_" in value:
-                    objs[f"{name}.{key}"] = check_block(value, f"{name}.{key}", instantiate_dataclasses=True)
+                    objs[f"{name}.{key}"] = check_block(
+                        value, f"{name}.{key}", instantiate_dataclasses=True
+                    )
     for check in CHECKS:
         check(cfg, objs)
     return cfg, objs

@@ -30,7 +30,14 @@ def contact_sheet(
     cell_h = tile + caption_lines * line_h + 6
     sheet = Image.new("RGB", (columns * tile, rows * cell_h), "white")
     draw = ImageDraw.Draw(sheet)
-    array = (pixels.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    array = (
+        (pixels.detach().float().clamp(0, 1) * 255)
+        .round()
+        .to(torch.uint8)
+        .permute(0, 2, 3, 1)
+        .cpu()
+        .numpy()
+    )
     for i in range(n):
         x, y = (i % columns) * tile, (i // columns) * cell_h
         img = Image.fromarray(array[i]).resize((tile, tile), Image.NEAREST)

@@ -18,4 +18,10 @@ def progress_enabled(mode: str) -> bool:
 def progress_bar(total: int, *, initial: int, mode: str, desc: str) -> Any:
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, desc=desc, disable=not progress_enabled(mode), dynamic_ncols=True)
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        disable=not progress_enabled(mode),
+        dynamic_ncols=True,
+    )

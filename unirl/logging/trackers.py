@@ -51,7 +51,10 @@ class LocalTracker:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **_clean(metrics)}
-        row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        row = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in row.items()
+        }
         self.rows.append(row)
         with self.jsonl.open("a") as f:
             f.write(json.dumps(row) + "\n")
@@ -93,14 +96,23 @@ class TensorBoardTracker:
 
 
 class WandbTracker:
-    def __init__(self, output_dir: str | Path, *, project: str | None, run_name: str | None, config: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        output_dir: str | Path,
+        *,
+        project: str | None,
+        run_name: str | None,
+        config: dict[str, Any],
+    ) -> None:
         try:
             import wandb
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ImportError(
                 "logging.trackers has 'wandb' but wandb is not installed: pip install 'unirl[wandb]'"
             ) from exc
-        self.run = wandb.init(project=project or "unirl", name=run_name, dir=str(output_dir), config=config)
+        self.run = wandb.init(
+            project=project or "unirl", name=run_name, dir=str(output_dir), config=config
+        )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(_clean(metrics), step=step)
@@ -128,10 +140,19 @@ class MultiTracker:
             t.close()
 
 
-def build_trackers(names: list[str], output_dir: str | Path, *, config: dict[str, Any], wandb_project: str | None = None, wandb_run_name: str | None = None) -> MultiTracker:
+def build_trackers(
+    names: list[str],
+    output_dir: str | Path,
+    *,
+    config: dict[str, Any],
+    wandb_project: str | None = None,
+    wandb_run_name: str | None = None,
+) -> MultiTracker:
     trackers: list[Any] = [LocalTracker(output_dir)]
     if "tensorboard" in names:
         trackers.append(TensorBoardTracker(output_dir))
     if "wandb" in names:
-        trackers.append(WandbTracker(output_dir, project=wandb_project, run_name=wandb_run_name, config=config))
+        trackers.append(
+            WandbTracker(output_dir, project=wandb_project, run_name=wandb_run_name, config=config)
+        )
     return MultiTracker(trackers)

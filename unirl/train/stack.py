@@ -48,7 +48,9 @@ class TrainStack:
     ) -> None:
         require(micro_batch_size >= 1, "stack.micro_batch_size must be >= 1")
         require(num_updates_per_batch >= 1, "stack.num_updates_per_batch must be >= 1")
-        require(max_grad_norm is None or max_grad_norm > 0, "stack.max_grad_norm must be > 0 or null")
+        require(
+            max_grad_norm is None or max_grad_norm > 0, "stack.max_grad_norm must be > 0 or null"
+        )
         require(max_nonfinite_in_row >= 1, "stack.max_nonfinite_in_row must be >= 1")
         require(
             num_updates_per_batch == 1 or algorithm.supports_multi_update,
@@ -66,8 +68,7 @@ class TrainStack:
         self.nonfinite_in_row = 0
         self.nonfinite_total = 0
         self.global_step = 0
-        reference = getattr(backend, "adapter_disabled", None) if getattr(backend, "has_lora", True) else None
-        algorithm.bind_reference(reference)
+        algorithm.bind_backend(backend)
 
     def _order(self, n: int, rollout_index: int) -> torch.Tensor:
         if not self.shuffle:
@@ -76,7 +77,9 @@ class TrainStack:
         return torch.randperm(n, generator=gen)
 
     @distributed(dispatch=Dispatch.DP_SCATTER)
-    def train_track(self, track: RolloutTrack, rollout_index: int = 0, progress: float = 0.0) -> dict[str, Any]:
+    def train_track(
+        self, track: RolloutTrack, rollout_index: int = 0, progress: float = 0.0
+    ) -> dict[str, Any]:
         """Train on this rank's shard of ``track`` (advantages attached); returns
         ``{"steps": [metrics of each optimizer step]}``."""
         if track.advantages is None or track.segment is None or track.conditions is None:
@@ -87,7 +90,10 @@ class TrainStack:
             f"{n} samples on this rank cannot be split into {self.num_updates_per_batch} mini-batches",
         )
         mini = n // self.num_updates_per_batch
-        require(mini % self.micro_batch_size == 0, f"mini-batch {mini} not divisible by micro_batch_size {self.micro_batch_size}")
+        require(
+            mini % self.micro_batch_size == 0,
+            f"mini-batch {mini} not divisible by micro_batch_size {self.micro_batch_size}",
+        )
         device = self.backend.device
         track = track.select(self._order(n, rollout_index))
         conditions = track.conditions.to(device)
@@ -95,7 +101,9 @@ class TrainStack:
         advantages = track.advantages.float().to(device)
 
         t0 = time.perf_counter()
-        micro_slices = [slice(s, s + self.micro_batch_size) for s in range(0, n, self.micro_batch_size)]
+        micro_slices = [
+            slice(s, s + self.micro_batch_size) for s in range(0, n, self.micro_batch_size)
+        ]
         micro = []
         for sl in micro_slices:  # freeze π_old once, before any update, at training geometry
             idx = torch.arange(n)[sl]
@@ -141,7 +149,11 @@ class TrainStack:
                         f"update {update}; lower the learning rate, check rewards and precision"
                     )
             self.global_step += 1
-            merged = {k: torch.cat([t[k] for t in terms]) for k in terms[0]} if terms and terms[0] else {}
+            merged = (
+                {k: torch.cat([t[k] for t in terms]) for k in terms[0]}
+                if terms and terms[0]
+                else {}
+            )
             metrics.update(self.algorithm.summarize(merged) if merged else {})
             metrics["time/train_step"] = time.perf_counter() - t0
             metrics["time/old_logp"] = anchor_time if update == 0 else 0.0

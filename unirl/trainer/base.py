@@ -36,7 +36,11 @@ class OutputDir:
     def latest_checkpoint(self) -> Path | None:
         if not self.checkpoints.is_dir():
             return None
-        done = sorted(p for p in self.checkpoints.iterdir() if p.is_dir() and (p / "trainer_state.json").is_file())
+        done = sorted(
+            p
+            for p in self.checkpoints.iterdir()
+            if p.is_dir() and (p / "driver_state.json").is_file()
+        )
         return done[-1] if done else None
 
     def write_config(self, data: dict[str, Any]) -> None:
@@ -47,7 +51,11 @@ class OutputDir:
     def prune_checkpoints(self, keep: int) -> None:
         if keep <= 0 or not self.checkpoints.is_dir():
             return
-        done = sorted(p for p in self.checkpoints.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX))
+        done = sorted(
+            p
+            for p in self.checkpoints.iterdir()
+            if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)
+        )
         for old in done[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -60,16 +68,20 @@ def resolve_resume(cfg: RunConfig, out: OutputDir) -> Path | None:
     if cfg.resume == "auto":
         return out.latest_checkpoint()
     path = Path(cfg.resume)
-    if not (path / "trainer_state.json").is_file():
+    if not (path / "driver_state.json").is_file():
         raise FileNotFoundError(
-            f"resume={cfg.resume!r} is not a complete checkpoint folder (no trainer_state.json); "
+            f"resume={cfg.resume!r} is not a complete checkpoint folder (no driver_state.json); "
             "use resume=auto or a checkpoints/step_XXXXXX folder"
         )
     return path
 
 
 def driver_rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 from hydra.utils import instantiate
 
 from unirl.config.run import RunConfig
+from unirl.config.validate import locate
 from unirl.distributed.group import DevicePool, placement, remote
 from unirl.logging import contact_sheet
 from unirl.logging.progress import progress_bar
@@ -55,7 +57,10 @@ def plan_roles(cfg: RunConfig) -> list[tuple[str, str, str]]:
     ]
     if cfg.sync is not None:
         blocks.append(("sync", cfg.sync))
-    return [(name, str((block or {}).get("_target_", "?")), "all workers (colocate)") for name, block in blocks]
+    return [
+        (name, str((block or {}).get("_target_", "?")), "all workers (colocate)")
+        for name, block in blocks
+    ]
 
 
 class DiffusionTrainer:
@@ -70,20 +75,33 @@ class DiffusionTrainer:
         self.data_source = instantiate(cfg.data_source, _convert_="object")
         self.data_source.set_prompts_per_rollout(cfg.batch_size)
         self.start_rollout = 0
+        # ratio losses train recorded SDE steps; likelihood-free ones (NFT) sample with the ODE
+        algorithm_cls = locate(str(cfg.algorithm["_target_"]), "algorithm")
+        self.trains_sde_steps = bool(getattr(algorithm_cls, "requires_log_prob", True))
 
     # -- request building ------------------------------------------------------------------
 
-    def build_request(self, prompts: list[Any], rollout_index: int, *, mode: str = "train") -> RolloutReq:
+    def build_request(
+        self, prompts: list[Any], rollout_index: int, *, mode: str = "train"
+    ) -> RolloutReq:
         """The driver-authored request: ids, groups, σ schedule, SDE steps and the x_T recipe."""
-        spp = self.sampling.samples_per_prompt if mode == "train" else self.cfg.eval.samples_per_prompt
+        spp = (
+            self.sampling.samples_per_prompt
+            if mode == "train"
+            else self.cfg.eval.samples_per_prompt
+        )
         b = len(prompts)
         n = b * spp
         base = rollout_index * n if mode == "train" else 10**12 + rollout_index * n
         texts = [ex.prompt for ex in prompts for _ in range(spp)]
         metadata = [dict(ex.metadata) for ex in prompts for _ in range(spp)]
-        steps = self.sampling.num_inference_steps if mode == "train" else self.sampling.eval_num_inference_steps
+        steps = (
+            self.sampling.num_inference_steps
+            if mode == "train"
+            else self.sampling.eval_num_inference_steps
+        )
         sigmas = self.sigmas(steps)
-        if mode == "train":
+        if mode == "train" and self.trains_sde_steps:
             chosen = self.sde_steps.select(steps, seed=self.cfg.seed, rollout_index=rollout_index)
             sde_indices = torch.tensor([list(chosen)] * n, dtype=torch.long)
         else:
@@ -91,7 +109,9 @@ class DiffusionTrainer:
         group_base = rollout_index * b
         return RolloutReq(
             sample_ids=torch.arange(base, base + n, dtype=torch.long),
-            group_ids=torch.arange(group_base, group_base + b, dtype=torch.long).repeat_interleave(spp),
+            group_ids=torch.arange(group_base, group_base + b, dtype=torch.long).repeat_interleave(
+                spp
+            ),
             primitives={"text": Texts(texts=texts)},
             metadata=metadata,
             sde_indices=sde_indices,
@@ -104,7 +124,9 @@ class DiffusionTrainer:
         )
 
     def sigmas(self, steps: int) -> torch.Tensor:
-        return sigmas_from_scheduler_config(self.scheduler_config, steps, image_seq_len=self.image_seq_len)
+        return sigmas_from_scheduler_config(
+            self.scheduler_config, steps, image_seq_len=self.image_seq_len
+        )
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -132,42 +154,61 @@ class DiffusionTrainer:
                 reward = remote(RewardWorker, name="reward", service=cfg.reward)
                 algorithm = remote(cfg.algorithm, name="algorithm", pipeline=pipeline)
                 stack = remote(cfg.stack, name="stack", backend=backend, algorithm=algorithm)
+                self.algorithm = algorithm
                 ops = remote(TrainOps, name="ops", backend=backend, pipeline=pipeline)
             info = ops.describe(self.sampling.height, self.sampling.width)
             self.scheduler_config = info["scheduler_config"]
             self.latent_shape = info["latent_shape"]
             self.image_seq_len = info["image_seq_len"]
-            print(f"[unirl] trainable parameters: {info['trainable_params']:,} on {info['device']}", flush=True)
+            print(
+                f"[unirl] trainable parameters: {info['trainable_params']:,} on {info['device']}",
+                flush=True,
+            )
 
             if resume_from is not None:
                 self._resume(resume_from, ops, stack, trackers)
-            bar = progress_bar(cfg.num_rollouts, initial=self.start_rollout, mode=cfg.logging.progress, desc="rollouts")
+            bar = progress_bar(
+                cfg.num_rollouts,
+                initial=self.start_rollout,
+                mode=cfg.logging.progress,
+                desc="rollouts",
+            )
             for rollout_index in range(self.start_rollout, cfg.num_rollouts):
                 metrics = self._one_rollout(rollout_index, rollout, reward, stack)
                 trackers.log(rollout_index, metrics)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.4f}")
                 done = rollout_index + 1
-                if cfg.eval_interval and (done % cfg.eval_interval == 0 or done == cfg.num_rollouts):
+                if cfg.eval_interval and (
+                    done % cfg.eval_interval == 0 or done == cfg.num_rollouts
+                ):
                     self._evaluate(done, rollout, reward, ops)
-                if cfg.save_interval and (done % cfg.save_interval == 0 or done == cfg.num_rollouts):
+                if cfg.save_interval and (
+                    done % cfg.save_interval == 0 or done == cfg.num_rollouts
+                ):
                     self._save(done, ops, stack)
             bar.close()
             ops.export_lora(str(self.out.root / "lora"))
         finally:
             trackers.close()
             pool.shutdown()
-        print(f"[unirl] finished {cfg.num_rollouts} rollouts; outputs in {self.out.root}", flush=True)
+        print(
+            f"[unirl] finished {cfg.num_rollouts} rollouts; outputs in {self.out.root}", flush=True
+        )
         return 0
 
-    def _one_rollout(self, rollout_index: int, rollout: Any, reward: Any, stack: Any) -> dict[str, float]:
+    def _one_rollout(
+        self, rollout_index: int, rollout: Any, reward: Any, stack: Any
+    ) -> dict[str, float]:
         cfg = self.cfg
         t_start = time.perf_counter()
         prompts = self.data_source.next_batch()
         req = self.build_request(prompts, rollout_index)
 
         t0 = time.perf_counter()
+        self.algorithm.begin_rollout(rollout_index, "train")
         resp = rollout.generate(req)
+        self.algorithm.end_rollout(rollout_index, "train")
         t_rollout = time.perf_counter() - t0
         track = resp.tracks[TRACK]
 
@@ -176,24 +217,47 @@ class DiffusionTrainer:
         t_reward = time.perf_counter() - t0
         reward_metrics = self._reward_metrics(scored)
         track = RolloutTrack(
-            **{**{f: getattr(track, f) for f in track.field_kinds()}, "rewards": scored.rewards,
-               "component_rewards": scored.component_rewards, "status": scored.status}
+            **{
+                **{f: getattr(track, f) for f in track.field_kinds()},
+                "rewards": scored.rewards,
+                "component_rewards": scored.component_rewards,
+                "status": scored.status,
+            }
         )
         track, adv_metrics = track.compute_advantages(
-            scope=cfg.advantage.scope, std=cfg.advantage.std, eps=cfg.advantage.eps, clip=cfg.advantage.clip
+            scope=cfg.advantage.scope,
+            std=cfg.advantage.std,
+            eps=cfg.advantage.eps,
+            clip=cfg.advantage.clip,
         )
 
         t0 = time.perf_counter()
         progress = rollout_index / max(cfg.num_rollouts, 1)
         per_rank = stack.train_track(track, rollout_index, progress)
         t_train = time.perf_counter() - t0
-        steps = [mean_over_ranks([rank["steps"][u] for rank in per_rank]) for u in range(len(per_rank[0]["steps"]))]
+        steps = [
+            mean_over_ranks([rank["steps"][u] for rank in per_rank])
+            for u in range(len(per_rank[0]["steps"]))
+        ]
+        checksums = [rank["param_checksum"] for rank in per_rank]
+        if any(c != checksums[0] for c in checksums):
+            raise RuntimeError(
+                f"rollout {rollout_index}: train ranks hold different weights after the update "
+                f"(parameter checksums {checksums}); data-parallel gradient sync is broken"
+            )
         train_metrics = {f"train/{k}": v for k, v in mean_over_ranks(steps).items()}
+        train_metrics.update(mean_over_ranks(self.algorithm.after_train(rollout_index)))
         if any(s.get("nonfinite/skipped_step") for s in steps):
-            print(f"[unirl] rollout {rollout_index}: skipped a non-finite optimizer step", flush=True)
+            print(
+                f"[unirl] rollout {rollout_index}: skipped a non-finite optimizer step", flush=True
+            )
 
         if cfg.logging.gallery_interval and rollout_index % cfg.logging.gallery_interval == 0:
-            self._gallery(self.out.root / "samples" / f"rollout_{rollout_index:06d}.png", track, cfg.logging.gallery_max_images)
+            self._gallery(
+                self.out.root / "samples" / f"rollout_{rollout_index:06d}.png",
+                track,
+                cfg.logging.gallery_max_images,
+            )
 
         total = time.perf_counter() - t_start
         n = len(track)
@@ -207,7 +271,10 @@ class DiffusionTrainer:
             "time/train": t_train,
             "time/total": total,
             "throughput/samples_per_s": n / total,
-            "epoch": float(self.data_source.epoch),
+            "train/param_checksum": checksums[0],
+            "data/epoch": float(self.data_source.epoch),
+            "data/prompts_crc32": float(zlib.crc32("\n".join(track.prompts or []).encode())),
+            "data/first_sample_id": float(req.sample_ids[0]),
         }
         return metrics
 
@@ -222,11 +289,15 @@ class DiffusionTrainer:
             v = values.float()[ok]
             out[f"reward/{name}/mean"] = float(v.mean()) if v.numel() else math.nan
             out[f"reward/{name}/std"] = float(v.std(unbiased=False)) if v.numel() > 1 else 0.0
-        shard_metrics = [m.pop("_reward_metrics") for m in scored.metadata if "_reward_metrics" in m]
+        shard_metrics = [
+            m.pop("_reward_metrics") for m in scored.metadata if "_reward_metrics" in m
+        ]
         for k, v in mean_over_ranks(shard_metrics).items():
             if k.startswith("guard/") or k.startswith("ocr/"):
                 out[k] = v
-            elif k in ("reward/dropped_groups", "reward/dropped_samples") or k.startswith("reward/failures/"):
+            elif k in ("reward/dropped_groups", "reward/dropped_samples") or k.startswith(
+                "reward/failures/"
+            ):
                 out[k] = v * len(shard_metrics)  # counts: sum over ranks
         return out
 
@@ -256,7 +327,9 @@ class DiffusionTrainer:
         used_ema = ops.use_eval_weights(self.cfg.eval.use_ema)[0]
         try:
             req = self.build_request(prompts, done, mode="eval")
+            self.algorithm.begin_rollout(done, "eval")
             resp = rollout.generate(req)
+            self.algorithm.end_rollout(done, "eval")
         finally:
             ops.use_eval_weights(False)
         scored = reward.score(light_track(resp.tracks[TRACK]))
@@ -266,9 +339,14 @@ class DiffusionTrainer:
 
         LocalTracker(self.out.root, prefix="eval_metrics").log(done, metrics)
         track = resp.tracks[TRACK]
-        track = RolloutTrack(**{**{f: getattr(track, f) for f in track.field_kinds()}, "rewards": scored.rewards})
+        track = RolloutTrack(
+            **{**{f: getattr(track, f) for f in track.field_kinds()}, "rewards": scored.rewards}
+        )
         self._gallery(self.out.root / "eval" / f"step_{done:06d}.png", track, 64)
-        print(f"[unirl] eval after {done} rollouts: reward {metrics['eval/reward/mean']:.4f}", flush=True)
+        print(
+            f"[unirl] eval after {done} rollouts: reward {metrics['eval/reward/mean']:.4f}",
+            flush=True,
+        )
 
     def _save(self, done: int, ops: Any, stack: Any) -> None:
         path = self.out.checkpoint(done)
@@ -280,13 +358,13 @@ class DiffusionTrainer:
             "stack": stack.state(),
             "seed": self.cfg.seed,
         }
-        write_json_atomic(path / "trainer_state.json", state)  # written last: marks completion
+        write_json_atomic(path / "driver_state.json", state)  # written last: marks completion
         print(f"[unirl] checkpoint {path}", flush=True)
 
     def _resume(self, path: Path, ops: Any, stack: Any, trackers: Any) -> None:
         import json
 
-        state = json.loads((path / "trainer_state.json").read_text())
+        state = json.loads((path / "driver_state.json").read_text())
         ops.load_checkpoint(str(path))
         self.data_source.load_state_dict(state["data"])
         stack.load_state(state["stack"])

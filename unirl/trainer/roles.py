@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -95,7 +94,3 @@ def pixels_of(track: RolloutTrack) -> torch.Tensor:
     if not isinstance(decoded, Images):
         raise TypeError(f"expected decoded Images on the track, got {type(decoded).__name__}")
     return decoded.pixels
-
-
-def checkpoint_files_exist(path: str | Path) -> bool:
-    return (Path(path) / "trainer_state.json").is_file()

@@ -72,8 +72,10 @@ class Packed:
         return [self.row(i) for i in range(len(self))]
 
     def select(self, indices: Sequence[int]) -> Packed:
-        return Packed.from_list([self.row(int(i)) for i in indices]) if len(indices) else (
-            Packed(values=self.values[:0], offsets=torch.zeros(1, dtype=torch.long))
+        return (
+            Packed.from_list([self.row(int(i)) for i in indices])
+            if len(indices)
+            else (Packed(values=self.values[:0], offsets=torch.zeros(1, dtype=torch.long)))
         )
 
     @staticmethod
@@ -143,7 +145,9 @@ def _concat(name: str, values: list[Any]) -> Any:
         keys = list(first)
         for v in values[1:]:
             if list(v) != keys:
-                raise ValueError(f"field {name!r}: dict keys differ across parts ({keys} vs {list(v)})")
+                raise ValueError(
+                    f"field {name!r}: dict keys differ across parts ({keys} vs {list(v)})"
+                )
         return {k: _concat(f"{name}.{k}", [v[k] for v in values]) for k in keys}
     raise TypeError(f"field {name!r}: cannot concat values of type {type(first).__name__}")
 
@@ -230,7 +234,9 @@ class Batch:
         lengths = {name: _value_len(v) for name, v in self._per_sample_items()}
         lengths = {k: v for k, v in lengths.items() if v is not None}
         if len(set(lengths.values())) > 1:
-            raise ValueError(f"{type(self).__name__}: per-sample fields disagree on length: {lengths}")
+            raise ValueError(
+                f"{type(self).__name__}: per-sample fields disagree on length: {lengths}"
+            )
 
     # -- split / merge -------------------------------------------------------------------
 
@@ -307,7 +313,9 @@ class Batch:
         kwargs = {name: _map_tensors(getattr(self, name), fn) for name in self.field_kinds()}
         return dataclasses.replace(self, **kwargs)
 
-    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Self:
+    def to(
+        self, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> Self:
         """Move every tensor to ``device``; ``dtype`` casts floating-point tensors only."""
 
         def move(t: torch.Tensor) -> torch.Tensor:

@@ -40,4 +40,6 @@ class Videos(Batch):
 
     def __post_init__(self) -> None:
         if self.frames.ndim != 5 or self.frames.shape[2] != 3:
-            raise ValueError(f"Videos.frames must be [N, T, 3, H, W], got {tuple(self.frames.shape)}")
+            raise ValueError(
+                f"Videos.frames must be [N, T, 3, H, W], got {tuple(self.frames.shape)}"
+            )

@@ -23,7 +23,9 @@ def noise_seed(seed: int, sample_id: int, stream: str = "x_T") -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-def init_noise(ids: torch.Tensor, shape: tuple[int, ...], seed: int, stream: str = "x_T") -> torch.Tensor:
+def init_noise(
+    ids: torch.Tensor, shape: tuple[int, ...], seed: int, stream: str = "x_T"
+) -> torch.Tensor:
     """x_T for each id, regenerated deterministically on CPU in fp32: ``[len(ids), *shape]``.
 
     Every engine calls this with the request's ``init_noise_ids`` and ``init_noise_shape`` so
@@ -79,7 +81,9 @@ class RolloutReq(Batch):
 
     def initial_noise(self) -> torch.Tensor:
         if self.init_noise_shape is None or self.init_noise_ids is None:
-            raise ValueError("RolloutReq.init_noise_shape is not set; the driver must pin the x_T recipe")
+            raise ValueError(
+                "RolloutReq.init_noise_shape is not set; the driver must pin the x_T recipe"
+            )
         return init_noise(self.init_noise_ids, tuple(self.init_noise_shape), self.seed)
 
 
@@ -140,18 +144,30 @@ class RolloutTrack(Batch):
         kept = self.kept.cpu()
         if not torch.isfinite(rewards[kept]).all():
             bad = [i for i in range(len(rewards)) if kept[i] and not torch.isfinite(rewards[i])]
-            raise ValueError(f"non-finite rewards for samples {bad}; the reward service must not pass them")
+            raise ValueError(
+                f"non-finite rewards for samples {bad}; the reward service must not pass them"
+            )
         groups = self.group_ids.cpu()
         adv = torch.zeros_like(rewards)
         batch_vals = rewards[kept]
-        batch_mean = batch_vals.mean() if batch_vals.numel() else torch.tensor(0.0, dtype=torch.float64)
-        batch_std = batch_vals.std(unbiased=False) if batch_vals.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
+        batch_mean = (
+            batch_vals.mean() if batch_vals.numel() else torch.tensor(0.0, dtype=torch.float64)
+        )
+        batch_std = (
+            batch_vals.std(unbiased=False)
+            if batch_vals.numel() > 1
+            else torch.tensor(0.0, dtype=torch.float64)
+        )
         zero_std_groups, num_groups = 0, 0
         for gid in torch.unique(groups[kept]).tolist():
             members = (groups == gid) & kept
             vals = rewards[members]
             num_groups += 1
-            group_std = vals.std(unbiased=False) if vals.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
+            group_std = (
+                vals.std(unbiased=False)
+                if vals.numel() > 1
+                else torch.tensor(0.0, dtype=torch.float64)
+            )
             if float(vals.max() - vals.min()) == 0.0:
                 zero_std_groups += 1
             mean = vals.mean() if scope == "group" else batch_mean
@@ -189,7 +205,9 @@ class RolloutResp(Batch):
                 continue
             parent = self.tracks.get(track.parent_track)
             if parent is None:
-                raise ValueError(f"track {name!r} names parent track {track.parent_track!r}, which is absent")
+                raise ValueError(
+                    f"track {name!r} names parent track {track.parent_track!r}, which is absent"
+                )
             known = set(parent.sample_ids.tolist())
             missing = [i for i in track.parent_ids.tolist() if i not in known]  # type: ignore[union-attr]
             if missing:

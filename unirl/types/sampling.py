@@ -30,12 +30,18 @@ class DiffusionSamplingParams:
 
     def __post_init__(self) -> None:
         require(self.num_inference_steps >= 1, "sampling.num_inference_steps must be >= 1")
-        require(self.guidance_scale >= 0, "sampling.guidance_scale must be >= 0 (1 or 0 disables CFG)")
-        require(self.height > 0 and self.width > 0, "sampling.height and sampling.width must be > 0")
+        require(
+            self.guidance_scale >= 0, "sampling.guidance_scale must be >= 0 (1 or 0 disables CFG)"
+        )
+        require(
+            self.height > 0 and self.width > 0, "sampling.height and sampling.width must be > 0"
+        )
         require(self.eta >= 0, "sampling.eta (SDE noise level) must be >= 0")
         require(self.samples_per_prompt >= 1, "sampling.samples_per_prompt must be >= 1")
         require(self.max_sequence_length >= 1, "sampling.max_sequence_length must be >= 1")
-        require(self.eval_num_inference_steps >= 1, "sampling.eval_num_inference_steps must be >= 1")
+        require(
+            self.eval_num_inference_steps >= 1, "sampling.eval_num_inference_steps must be >= 1"
+        )
 
     @property
     def do_cfg(self) -> bool:

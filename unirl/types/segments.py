@@ -33,14 +33,20 @@ class LatentSegment(Batch):
 
     def __post_init__(self) -> None:
         if self.sde_indices.ndim != 2:
-            raise ValueError(f"LatentSegment.sde_indices must be [N, S], got {tuple(self.sde_indices.shape)}")
+            raise ValueError(
+                f"LatentSegment.sde_indices must be [N, S], got {tuple(self.sde_indices.shape)}"
+            )
         n, s = self.sde_indices.shape
         for name in ("latents", "next_latents", "sde_means"):
             t = getattr(self, name)
             if t is not None and tuple(t.shape[:2]) != (n, s):
-                raise ValueError(f"LatentSegment.{name} must start with [N={n}, S={s}], got {tuple(t.shape)}")
+                raise ValueError(
+                    f"LatentSegment.{name} must start with [N={n}, S={s}], got {tuple(t.shape)}"
+                )
         if self.sde_logp is not None and tuple(self.sde_logp.shape) != (n, s):
-            raise ValueError(f"LatentSegment.sde_logp must be [N={n}, S={s}], got {tuple(self.sde_logp.shape)}")
+            raise ValueError(
+                f"LatentSegment.sde_logp must be [N={n}, S={s}], got {tuple(self.sde_logp.shape)}"
+            )
         if self.sde_indices.numel() and int(self.sde_indices.max()) >= self.sigmas.numel() - 1:
             raise ValueError("LatentSegment.sde_indices point past the last step of sigmas")
 

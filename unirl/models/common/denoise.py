@@ -22,7 +22,9 @@ from unirl.models.common.protocols import FlowMatchingFamily
 from unirl.types import Conditions, LatentSegment
 
 
-def forward_conditions(family: FlowMatchingFamily, conditions: Conditions, guidance_scale: float) -> Conditions:
+def forward_conditions(
+    family: FlowMatchingFamily, conditions: Conditions, guidance_scale: float
+) -> Conditions:
     """The conditions one velocity forward consumes: CFG pairs (2·N rows) or plain (N rows)."""
     return family.cfg_conditions(conditions) if guidance_scale > 1.0 else conditions
 
@@ -39,7 +41,9 @@ def guided_velocity(
     ``fwd_conditions`` comes from :func:`forward_conditions` (uncond rows first).
     """
     if guidance_scale > 1.0:
-        v = family.predict_velocity(torch.cat([latents, latents]), torch.cat([sigma, sigma]), fwd_conditions)
+        v = family.predict_velocity(
+            torch.cat([latents, latents]), torch.cat([sigma, sigma]), fwd_conditions
+        )
         v_uncond, v_cond = v.float().chunk(2)
         return v_uncond + guidance_scale * (v_cond - v_uncond)
     return family.predict_velocity(latents, sigma, fwd_conditions).float()
@@ -104,7 +108,11 @@ def sample_trajectory(
     buf_in = torch.empty((n, s, *latent_shape), dtype=storage_dtype, device=device)
     buf_out = torch.empty_like(buf_in)
     logp = torch.zeros((n, s), dtype=torch.float32, device=device)
-    means = torch.empty((n, s, *latent_shape), dtype=torch.float32, device=device) if record_means else None
+    means = (
+        torch.empty((n, s, *latent_shape), dtype=torch.float32, device=device)
+        if record_means
+        else None
+    )
     provides_logp = bool(getattr(strategy, "provides_log_prob", True))
 
     x = x_T.to(storage_dtype)
@@ -112,7 +120,9 @@ def sample_trajectory(
         sigma = sigmas_dev[j].expand(n)
         sigma_next = sigmas_dev[j + 1].expand(n)
         v = guided_velocity(family, x, sigma, fwd_cond, guidance_scale)
-        ode_next = (x.float() + v * (sigma_next - sigma).view(-1, *([1] * (x.ndim - 1)))).to(storage_dtype)
+        ode_next = (x.float() + v * (sigma_next - sigma).view(-1, *([1] * (x.ndim - 1)))).to(
+            storage_dtype
+        )
         step_mask = is_sde[j]
         if not bool(step_mask.any()):
             x = ode_next

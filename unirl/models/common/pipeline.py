@@ -67,14 +67,20 @@ class FlowMatchingPipeline:
         """``[uncond; cond]`` rows; the bundle knows its condition layout."""
         return self.bundle.cfg_conditions(conditions)
 
-    def predict_velocity(self, latents: torch.Tensor, sigma: torch.Tensor, conditions: Any) -> torch.Tensor:
+    def predict_velocity(
+        self, latents: torch.Tensor, sigma: torch.Tensor, conditions: Any
+    ) -> torch.Tensor:
         return self.bundle.predict_velocity(latents, sigma, conditions)
 
-    def encode(self, prompts: list[str], params: DiffusionSamplingParams, guidance_scale: float) -> Conditions:
+    def encode(
+        self, prompts: list[str], params: DiffusionSamplingParams, guidance_scale: float
+    ) -> Conditions:
         """Conditions for ``prompts`` (each unique prompt encoded once and shared by its
         group); negative rows are added when CFG runs."""
         if guidance_scale > 1.0:
-            return self.bundle.encode_prompts(prompts, negative=True, negative_prompt=params.negative_prompt)
+            return self.bundle.encode_prompts(
+                prompts, negative=True, negative_prompt=params.negative_prompt
+            )
         return self.bundle.encode_prompts(prompts)
 
     # -- sampling --------------------------------------------------------------------------
@@ -84,7 +90,11 @@ class FlowMatchingPipeline:
         """Sample every request row; returns one track named ``track_name``."""
         params: DiffusionSamplingParams = req.sampling_params
         timings: dict[str, float] = {}
-        guidance = params.guidance_scale if req.mode == "train" else (params.eval_guidance_scale or params.guidance_scale)
+        guidance = (
+            params.guidance_scale
+            if req.mode == "train"
+            else (params.eval_guidance_scale or params.guidance_scale)
+        )
         t0 = time.perf_counter()
         conditions = self.encode(req.prompts, params, guidance).to(self.device)
         timings["text_encode"] = time.perf_counter() - t0
@@ -96,7 +106,10 @@ class FlowMatchingPipeline:
         sde_noise = None
         if num_sde:
             sde_noise = init_noise(
-                req.sample_ids, (num_sde, *x_T.shape[1:]), req.seed, stream=f"sde/{req.rollout_index}"
+                req.sample_ids,
+                (num_sde, *x_T.shape[1:]),
+                req.seed,
+                stream=f"sde/{req.rollout_index}",
             )
 
         t0 = time.perf_counter()
@@ -140,7 +153,9 @@ class FlowMatchingPipeline:
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         chunk = self.decode_chunk_size or latents.shape[0]
-        return torch.cat([self.bundle.decode(latents[i : i + chunk]) for i in range(0, latents.shape[0], chunk)])
+        return torch.cat(
+            [self.bundle.decode(latents[i : i + chunk]) for i in range(0, latents.shape[0], chunk)]
+        )
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -151,4 +166,6 @@ class FlowMatchingPipeline:
     def replay(self, conditions: Conditions, segment: LatentSegment, slot: int) -> StepRecord:
         """Log-prob, mean and std of trained slot ``slot`` under the current weights."""
         fwd = forward_conditions(self, conditions, segment.guidance_scale)
-        return replay_step(self, fwd_conditions=fwd, segment=segment, slot=slot, strategy=self.strategy)
+        return replay_step(
+            self, fwd_conditions=fwd, segment=segment, slot=slot, strategy=self.strategy
+        )

@@ -27,7 +27,9 @@ class FlowMatchingFamily(Protocol):
         """Conditions for one batched CFG forward: ``[uncond rows; cond rows]`` (2·N rows)."""
         ...
 
-    def predict_velocity(self, latents: torch.Tensor, sigma: torch.Tensor, conditions: Batch) -> torch.Tensor:
+    def predict_velocity(
+        self, latents: torch.Tensor, sigma: torch.Tensor, conditions: Batch
+    ) -> torch.Tensor:
         """``v[B, C, h, w]`` for ``latents[B, C, h, w]`` at ``sigma[B]``."""
         ...
 

@@ -15,10 +15,10 @@ class SD3Conditions(Conditions):
     and ``pooled_prompt_embeds[N, D_l + D_g]``; the optional ``negative_*`` fields hold the
     matching negative-prompt encodings for classifier-free guidance (same shapes)."""
 
-    prompt_embeds: torch.Tensor = batch_field("concat")  # noqa: RUF009 (field factory)
-    pooled_prompt_embeds: torch.Tensor = batch_field("concat")  # noqa: RUF009 (field factory)
-    negative_prompt_embeds: torch.Tensor | None = batch_field("concat", default=None)  # noqa: RUF009 (field factory)
-    negative_pooled_prompt_embeds: torch.Tensor | None = batch_field("concat", default=None)  # noqa: RUF009 (field factory)
+    prompt_embeds: torch.Tensor = batch_field("concat")
+    pooled_prompt_embeds: torch.Tensor = batch_field("concat")
+    negative_prompt_embeds: torch.Tensor | None = batch_field("concat", default=None)
+    negative_pooled_prompt_embeds: torch.Tensor | None = batch_field("concat", default=None)
 
     def __post_init__(self) -> None:
         n = self.prompt_embeds.shape[0]

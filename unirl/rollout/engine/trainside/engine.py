@@ -20,7 +20,10 @@ class TrainsideEngine:
     engine_kind = "trainside"
 
     def __init__(self, *, pipeline: Any, forward_batch_size: int | None = None) -> None:
-        require(forward_batch_size is None or forward_batch_size >= 1, "rollout.forward_batch_size must be >= 1")
+        require(
+            forward_batch_size is None or forward_batch_size >= 1,
+            "rollout.forward_batch_size must be >= 1",
+        )
         self.pipeline = pipeline
         if forward_batch_size is not None:
             self.pipeline.forward_batch_size = forward_batch_size

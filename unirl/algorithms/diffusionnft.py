@@ -1,0 +1,431 @@
+"""DiffusionNFT: likelihood-free RL on the forward process (MATH.md, "DiffusionNFT").
+
+Rollout with a frozen "old" LoRA adapter and the deterministic ODE sampler; keep the clean
+latents x₀ and the rewards. Training re-noises x₀ and regresses the x₀-prediction of two
+implicit policies built from the trained velocity v_θ and the old one v_old:
+
+    r  = ½ + ½·clip(A / c, −1, 1)                         (c = adv_clip_max)
+    x_t = (1 − t)·x₀ + t·ε
+    v⁺ = β·v_θ + (1 − β)·v_old,     v⁻ = (1 + β)·v_old − β·v_θ
+    x̂₀^± = x_t − t·v^±,             w^± = clamp(mean|x̂₀^± − x₀|, 1e-5)   (no gradient)
+    L  = mean_i [ r·‖x̂₀⁺ − x₀‖²/w⁺ + (1 − r)·‖x̂₀⁻ − x₀‖²/w⁻ ] · (c / β)
+
+(‖·‖² is a mean over C·H·W, as every per-sample quantity in this package). After the
+optimizer step of a rollout the old adapter moves toward the trained one by an EMA whose
+decay follows :class:`OldAdapterEMA`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import struct
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+from unirl.algorithms.base import StageAlgorithm, StepResult
+from unirl.config.require import require
+from unirl.distributed.group.dispatch import Dispatch, distributed
+from unirl.types import Conditions, LatentSegment
+
+WEIGHT_FLOOR = 1e-5  # the clamp of the adaptive weights w^±
+
+
+# --------------------------------------------------------------------------- the pure loss
+
+
+class NFTTerms(NamedTuple):
+    """``loss`` (0-d, with gradient) and per-sample detached terms, all ``[B]``:
+    ``positive`` = ‖x̂₀⁺ − x₀‖²/w⁺, ``negative`` = ‖x̂₀⁻ − x₀‖²/w⁻, the weights ``weight_pos``
+    and ``weight_neg`` (after the clamp) and the optimality probability ``r``."""
+
+    loss: Tensor
+    positive: Tensor
+    negative: Tensor
+    weight_pos: Tensor
+    weight_neg: Tensor
+    r: Tensor
+
+
+def nft_loss(
+    v_theta: Tensor,
+    v_old: Tensor,
+    x_t: Tensor,
+    x0: Tensor,
+    t: Tensor,
+    adv: Tensor,
+    beta: float,
+    adv_clip_max: float,
+) -> NFTTerms:
+    """The DiffusionNFT loss of ``B`` samples at one training time each.
+
+    ``v_theta``, ``v_old``, ``x_t``, ``x0``: ``[B, ...]``; ``t``, ``adv``: ``[B]``. Gradient
+    flows through ``v_theta`` only (``v_old`` and the weights are detached). Computed in fp32
+    (fp64 for fp64 inputs).
+    """
+    dtype = torch.promote_types(v_theta.dtype, torch.float32)
+    v, v_o = v_theta.to(dtype), v_old.to(dtype).detach()
+    x_t, x0 = x_t.to(dtype), x0.to(dtype)
+    tb = t.to(dtype).reshape(-1, *([1] * (x0.ndim - 1)))
+    r = 0.5 + 0.5 * torch.clamp(adv.to(dtype) / adv_clip_max, -1.0, 1.0)
+
+    def weighted_error(velocity: Tensor) -> tuple[Tensor, Tensor]:
+        err = (x_t - tb * velocity) - x0  # x̂₀ − x₀
+        flat = err.reshape(err.shape[0], -1)
+        with torch.no_grad():
+            weight = flat.abs().mean(dim=1).clamp(min=WEIGHT_FLOOR)
+        return flat.square().mean(dim=1) / weight, weight
+
+    positive, w_pos = weighted_error(beta * v + (1.0 - beta) * v_o)
+    negative, w_neg = weighted_error((1.0 + beta) * v_o - beta * v)
+    per_sample = r * positive + (1.0 - r) * negative
+    loss = per_sample.mean() * (adv_clip_max / beta)
+    return NFTTerms(loss, positive.detach(), negative.detach(), w_pos, w_neg, r.detach())
+
+
+# --------------------------------------------------------------------------- the old adapter
+
+
+@dataclass(kw_only=True)
+class OldAdapterEMA:
+    """Decay of ``old ← d·old + (1 − d)·trained`` after rollout ``i`` (``d = 0`` copies).
+
+    - ``copy``: d = 0 every rollout (the old adapter is the policy just trained).
+    - ``linear``: d = 0 for ``i < delay_rollouts``, then ramps from ``start`` to ``end`` over
+      ``ramp_rollouts`` rollouts and stays at ``end``. The DiffusionNFT code's schedules are
+      ``start=0, end=0.5, ramp_rollouts=500`` (its type 1) and ``delay_rollouts=75, start=0,
+      end=0.999, ramp_rollouts=133`` (its type 2, used for OCR), counted in optimizer steps
+      there and in rollouts here.
+    - ``warmup``: d = 0 for ``i < delay_rollouts``, then the constant ``end``.
+    """
+
+    kind: Literal["copy", "linear", "warmup"] = "linear"
+    start: float = 0.0
+    end: float = 0.5
+    ramp_rollouts: int = 500
+    delay_rollouts: int = 0
+
+    def __post_init__(self) -> None:
+        require(
+            self.kind in ("copy", "linear", "warmup"),
+            f"algorithm.ema.kind must be copy, linear or warmup, got {self.kind!r}",
+        )
+        require(0.0 <= self.start < 1.0, f"algorithm.ema.start must be in [0, 1), got {self.start}")
+        require(0.0 <= self.end < 1.0, f"algorithm.ema.end must be in [0, 1), got {self.end}")
+        require(self.ramp_rollouts >= 1, "algorithm.ema.ramp_rollouts must be >= 1")
+        require(self.delay_rollouts >= 0, "algorithm.ema.delay_rollouts must be >= 0")
+
+    def decay(self, rollout_index: int) -> float:
+        """The decay applied after the optimizer step(s) of rollout ``rollout_index``."""
+        if self.kind == "copy" or rollout_index < self.delay_rollouts:
+            return 0.0
+        if self.kind == "warmup":
+            return float(self.end)
+        frac = min((rollout_index - self.delay_rollouts) / self.ramp_rollouts, 1.0)
+        return float(self.start + (self.end - self.start) * frac)
+
+
+def _as_ema(value: OldAdapterEMA | Mapping[str, Any] | str) -> OldAdapterEMA:
+    if isinstance(value, OldAdapterEMA):
+        return value
+    if isinstance(value, str):
+        return OldAdapterEMA(kind=value)  # type: ignore[arg-type]
+    require(
+        isinstance(value, Mapping),
+        f"algorithm.ema must be an OldAdapterEMA block, a mapping of its fields or a kind name, "
+        f"got {type(value).__name__}",
+    )
+    return OldAdapterEMA(**{str(k): v for k, v in value.items() if k != "_target_"})
+
+
+# --------------------------------------------------------------------------- seeded draws
+
+
+def latent_digest(x0: Tensor) -> list[int]:
+    """A 64-bit digest of each row of ``x0[B, ...]`` (its fp32 bytes on the host).
+
+    The loss node is handed conditions, segment and advantages, not sample ids; the clean
+    latent is a deterministic function of (sample id, seed, old weights, prompt), so its
+    digest names the sample independently of shuffling, micro-batching and resume.
+    """
+    rows = x0.detach().to("cpu", torch.float32).contiguous().reshape(x0.shape[0], -1)
+    return [
+        int.from_bytes(hashlib.blake2b(row.numpy().tobytes(), digest_size=8).digest(), "little")
+        for row in rows
+    ]
+
+
+def draw_noise_and_times(
+    x0: Tensor,
+    *,
+    seed: int,
+    rollout_index: int,
+    num_train_timesteps: int,
+    t_min: float,
+    t_max: float,
+) -> tuple[Tensor, Tensor]:
+    """``(ε[B, K, ...], u[B, K])`` in fp32 on the host: per sample one generator seeded by
+    (seed, rollout index, digest of x₀); ``t = t_min + (t_max − t_min)·u`` for uniform times."""
+    k = num_train_timesteps
+    eps, times = [], []
+    for key in latent_digest(x0):
+        packed = struct.pack("<qqQ", int(seed), int(rollout_index), key)
+        gen_seed = int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "little")
+        gen = torch.Generator().manual_seed(gen_seed & ((1 << 63) - 1))
+        u = torch.rand(k, generator=gen, dtype=torch.float32)
+        times.append(t_min + (t_max - t_min) * u)
+        eps.append(torch.randn((k, *x0.shape[1:]), generator=gen, dtype=torch.float32))
+    return torch.stack(eps), torch.stack(times)
+
+
+# --------------------------------------------------------------------------- the loss node
+
+
+class DiffusionNFT(StageAlgorithm):
+    """DiffusionNFT with a trained LoRA adapter and a frozen "old" copy on the same module.
+
+    ``begin_rollout(i, "train")`` makes ``old_adapter`` the active adapter until
+    ``end_rollout``; eval rollouts use the trained adapter (or its EMA). The backend must
+    hold the old adapter (``backend.lora.extra_adapters=[old]``), and the pipeline's strategy
+    must be ``unirl.sde.ODE``: the trainer records no SDE steps for a likelihood-free loss.
+
+    Training times: ``timestep_sampling="schedule"`` takes the first ``num_train_timesteps``
+    σ of the rollout's schedule (the DiffusionNFT code's choice, with 0.99·T of T steps);
+    ``"uniform"`` draws ``num_train_timesteps`` times per sample from U(t_min, t_max). ε and
+    the uniform times are seeded by (``seed``, rollout index, digest of x₀), so a resumed run
+    draws the same noise. One forward + backward per training time keeps memory flat.
+
+    Guidance: the loss trains the *conditional* velocity only (the track's prompt rows, no
+    CFG), as DiffusionNFT does — its models sample CFG-free (guidance 1). A rollout with
+    guidance > 1 still works (x₀ then comes from CFG sampling) but is not the paper's setup.
+
+    ``kl_beta > 0`` adds ``kl_beta · mean ‖v_θ − v_ref‖²`` (v_ref: the base model, all
+    adapters disabled, no gradient).
+    """
+
+    supports_multi_update: ClassVar[bool] = False
+    requires_log_prob: ClassVar[bool] = False
+    requires_ema_rollout: ClassVar[bool] = True
+    anchor_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        *,
+        pipeline: Any,
+        beta: float = 1.0,
+        adv_clip_max: float = 5.0,
+        num_train_timesteps: int = 9,
+        timestep_sampling: Literal["schedule", "uniform"] = "schedule",
+        t_min: float = 0.0,
+        t_max: float = 1.0,
+        old_adapter: str = "old",
+        ema: OldAdapterEMA | Mapping[str, Any] | str = "linear",
+        kl_beta: float = 0.0,
+        seed: int = 0,
+        params: Any = None,
+    ) -> None:
+        super().__init__()
+        require(beta > 0, f"algorithm.beta must be > 0 (the loss is scaled by c/β), got {beta}")
+        require(adv_clip_max > 0, f"algorithm.adv_clip_max must be > 0, got {adv_clip_max}")
+        require(num_train_timesteps >= 1, "algorithm.num_train_timesteps must be >= 1")
+        require(
+            timestep_sampling in ("schedule", "uniform"),
+            f"algorithm.timestep_sampling must be 'schedule' or 'uniform', got {timestep_sampling!r}",
+        )
+        require(
+            0.0 <= t_min < t_max <= 1.0,
+            f"algorithm.t_min/t_max must satisfy 0 <= t_min < t_max <= 1, got {t_min}, {t_max}",
+        )
+        require(kl_beta >= 0, "algorithm.kl_beta must be >= 0")
+        require(bool(old_adapter), "algorithm.old_adapter must name the frozen adapter (e.g. old)")
+        strategy = getattr(pipeline, "strategy", None)
+        require(
+            getattr(strategy, "name", None) == "ode",
+            f"DiffusionNFT rolls out with the deterministic ODE sampler, but pipeline.strategy is "
+            f"{type(strategy).__name__}; set pipeline.strategy._target_=unirl.sde.ODE",
+        )
+        self.pipeline = pipeline
+        self.beta = float(beta)
+        self.adv_clip_max = float(adv_clip_max)
+        self.num_train_timesteps = int(num_train_timesteps)
+        self.timestep_sampling = timestep_sampling
+        self.t_min, self.t_max = float(t_min), float(t_max)
+        self.old_adapter = old_adapter
+        self.ema = _as_ema(ema)
+        self.kl_beta = float(kl_beta)
+        self.seed = int(seed)
+        self.params = params
+        self.trained_adapter = "default"
+        self.rollout_index: int | None = None
+        self._rollout_ctx: contextlib.ExitStack | None = None
+
+    # -- wiring ---------------------------------------------------------------------------------
+
+    def bind_backend(self, backend: Any) -> None:
+        """Check the backend holds the trained and the old adapter; bind the reference."""
+        require(
+            getattr(backend, "has_lora", False),
+            "DiffusionNFT needs LoRA: a trained adapter and a frozen 'old' copy on one module; "
+            f"set backend.lora and backend.lora.extra_adapters=[{self.old_adapter}]",
+        )
+        super().bind_backend(backend)
+        self.trained_adapter = str(backend.lora.adapter_name)
+        present = list(backend.adapters)
+        require(
+            self.old_adapter != self.trained_adapter,
+            f"algorithm.old_adapter={self.old_adapter!r} is the trained adapter; name the frozen copy",
+        )
+        require(
+            self.old_adapter in present,
+            f"DiffusionNFT rolls out with the frozen adapter {self.old_adapter!r}, which the backend "
+            f"does not have (adapters: {present}); set backend.lora.extra_adapters=[{self.old_adapter}]",
+        )
+
+    def _require_backend(self) -> Any:
+        if self.backend is None:
+            raise RuntimeError(
+                "DiffusionNFT has no backend; the train stack binds it (bind_backend) before use"
+            )
+        return self.backend
+
+    def _adapter(self, name: str) -> AbstractContextManager[Any]:
+        return self._require_backend().set_active_adapter(name)
+
+    # -- loop hooks -----------------------------------------------------------------------------
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def begin_rollout(self, rollout_index: int, mode: str) -> None:
+        """Train rollouts sample with the old adapter; eval ones with the trained one."""
+        self._close_rollout_ctx()  # a rollout that raised never reached end_rollout
+        if mode != "train":
+            return
+        self.rollout_index = int(rollout_index)
+        stack = contextlib.ExitStack()
+        stack.enter_context(self._adapter(self.old_adapter))
+        self._rollout_ctx = stack
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def end_rollout(self, rollout_index: int, mode: str) -> None:
+        self._close_rollout_ctx()
+
+    def _close_rollout_ctx(self) -> None:
+        if self._rollout_ctx is not None:
+            ctx, self._rollout_ctx = self._rollout_ctx, None
+            ctx.close()
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def after_train(self, rollout_index: int) -> dict[str, float]:
+        """``old ← d·old + (1 − d)·trained`` with d from the EMA schedule."""
+        decay = self.ema.decay(int(rollout_index))
+        self._require_backend().sync_adapter(self.old_adapter, src=self.trained_adapter, decay=decay)
+        return {"nft/old_decay": decay}
+
+    # -- the loss -------------------------------------------------------------------------------
+
+    def training_times(self, segment: LatentSegment) -> tuple[Tensor, Tensor]:
+        """``(t[B, K], ε[B, K, ...])`` (fp32, host) for this micro-batch."""
+        if segment.final_latents is None:
+            raise ValueError("DiffusionNFT needs segment.final_latents (the rollout's clean x₀)")
+        if self.rollout_index is None:
+            raise RuntimeError(
+                "DiffusionNFT: no train rollout has begun; the trainer calls "
+                "algorithm.begin_rollout(index, 'train') before sampling (it seeds the noise)"
+            )
+        x0 = segment.final_latents
+        eps, times = draw_noise_and_times(
+            x0,
+            seed=self.seed,
+            rollout_index=self.rollout_index,
+            num_train_timesteps=self.num_train_timesteps,
+            t_min=self.t_min,
+            t_max=self.t_max,
+        )
+        if self.timestep_sampling == "schedule":
+            steps = segment.sigmas.numel() - 1
+            if self.num_train_timesteps > steps:
+                raise ValueError(
+                    f"algorithm.num_train_timesteps={self.num_train_timesteps} exceeds the rollout's "
+                    f"{steps} steps (timestep_sampling=schedule); lower it or use uniform"
+                )
+            sched = segment.sigmas.float().cpu()[: self.num_train_timesteps]
+            times = sched.unsqueeze(0).expand(x0.shape[0], -1).clone()
+        return times, eps
+
+    def compute_loss_and_backward(
+        self,
+        conditions: Conditions,
+        segment: LatentSegment,
+        advantages: Tensor,
+        progress: float,
+        loss_scale: float,
+    ) -> StepResult:
+        times, noise = self.training_times(segment)
+        assert segment.final_latents is not None
+        x0 = segment.final_latents.float()
+        device = x0.device
+        adv = advantages.float().to(device)
+        k_total = self.num_train_timesteps
+        parts: dict[str, list[Tensor]] = {
+            k: []
+            for k in ("positive", "negative", "weight_pos", "weight_neg", "r", "t", "policy_loss", "kl")
+        }
+        total = 0.0
+        for k in range(k_total):
+            t = times[:, k].to(device)
+            tb = t.view(-1, *([1] * (x0.ndim - 1)))
+            x_t = (1.0 - tb) * x0 + tb * noise[:, k].to(device)
+            with torch.no_grad(), self._adapter(self.old_adapter):
+                v_old = self.pipeline.predict_velocity(x_t, t, conditions).float()
+            if self.kl_beta > 0:
+                with torch.no_grad(), self.reference():
+                    v_ref = self.pipeline.predict_velocity(x_t, t, conditions).float()
+            with self._adapter(self.trained_adapter):  # backward inside: recompute sees it too
+                v_theta = self.pipeline.predict_velocity(x_t, t, conditions).float()
+                out = nft_loss(v_theta, v_old, x_t, x0, t, adv, self.beta, self.adv_clip_max)
+                loss = out.loss
+                if self.kl_beta > 0:
+                    kl = (v_theta - v_ref).square().reshape(len(x0), -1).mean(dim=1)
+                    loss = loss + self.kl_beta * kl.mean()
+                    parts["kl"].append(kl.detach())
+                (loss * (loss_scale / k_total)).backward()
+            total += float(loss.detach()) / k_total
+            parts["positive"].append(out.positive)
+            parts["negative"].append(out.negative)
+            parts["weight_pos"].append(out.weight_pos)
+            parts["weight_neg"].append(out.weight_neg)
+            parts["r"].append(out.r)
+            parts["t"].append(t.detach().float())
+            parts["policy_loss"].append(out.loss.detach().reshape(1))
+        terms = {k: torch.cat(v) for k, v in parts.items() if v}
+        return StepResult(loss=total * loss_scale, terms=terms)
+
+    def summarize(self, terms: dict[str, Tensor]) -> dict[str, float]:
+        """``policy_loss``; ``nft/positive_loss``, ``nft/negative_loss`` (means of
+        ‖x̂₀^± − x₀‖²/w^±); ``nft/weight_{pos,neg}/{mean,min,max}`` and
+        ``nft/weight_clamped`` (fraction of weights held at the 1e-5 floor); ``nft/r_mean``,
+        ``nft/t_mean``; ``kl_loss`` and ``kl/max`` with ``kl_beta > 0``."""
+        out = {
+            "policy_loss": float(terms["policy_loss"].float().mean()),
+            "nft/positive_loss": float(terms["positive"].float().mean()),
+            "nft/negative_loss": float(terms["negative"].float().mean()),
+            "nft/r_mean": float(terms["r"].float().mean()),
+            "nft/t_mean": float(terms["t"].float().mean()),
+        }
+        clamped = []
+        for side in ("pos", "neg"):
+            w = terms[f"weight_{side}"].float()
+            out[f"nft/weight_{side}/mean"] = float(w.mean())
+            out[f"nft/weight_{side}/min"] = float(w.min())
+            out[f"nft/weight_{side}/max"] = float(w.max())
+            clamped.append(w <= WEIGHT_FLOOR)
+        out["nft/weight_clamped"] = float(torch.cat(clamped).float().mean())
+        if "kl" in terms:
+            out["kl_loss"] = float(terms["kl"].float().mean())
+            out["kl/max"] = float(terms["kl"].float().max())
+        return out
+
