@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import compose_recipe
+from recipe_compose import compose_recipe
 
 from unirl.config import ConfigError
 from unirl.config.entry import examples_dir

@@ -7,18 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ray_env import quiet_ray_env
 
 HERE = Path(__file__).resolve().parent
-
-
-def quiet_ray_env() -> dict[str, str]:
-    """Env for fast, quiet Ray in tests; PYTHONPATH lets workers import the test roles."""
-    paths = [str(HERE), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_AUTH_MODE": "disabled",
-        "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
-    }
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import quiet_ray_env
+from ray_env import quiet_ray_env
 
 pytestmark = pytest.mark.ray
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import read_metrics, run_recipe
+from e2e_support import read_metrics, run_recipe
 
 RECIPE = "diffusion/sd3_tiny_trainside"
 COMPARED = (

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from train_fakes import TARGETS, TinyBundle, loss_of, make_backend, output, transformer_inputs
 
-from unirl.train import EMAConfig, LoraConfig
+from unirl.train import EMAConfig, FSDPConfig, LoraConfig
 
 WORLD = 2
 BATCH = 4  # 2 samples per rank
@@ -23,8 +23,14 @@ MAX_NORM = 1e-4  # below the gradient norm: clipping is exercised
 LORA = LoraConfig(rank=3, alpha=6.0, targets=list(TARGETS), extra_adapters=["old"])
 
 
-def _backend(seed: int = 5):
-    return make_backend(bundle=TinyBundle(), lora=LORA, ema=EMAConfig(decay=0.5), seed=seed)
+def _backend(seed: int = 5, shard_frozen: bool = True):
+    return make_backend(
+        bundle=TinyBundle(),
+        lora=LORA,
+        ema=EMAConfig(decay=0.5),
+        seed=seed,
+        fsdp=FSDPConfig(shard_frozen=shard_frozen),
+    )
 
 
 def _step(backend, inputs) -> float:
@@ -35,19 +41,25 @@ def _step(backend, inputs) -> float:
     return norm
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, port: int, out_dir: str, shard_frozen: bool) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(
         "gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60)
     )
     try:
         torch.set_num_threads(1)
-        backend = _backend()
+        backend = _backend(shard_frozen=shard_frozen)
         from torch.distributed.fsdp import FSDPModule
         from torch.distributed.tensor import DTensor
 
         assert backend.is_sharded and isinstance(backend.module, FSDPModule)
         assert all(isinstance(p, DTensor) for p in backend.trainable_parameters())
+        frozen = [
+            p
+            for n, p in backend.module.named_parameters()
+            if not p.requires_grad and "lora_" not in n
+        ]
+        assert all(isinstance(p, DTensor) == shard_frozen for p in frozen)
         full_batch = transformer_inputs(BATCH, seed=11)
         mine = {k: v[rank * 2 : rank * 2 + 2] for k, v in full_batch.items()}
         with backend.adapter_disabled():
@@ -76,7 +88,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         # Checkpoint round trip into a differently initialised sharded backend.
         backend.sync_adapter("old", decay=0.5)
         backend.save_checkpoint(Path(out_dir) / "ckpt", extra={"step": 1})
-        restored = _backend(seed=6)
+        restored = _backend(seed=6, shard_frozen=shard_frozen)
         assert restored.load_checkpoint(Path(out_dir) / "ckpt") == {"step": 1}
         a, b = backend.full_trainable_state(), restored.full_trainable_state()
         assert all(torch.equal(a[k], b[k]) for k in a)
@@ -111,10 +123,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+@pytest.fixture(scope="module", params=[True, False], ids=["shard_frozen", "replicate_frozen"])
+def ranks(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> list[dict]:
     out = tmp_path_factory.mktemp("fsdp")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(_free_port(), str(out), request.param), nprocs=WORLD, join=True)
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
 
 

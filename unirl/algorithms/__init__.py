@@ -12,11 +12,11 @@ from unirl.algorithms.grpo import GRPO, TokenPolicy, TokenPolicyLoss
 
 __all__ = [
     "DRPO",
-    "DiffusionNFT",
     "GRPO",
-    "OldAdapterEMA",
+    "DiffusionNFT",
     "FlowDPPO",
     "FlowGRPO",
+    "OldAdapterEMA",
     "StageAlgorithm",
     "StepResult",
     "TokenPolicy",

@@ -160,27 +160,34 @@ def latent_digest(x0: Tensor) -> list[int]:
     ]
 
 
-def draw_noise_and_times(
+def draw_training_noise(
     x0: Tensor,
     *,
     seed: int,
     rollout_index: int,
     num_train_timesteps: int,
-    t_min: float,
-    t_max: float,
-) -> tuple[Tensor, Tensor]:
-    """``(ε[B, K, ...], u[B, K])`` in fp32 on the host: per sample one generator seeded by
-    (seed, rollout index, digest of x₀); ``t = t_min + (t_max − t_min)·u`` for uniform times."""
+    num_schedule_steps: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(ε[B, K, ...], u[B, K], slots[B, K] | None)`` in fp32 / int64 on the host.
+
+    One generator per sample, seeded by (seed, rollout index, digest of x₀); it draws, in
+    this order, ``u ~ U[0, 1)`` (uniform training times), then, when ``num_schedule_steps``
+    T is given, ``slots = randperm(T)[:K]`` (K distinct steps of the rollout's schedule),
+    then ε ~ N(0, I).
+    """
     k = num_train_timesteps
-    eps, times = [], []
+    if num_schedule_steps is not None and k > num_schedule_steps:
+        raise ValueError(f"cannot draw {k} distinct steps of a {num_schedule_steps}-step schedule")
+    eps, times, slots = [], [], []
     for key in latent_digest(x0):
         packed = struct.pack("<qqQ", int(seed), int(rollout_index), key)
         gen_seed = int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "little")
         gen = torch.Generator().manual_seed(gen_seed & ((1 << 63) - 1))
-        u = torch.rand(k, generator=gen, dtype=torch.float32)
-        times.append(t_min + (t_max - t_min) * u)
+        times.append(torch.rand(k, generator=gen, dtype=torch.float32))
+        if num_schedule_steps is not None:
+            slots.append(torch.randperm(num_schedule_steps, generator=gen)[:k])
         eps.append(torch.randn((k, *x0.shape[1:]), generator=gen, dtype=torch.float32))
-    return torch.stack(eps), torch.stack(times)
+    return torch.stack(eps), torch.stack(times), torch.stack(slots) if slots else None
 
 
 # --------------------------------------------------------------------------- the loss node
@@ -194,11 +201,13 @@ class DiffusionNFT(StageAlgorithm):
     hold the old adapter (``backend.lora.extra_adapters=[old]``), and the pipeline's strategy
     must be ``unirl.sde.ODE``: the trainer records no SDE steps for a likelihood-free loss.
 
-    Training times: ``timestep_sampling="schedule"`` takes the first ``num_train_timesteps``
-    σ of the rollout's schedule (the DiffusionNFT code's choice, with 0.99·T of T steps);
-    ``"uniform"`` draws ``num_train_timesteps`` times per sample from U(t_min, t_max). ε and
-    the uniform times are seeded by (``seed``, rollout index, digest of x₀), so a resumed run
-    draws the same noise. One forward + backward per training time keeps memory flat.
+    Training times (K = ``num_train_timesteps`` per sample): ``timestep_sampling="schedule"``
+    takes K distinct σ of the rollout's own schedule, a random subset per sample (the
+    DiffusionNFT code permutes the T sampler timesteps per sample and trains the first
+    K = int(0.99·T)); ``"uniform"`` draws K times from U(t_min, t_max). ε and the times are
+    seeded by (``seed``, rollout index, digest of x₀: :func:`latent_digest`), so shuffling,
+    micro-batching and resuming do not change them. One forward + backward per training
+    time keeps memory flat.
 
     Guidance: the loss trains the *conditional* velocity only (the track's prompt rows, no
     CFG), as DiffusionNFT does — its models sample CFG-free (guidance 1). A rollout with
@@ -322,7 +331,9 @@ class DiffusionNFT(StageAlgorithm):
     def after_train(self, rollout_index: int) -> dict[str, float]:
         """``old ← d·old + (1 − d)·trained`` with d from the EMA schedule."""
         decay = self.ema.decay(int(rollout_index))
-        self._require_backend().sync_adapter(self.old_adapter, src=self.trained_adapter, decay=decay)
+        self._require_backend().sync_adapter(
+            self.old_adapter, src=self.trained_adapter, decay=decay
+        )
         return {"nft/old_decay": decay}
 
     # -- the loss -------------------------------------------------------------------------------
@@ -336,25 +347,23 @@ class DiffusionNFT(StageAlgorithm):
                 "DiffusionNFT: no train rollout has begun; the trainer calls "
                 "algorithm.begin_rollout(index, 'train') before sampling (it seeds the noise)"
             )
-        x0 = segment.final_latents
-        eps, times = draw_noise_and_times(
-            x0,
+        schedule = self.timestep_sampling == "schedule"
+        steps = segment.sigmas.numel() - 1
+        if schedule and self.num_train_timesteps > steps:
+            raise ValueError(
+                f"algorithm.num_train_timesteps={self.num_train_timesteps} exceeds the rollout's "
+                f"{steps} steps (timestep_sampling=schedule); lower it or use uniform"
+            )
+        eps, u, slots = draw_training_noise(
+            segment.final_latents,
             seed=self.seed,
             rollout_index=self.rollout_index,
             num_train_timesteps=self.num_train_timesteps,
-            t_min=self.t_min,
-            t_max=self.t_max,
+            num_schedule_steps=steps if schedule else None,
         )
-        if self.timestep_sampling == "schedule":
-            steps = segment.sigmas.numel() - 1
-            if self.num_train_timesteps > steps:
-                raise ValueError(
-                    f"algorithm.num_train_timesteps={self.num_train_timesteps} exceeds the rollout's "
-                    f"{steps} steps (timestep_sampling=schedule); lower it or use uniform"
-                )
-            sched = segment.sigmas.float().cpu()[: self.num_train_timesteps]
-            times = sched.unsqueeze(0).expand(x0.shape[0], -1).clone()
-        return times, eps
+        if slots is not None:
+            return segment.sigmas.float().cpu()[slots], eps
+        return self.t_min + (self.t_max - self.t_min) * u, eps
 
     def compute_loss_and_backward(
         self,
@@ -372,7 +381,16 @@ class DiffusionNFT(StageAlgorithm):
         k_total = self.num_train_timesteps
         parts: dict[str, list[Tensor]] = {
             k: []
-            for k in ("positive", "negative", "weight_pos", "weight_neg", "r", "t", "policy_loss", "kl")
+            for k in (
+                "positive",
+                "negative",
+                "weight_pos",
+                "weight_neg",
+                "r",
+                "t",
+                "policy_loss",
+                "kl",
+            )
         }
         total = 0.0
         for k in range(k_total):
@@ -428,4 +446,3 @@ class DiffusionNFT(StageAlgorithm):
             out["kl_loss"] = float(terms["kl"].float().mean())
             out["kl/max"] = float(terms["kl"].float().max())
         return out
-

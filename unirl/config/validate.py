@@ -258,6 +258,26 @@ def check_reference_policy(cfg: RunConfig, objs: dict[str, Any]) -> None:
         )
 
 
+def check_old_adapter_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    """Algorithms that sample with an old / EMA adapter (DiffusionNFT) need that adapter and a
+    sampler that can switch to it (the trainside engine)."""
+    target = _target(cfg, "algorithm")
+    algorithm = locate(target, "algorithm") if target else None
+    if not getattr(algorithm, "requires_ema_rollout", False):
+        return
+    require(
+        engine_kind(cfg) == "trainside",
+        f"{target} samples with its old adapter, which only the trainside engine can switch to; "
+        "use rollout._target_=unirl.rollout.TrainsideEngine",
+    )
+    old = (cfg.algorithm or {}).get("old_adapter", "old")
+    extra = ((cfg.backend or {}).get("lora") or {}).get("extra_adapters") or []
+    require(
+        old in extra,
+        f"{target} rolls out with adapter {old!r}: set backend.lora.extra_adapters=[{old}]",
+    )
+
+
 def check_data(cfg: RunConfig, objs: dict[str, Any]) -> None:
     path = (cfg.data_source or {}).get("path")
     if path:
@@ -282,6 +302,7 @@ CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
     check_batch_geometry,
     check_strategy_and_algorithm,
     check_reference_policy,
+    check_old_adapter_rollout,
     check_data,
     check_device,
 )

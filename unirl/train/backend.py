@@ -50,6 +50,7 @@ from unirl.train.optim import (
 from unirl.train.parallel import (
     FSDPConfig,
     apply_activation_checkpointing,
+    apply_compile,
     apply_fsdp,
     broadcast_object,
     find_blocks,
@@ -173,15 +174,18 @@ class FSDPBackend:
             cast_adapters(module, torch.float32)  # frozen copies stay exact copies of the master
         module.to(self._device)
 
-        # 3. activation checkpointing, 4. FSDP2 per block then root.
+        # 3. activation checkpointing, 3b. regional torch.compile per block, 4. FSDP2 per
+        # block then root (torchtitan's order: AC -> compile -> FSDP).
         blocks: list[nn.Module] = []
-        if self.fsdp_config.activation_checkpointing or self.is_sharded:
+        if self.fsdp_config.activation_checkpointing or self.is_sharded or self.fsdp_config.compile:
             names = self.fsdp_config.block_class_names or list(
                 self._bundle_default(bundle, "block_class_names", "fsdp.block_class_names")
             )
             blocks = find_blocks(module, names)
         if self.fsdp_config.activation_checkpointing:
             apply_activation_checkpointing(blocks)
+        if self.fsdp_config.compile:
+            apply_compile(blocks)
         if self.is_sharded:
             apply_fsdp(module, blocks, self.fsdp_config, self._device)
         setattr(bundle, trainable_attr, module)

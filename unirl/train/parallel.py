@@ -32,7 +32,12 @@ class FSDPConfig:
     ``param_dtype`` is FSDP's compute dtype for all-gathered parameters (``None``: as stored);
     ``reduce_dtype`` the gradient reduce-scatter dtype. ``cpu_offload`` is FSDP2's
     ``CPUOffloadPolicy`` (sharded parameters, gradients and optimizer step live on CPU); it
-    needs a sharded run (world > 1) on CUDA.
+    needs a sharded run (world > 1) on CUDA. ``compile`` compiles each block's forward with
+    ``torch.compile`` (regional compilation: one graph per block class, shared by every block,
+    used by rollout and training alike because trainside sampling runs the same module).
+    ``shard_frozen=False`` keeps frozen parameters (a LoRA run's base model) whole on every
+    rank and shards only the trainable ones: no all-gather of the base in any forward, at the
+    cost of one full base copy per rank.
     """
 
     block_class_names: list[str] | None = None
@@ -41,6 +46,8 @@ class FSDPConfig:
     reduce_dtype: str | None = "fp32"
     activation_checkpointing: bool = False
     cpu_offload: bool = False
+    compile: bool = False
+    shard_frozen: bool = True
 
     def __post_init__(self) -> None:
         if self.block_class_names is not None:
@@ -101,6 +108,29 @@ def apply_activation_checkpointing(blocks: Iterable[nn.Module]) -> None:
         setattr(block, _AC_MARKER, True)
 
 
+COMPILE_RECOMPILE_LIMIT = 64
+
+
+def apply_compile(blocks: Iterable[nn.Module]) -> None:
+    """``torch.compile`` each block in place (``nn.Module.compile``): names stay unchanged.
+
+    Block variants (SD3.5's dual-attention blocks, the context-only last block) times grad
+    mode times adapter on/off exceed dynamo's default of 8 graphs per code object, after
+    which it silently runs eager; the limit is raised so every variant stays compiled.
+    """
+    import torch._dynamo
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(
+                torch._dynamo.config,
+                name,
+                max(getattr(torch._dynamo.config, name), COMPILE_RECOMPILE_LIMIT),
+            )
+    for block in blocks:
+        block.compile(dynamic=False)
+
+
 def apply_fsdp(
     module: nn.Module, blocks: list[nn.Module], cfg: FSDPConfig, device: torch.device
 ) -> None:
@@ -125,11 +155,18 @@ def apply_fsdp(
         else None,
     )
     offload = CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy()
+    # frozen base weights only: frozen adapter copies ("old") stay sharded like their source
+    ignored = (
+        None
+        if cfg.shard_frozen
+        else {p for n, p in module.named_parameters() if not p.requires_grad and "lora_" not in n}
+    )
     kwargs = dict(
         mesh=mesh,
         mp_policy=mp_policy,
         offload_policy=offload,
         reshard_after_forward=cfg.reshard_after_forward,
+        ignored_params=ignored,
     )
     for block in blocks:
         fully_shard(block, **kwargs)

@@ -19,7 +19,7 @@ import torch
 from hydra.utils import instantiate
 
 from unirl.config.run import RunConfig
-from unirl.config.validate import locate
+from unirl.config.validate import engine_kind, locate
 from unirl.distributed.group import DevicePool, placement, remote
 from unirl.logging import contact_sheet
 from unirl.logging.progress import progress_bar
@@ -32,6 +32,7 @@ from unirl.trainer.base import (
     resolve_resume,
     write_json_atomic,
 )
+from unirl.trainer.dedicated import build_dedicated_layout, plan_dedicated_roles, unpack_roles
 from unirl.trainer.roles import RewardWorker, TrainOps, light_track, pixels_of
 from unirl.types import (
     STATUS_OK,
@@ -46,6 +47,8 @@ TRACK = "diffusion"
 
 def plan_roles(cfg: RunConfig) -> list[tuple[str, str, str]]:
     """``(role, _target_, slab)`` in creation order — printed by ``dry_run``."""
+    if engine_kind(cfg) != "trainside":
+        return plan_dedicated_roles(cfg)
     blocks = [
         ("bundle", cfg.bundle),
         ("pipeline", cfg.pipeline),
@@ -130,7 +133,8 @@ class DiffusionTrainer:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def run(self) -> int:
+    def run(self, after_loop: Any = None) -> int:
+        """The whole run; ``after_loop(trainer, ops)`` (the benchmark) runs before shutdown."""
         cfg = self.cfg
         self.out.write_config(self.data)
         resume_from = resolve_resume(cfg, self.out)
@@ -143,23 +147,34 @@ class DiffusionTrainer:
             call_timeout_s=cfg.call_timeout_s,
             log_to_driver=True,
         )
+        dedicated = None
         try:
-            if cfg.num_devices > 1:
-                pool.init_process_group(list(range(cfg.num_devices)), group_name="world")
-            with placement(pool, fraction=1.0):
-                bundle = remote(cfg.bundle, name="bundle")
-                pipeline = remote(cfg.pipeline, name="pipeline", bundle=bundle)
-                backend = remote(cfg.backend, name="backend", bundle=bundle)
-                rollout = remote(cfg.rollout, name="rollout", pipeline=pipeline)
-                reward = remote(RewardWorker, name="reward", service=cfg.reward)
-                algorithm = remote(cfg.algorithm, name="algorithm", pipeline=pipeline)
-                stack = remote(cfg.stack, name="stack", backend=backend, algorithm=algorithm)
+            if engine_kind(cfg) == "trainside":
+                if cfg.num_devices > 1:
+                    pool.init_process_group(list(range(cfg.num_devices)), group_name="world")
+                with placement(pool, fraction=1.0):
+                    bundle = remote(cfg.bundle, name="bundle")
+                    pipeline = remote(cfg.pipeline, name="pipeline", bundle=bundle)
+                    backend = remote(cfg.backend, name="backend", bundle=bundle)
+                    rollout = remote(cfg.rollout, name="rollout", pipeline=pipeline)
+                    reward = remote(RewardWorker, name="reward", service=cfg.reward)
+                    algorithm = remote(cfg.algorithm, name="algorithm", pipeline=pipeline)
+                    stack = remote(cfg.stack, name="stack", backend=backend, algorithm=algorithm)
+                    self.algorithm = algorithm
+                    ops = remote(
+                        TrainOps, name="ops", backend=backend, pipeline=pipeline, stack=stack
+                    )
+            else:  # [dedicated engines] colocate / separate layout + weight sync: trainer/dedicated.py
+                dedicated = build_dedicated_layout(cfg, pool)
+                roles = unpack_roles(dedicated)
+                bundle, pipeline, backend, rollout, reward, algorithm, stack, ops = roles
                 self.algorithm = algorithm
-                ops = remote(TrainOps, name="ops", backend=backend, pipeline=pipeline)
+                print(f"[unirl] {dedicated.describe()}", flush=True)
             info = ops.describe(self.sampling.height, self.sampling.width)
             self.scheduler_config = info["scheduler_config"]
             self.latent_shape = info["latent_shape"]
             self.image_seq_len = info["image_seq_len"]
+            self.device_name = info["device_name"]
             print(
                 f"[unirl] trainable parameters: {info['trainable_params']:,} on {info['device']}",
                 flush=True,
@@ -175,6 +190,9 @@ class DiffusionTrainer:
             )
             for rollout_index in range(self.start_rollout, cfg.num_rollouts):
                 metrics = self._one_rollout(rollout_index, rollout, reward, stack)
+                # [dedicated engines] sync/* metrics; the next sync is due per sync_interval
+                if dedicated is not None:
+                    metrics.update(dedicated.after_train(rollout_index))
                 trackers.log(rollout_index, metrics)
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.4f}")
@@ -188,7 +206,10 @@ class DiffusionTrainer:
                 ):
                     self._save(done, ops, stack)
             bar.close()
-            ops.export_lora(str(self.out.root / "lora"))
+            if after_loop is not None:
+                after_loop(self, ops)
+            if (cfg.backend or {}).get("lora") is not None:
+                ops.export_lora(str(self.out.root / "lora"))
         finally:
             trackers.close()
             pool.shutdown()

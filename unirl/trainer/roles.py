@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from unirl.distributed.group.dispatch import Dispatch, distributed
-from unirl.types import Images, RolloutTrack
+from unirl.types import Images, RolloutReq, RolloutTrack
 
 
 class RewardWorker:
@@ -46,11 +46,12 @@ def light_track(track: RolloutTrack) -> RolloutTrack:
 
 
 class TrainOps:
-    """Checkpoint, export and eval-weight switches of the backend, callable from the driver."""
+    """Checkpoint, export, eval-weight switches and measurements, callable from the driver."""
 
-    def __init__(self, *, backend: Any, pipeline: Any) -> None:
+    def __init__(self, *, backend: Any, pipeline: Any, stack: Any = None) -> None:
         self.backend = backend
         self.pipeline = pipeline
+        self.stack = stack
         self._eval_ctx: contextlib.ExitStack | None = None
 
     @distributed(dispatch=Dispatch.RANK_ZERO)
@@ -62,6 +63,9 @@ class TrainOps:
             "image_seq_len": int(bundle.image_seq_len(height, width)),
             "trainable_params": int(self.backend.num_trainable_params()),
             "device": str(self.backend.device),
+            "device_name": torch.cuda.get_device_name(self.backend.device)
+            if self.backend.device.type == "cuda"
+            else "cpu",
         }
 
     @distributed(dispatch=Dispatch.BROADCAST)
@@ -88,9 +92,60 @@ class TrainOps:
             self._eval_ctx = None
         return bool(has_ema)
 
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def device_stats(self) -> dict[str, float]:
+        """Peak device memory of this worker (GiB); zeros on CPU."""
+        device = self.backend.device
+        if device.type != "cuda":
+            return {"peak_allocated_gib": 0.0, "peak_reserved_gib": 0.0}
+        return {
+            "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+        }
+
+    @distributed(dispatch=Dispatch.DP_SCATTER)
+    def count_flops(self, req: RolloutReq, rollout_index: int) -> list[dict[str, float]]:
+        """FLOPs of one rollout and one training pass over this rank's shard, counted with
+        ``torch.utils.flop_counter.FlopCounterMode`` (not timed; weights do change)."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        transformer = type(self.pipeline.bundle.transformer)
+        with FlopCounterMode(display=False) as counter:
+            resp = self.pipeline.generate(req)
+        rollout_total = counter.get_total_flops()
+        rollout_transformer = _module_flops(counter, transformer.__name__)
+        track = resp.tracks[self.pipeline.track_name]
+        n = len(track)
+        gen = torch.Generator().manual_seed(rollout_index)
+        rewards = torch.randn(n, generator=gen)
+        track = dataclasses.replace(track, rewards=rewards)
+        track, _ = track.compute_advantages()
+        with FlopCounterMode(display=False) as counter:
+            self.stack.train_track(track, rollout_index, 0.0)
+        return [
+            {
+                "rollout_total": float(rollout_total),
+                "rollout_transformer": float(rollout_transformer),
+                "train_total": float(counter.get_total_flops()),
+                "train_transformer": float(_module_flops(counter, transformer.__name__)),
+                "samples": float(n),
+            }
+        ]
+
 
 def pixels_of(track: RolloutTrack) -> torch.Tensor:
     decoded = track.decoded
     if not isinstance(decoded, Images):
         raise TypeError(f"expected decoded Images on the track, got {type(decoded).__name__}")
     return decoded.pixels
+
+
+def _module_flops(counter: Any, class_name: str) -> int:
+    """FLOPs attributed to the outermost module whose name mentions ``class_name`` (the
+    transformer; peft / FSDP wrappers keep the class name in the counter's module path)."""
+    counts = counter.get_flop_counts()
+    best = 0
+    for name, ops in counts.items():
+        if name != "Global" and class_name in name:
+            best = max(best, sum(ops.values()))
+    return best

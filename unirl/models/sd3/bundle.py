@@ -324,7 +324,14 @@ class SD3Bundle:
                 f"predict_velocity: sigma has {sigma_t.numel()} values for {b} latents"
             )
         timestep = (sigma_t * self.num_train_timesteps).to(self.device)
-        with _sdpa_context(self.config.sdpa_backend):
+        # On accelerators, autocast runs every matmul (the fp32 LoRA master weights included)
+        # in the bundle's dtype; on CPU, and in fp32, the math is exactly the module's own.
+        autocast = torch.autocast(
+            device_type=self.device.type,
+            dtype=self.dtype,
+            enabled=self.device.type == "cuda" and self.dtype != torch.float32,
+        )
+        with _sdpa_context(self.config.sdpa_backend), autocast:
             v = self.transformer(
                 hidden_states=latents.to(self.device, self.dtype),
                 encoder_hidden_states=conditions.prompt_embeds.to(self.device, self.dtype),

@@ -30,8 +30,9 @@ class TrainsideEngine:
 
     @distributed(dispatch=Dispatch.DP_SCATTER)
     def generate(self, req: RolloutReq) -> RolloutResp:
-        """Sample this rank's shard of ``req``."""
-        return self.pipeline.generate(req)
+        """Sample this rank's shard of ``req``; tensors come back on CPU (the driver never
+        touches a device)."""
+        return self.pipeline.generate(req).to("cpu")
 
     @distributed(dispatch=Dispatch.BROADCAST)
     def sleep(self) -> None:

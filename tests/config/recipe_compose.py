@@ -2,8 +2,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from unirl.config.entry import examples_dir, register_run_defaults
 
 
@@ -18,8 +16,3 @@ def compose_recipe(name: str, overrides: list[str] | None = None) -> dict[str, A
     data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     assert isinstance(data, dict)
     return data
-
-
-@pytest.fixture
-def compose():
-    return compose_recipe

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Benchmarks of docs/performance.md on one GPU, random weights at SD3.5-Medium shapes
+# (preset sd3.5-medium-arch: nothing is downloaded).
+#
+#   bash examples/benchmarks/sd35m_bench.sh [eager|compile] [OUT_DIR]
+#   NUM_DEVICES=2 SHARD_FROZEN=false ONLY=flowgrpo bash examples/benchmarks/sd35m_bench.sh compile
+#     (data parallel over 2 GPUs; SHARD_FROZEN=false keeps the frozen base whole on each GPU,
+#      RESHARD=false keeps gathered parameters between forwards)
+#
+# 1. Flow-GRPO shape: 512x512, 10 steps, CFG 4.5, group 8, LoRA r32, 9 trained steps,
+#    KL reference forward (beta 0.04), T5 length 128, cheap reward (JPEG size).
+# 2. Flow-GRPO-Fast shape: CPS, no CFG, 3-step window, 2 prompts x 8 samples.
+set -euo pipefail
+mode="${1:-eager}"
+out="${2:-outputs/bench}"
+compile=false
+[[ "${mode}" == "compile" ]] && compile=true
+export PRETRAINED_MODEL=sd3.5-medium-arch RAY_USAGE_STATS_ENABLED=0
+common=(
+  --warmup "${WARMUP:-1}" --iters "${ITERS:-3}"
+  num_devices="${NUM_DEVICES:-1}" device=cuda
+  reward.backend._target_=unirl.reward.local.JpegCompressibility "~reward.backend.engine" "reward.guards=[]"
+  stack.num_updates_per_batch=1 algorithm.old_logp_source=rollout
+  "+backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}}"
+  logging.progress=off
+)
+python -m unirl.tools.bench --config-name=diffusion/sd3_trainside "${common[@]}" \
+  --json "${out}/flowgrpo_${mode}.json" output_dir="${out}/flowgrpo_${mode}" \
+  batch_size="${NUM_DEVICES:-1}" sampling.samples_per_prompt=8 stack.micro_batch_size=8 \
+  pipeline.forward_batch_size=8
+[[ "${ONLY:-}" == "flowgrpo" ]] && exit 0
+python -m unirl.tools.bench --config-name=diffusion/sd3_fast "${common[@]}" \
+  --json "${out}/fast_${mode}.json" output_dir="${out}/fast_${mode}" \
+  batch_size="$((2 * ${NUM_DEVICES:-1}))" sampling.samples_per_prompt=8 stack.micro_batch_size=16 \
+  pipeline.forward_batch_size=16 algorithm.kl_beta=0.0

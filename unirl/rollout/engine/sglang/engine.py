@@ -1,0 +1,277 @@
+"""``SGLangEngine``: the rollout contract on top of an SGLang diffusion server.
+
+One server per rollout worker (launched as a child process, or reached at ``server_url``).
+``generate`` sends one ``/rollout/generate`` call per prompt group and maps the per-sample
+outputs (dense trajectory, σ schedule, per-step log-probs, encoded conditions, images) into a
+``RolloutTrack`` with a sparse ``LatentSegment``. Weight-sync receivers forward the tensors to
+the server (``/update_weights_from_tensor``) and verify them with the server's SHA-256
+checker before reporting success. See README.md: no GPU run of this adapter was possible here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from unirl.config.precision import parse_dtype
+from unirl.config.require import require
+from unirl.distributed.group.dispatch import Dispatch, distributed
+from unirl.distributed.weight_sync.checksum import tensor_checksum
+from unirl.distributed.weight_sync.group import free_port
+from unirl.distributed.weight_sync.manifest import SyncManifest, WeightSyncError
+from unirl.distributed.weight_sync.receiver import WeightReceiver
+from unirl.rollout.engine.dedicated.trajectory import (
+    EngineContractError,
+    check_sigmas,
+    pixels_from_output,
+    prompt_groups,
+    segment_from_trajectory,
+)
+from unirl.rollout.engine.sglang.client import sha256_like_sglang
+from unirl.types import Images, RolloutReq, RolloutResp, RolloutTrack, noise_seed
+
+
+def _row(value: Any, ndim: int, what: str) -> torch.Tensor:
+    """One sample's tensor with leading singleton dims dropped down to ``ndim`` dims."""
+    t = torch.as_tensor(value)
+    while t.ndim > ndim and t.shape[0] == 1:
+        t = t[0]
+    if t.ndim != ndim:
+        raise EngineContractError(
+            f"sglang: {what} has shape {list(t.shape)}, expected {ndim} dims per sample"
+        )
+    return t.float()
+
+
+def sd3_conditions(envs: list[dict[str, Any]]) -> Any:
+    """``SD3Conditions`` from SGLang's per-sample ``denoising_env`` (``pos_cond_kwargs`` /
+    ``neg_cond_kwargs`` holding ``encoder_hidden_states [L, D]`` and ``pooled_projections [Dp]``)."""
+    from unirl.models.sd3 import SD3Conditions
+
+    def stacked(side: str, key: str, ndim: int) -> torch.Tensor | None:
+        values = []
+        for env in envs:
+            kwargs = (env or {}).get(side) or {}
+            if key not in kwargs:
+                if side == "neg_cond_kwargs":
+                    return None  # no CFG
+                raise EngineContractError(
+                    f"sglang: denoising_env.{side} has no {key!r} (keys: {sorted(kwargs)}); training replay "
+                    "needs the encoded conditions (rollout_return_denoising_env=true)"
+                )
+            values.append(_row(kwargs[key], ndim, f"{side}.{key}"))
+        return torch.stack(values)
+
+    return SD3Conditions(
+        prompt_embeds=stacked("pos_cond_kwargs", "encoder_hidden_states", 2),
+        pooled_prompt_embeds=stacked("pos_cond_kwargs", "pooled_projections", 1),
+        negative_prompt_embeds=stacked("neg_cond_kwargs", "encoder_hidden_states", 2),
+        negative_pooled_prompt_embeds=stacked("neg_cond_kwargs", "pooled_projections", 1),
+    )
+
+
+class SGLangEngine(WeightReceiver):
+    """Rollout through SGLang's diffusion engine (``sglang.multimodal_gen``).
+
+    ``model_path``: what the server loads. ``server_url``: use a running server instead of
+    launching one (``launch=false``). ``server_args``: extra ``sglang serve`` flags.
+    ``dtype``: the server's weight dtype (for the SHA-256 read-back check).
+    ``sde_type``: SGLang's ``rollout_sde_type``. ``init_noise``: ``record`` (SGLang draws x_T
+    from its own generator; the segment keeps the engine's latents) or ``verify``.
+    ``target_module``: the pipeline module weight syncs update. ``client``: a ready client
+    object (tests inject a fake); when omitted, sglang must be installed.
+    """
+
+    engine_kind = "sglang"
+
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        server_url: str | None = None,
+        launch: bool = True,
+        server_args: list[str] | None = None,
+        dtype: str = "bf16",
+        sde_type: str = "sde",
+        init_noise: str = "record",
+        target_module: str = "transformer",
+        request_timeout_s: float = 600.0,
+        startup_timeout_s: float = 900.0,
+        storage_dtype: str = "bf16",
+        client: Any = None,
+    ) -> None:
+        require(
+            init_noise in ("record", "verify"),
+            f"rollout.init_noise must be record or verify, got {init_noise!r}",
+        )
+        require(
+            server_url is not None or launch or client is not None,
+            "rollout: set server_url or launch=true",
+        )
+        self.model_path = model_path
+        self.dtype = parse_dtype(dtype, "rollout.dtype")
+        self.storage_dtype = parse_dtype(storage_dtype, "rollout.storage_dtype")
+        self.sde_type = sde_type
+        self.init_noise = init_noise
+        self.target_module = target_module
+        self.process = None
+        if client is None:
+            from unirl.rollout.engine.sglang.client import SGLangHttpClient, launch_server
+
+            if server_url is None:
+                port = free_port()
+                self.process = launch_server(
+                    model_path=model_path,
+                    port=port,
+                    args=list(server_args or []),
+                    startup_timeout_s=startup_timeout_s,
+                )
+                server_url = f"http://127.0.0.1:{port}"
+            client = SGLangHttpClient(base_url=server_url, timeout_s=request_timeout_s)
+        self.client = client
+        self.asleep = False
+
+    # -- sampling ----------------------------------------------------------------------------------
+
+    def _payload(self, req: RolloutReq, rows: list[int]) -> dict[str, Any]:
+        params = req.sampling_params
+        assert req.sde_indices is not None
+        guidance = (
+            params.guidance_scale
+            if req.mode == "train"
+            else (params.eval_guidance_scale or params.guidance_scale)
+        )
+        return {
+            "prompt": req.prompts[rows[0]],
+            "negative_prompt": params.negative_prompt,
+            "seed": noise_seed(req.seed, int(req.sample_ids[rows[0]]), "sglang") % (2**31),
+            "width": params.width,
+            "height": params.height,
+            "num_inference_steps": int(req.sigmas.numel() - 1)
+            if req.sigmas is not None
+            else params.num_inference_steps,
+            "num_outputs_per_prompt": len(rows),
+            "guidance_scale": guidance,
+            "rollout": True,
+            "rollout_sde_type": self.sde_type,
+            "rollout_noise_level": params.eta,
+            "rollout_debug_mode": False,
+            "rollout_sde_step_indices": [int(i) for i in req.sde_indices[rows[0]].tolist()],
+            "rollout_return_dit_trajectory": True,
+            "rollout_return_denoising_env": True,
+        }
+
+    @distributed(dispatch=Dispatch.DP_SCATTER)
+    def generate(self, req: RolloutReq) -> RolloutResp:
+        """This rank's shard: one server call per prompt group, mapped into the contract."""
+        if self.asleep:
+            raise RuntimeError(
+                "SGLangEngine.generate while asleep; the driver calls wake_up() first"
+            )
+        t0 = time.perf_counter()
+        outputs: list[dict[str, Any]] = []
+        for rows in prompt_groups(req):
+            got = self.client.rollout_generate(self._payload(req, rows))
+            if len(got) != len(rows):
+                raise EngineContractError(f"sglang: asked for {len(rows)} samples, got {len(got)}")
+            outputs.extend(got)
+        t_rollout = time.perf_counter() - t0
+        for key in ("dit_trajectory", "rollout_log_probs", "generated_output"):
+            missing = [i for i, o in enumerate(outputs) if o.get(key) is None]
+            if missing:
+                raise EngineContractError(
+                    f"sglang: {len(missing)} sample(s) came back without {key!r} (rollout=true?)"
+                )
+        trajectory = torch.stack([torch.as_tensor(o["dit_trajectory"]["latents"]) for o in outputs])
+        check_sigmas("sglang", torch.as_tensor(outputs[0]["dit_trajectory"]["sigmas"]), req)
+        params = req.sampling_params
+        segment = segment_from_trajectory(
+            engine="sglang",
+            req=req,
+            trajectory=trajectory,
+            log_probs=torch.stack(
+                [torch.as_tensor(o["rollout_log_probs"]).reshape(-1) for o in outputs]
+            ),
+            guidance_scale=params.guidance_scale,
+            strategy=f"sglang:{self.sde_type}",
+            storage_dtype=self.storage_dtype,
+            init_noise=self.init_noise,
+        )
+        track = RolloutTrack(
+            sample_ids=req.sample_ids.clone(),
+            group_ids=req.group_ids.clone(),
+            prompts=req.prompts,
+            metadata=[dict(m) for m in req.metadata],
+            conditions=sd3_conditions([o.get("denoising_env") or {} for o in outputs]),
+            segment=segment,
+            decoded=Images(
+                pixels=pixels_from_output([torch.as_tensor(o["generated_output"]) for o in outputs])
+            ),
+        )
+        return RolloutResp(tracks={"diffusion": track}, timings={"rollout": t_rollout})
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def sleep(self) -> dict[str, Any]:
+        """Release the server's GPU memory (``/release_memory_occupation``)."""
+        out = self.client.release_memory()
+        if not out.get("success", False):
+            raise RuntimeError(f"sglang release_memory_occupation failed: {out}")
+        self.asleep = True
+        return out
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def wake_up(self) -> dict[str, Any]:
+        out = self.client.resume_memory()
+        if not out.get("success", False):
+            raise RuntimeError(f"sglang resume_memory_occupation failed: {out}")
+        self.asleep = False
+        return out
+
+    # -- weight sync: the server holds the weights ------------------------------------------------
+
+    def _sync_prepare(self, manifest: SyncManifest) -> dict[str, str]:
+        """The server exposes no parameter table: names and shapes are checked by its SHA-256
+        checker after the update (missing names are reported there); dtypes are the server's."""
+        return {e.name: str(self.dtype) for e in manifest.entries}
+
+    def _apply_synced(
+        self, manifest: SyncManifest, tensors: Mapping[str, torch.Tensor]
+    ) -> dict[str, Any]:
+        named = [(e.name, tensors[e.name].to(self.dtype)) for e in manifest.entries]
+        lora = manifest.lora_config if manifest.kind == "lora" else None
+        out = self.client.update_weights_from_tensor(
+            named,
+            target_modules=[self.target_module],
+            weight_update_mode=("merge" if manifest.merged_lora else "lora") if lora else None,
+            lora_rank=int(lora["r"]) if lora else None,
+            lora_alpha=float(lora["lora_alpha"]) if lora else None,
+        )
+        if not out.get("success", False):
+            raise WeightSyncError(
+                f"sglang update_weights_from_tensor failed: {out.get('message', out)}"
+            )
+        check = self.client.check_weights(
+            self.target_module, {n: sha256_like_sglang(t) for n, t in named}
+        )
+        if not check.get("success", False):
+            raise WeightSyncError(f"sglang read-back check failed: {check.get('message', check)}")
+        # the server confirmed it holds exactly these tensors (SHA-256): their checksums are the
+        # read-back the driver compares with the trainer's
+        received = sum(t.numel() * t.element_size() for _, t in named)
+        checksums = {n: tensor_checksum(t) for n, t in named}
+        return {"bytes": received, "checksums": checksums, "merged": bool(manifest.merged_lora)}
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def checksums(self, kind: str | None = None, names: list[str] | None = None) -> dict[str, int]:
+        raise WeightSyncError(
+            "SGLangEngine cannot read weights back into unirl checksums; syncs are verified by the "
+            "server's SHA-256 checker (/update_weights_from_tensor_checker) instead"
+        )
+
+    def __del__(self) -> None:
+        proc = getattr(self, "process", None)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()

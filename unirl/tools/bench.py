@@ -1,0 +1,192 @@
+"""Benchmark CLI: ``python -m unirl.tools.bench --config-name=<domain>/<recipe> [overrides]``.
+
+Runs ``--warmup`` untimed and ``--iters`` timed rollouts of a recipe (fixed seed and prompt
+set, no checkpoints, eval or galleries), then one extra rollout + training pass under
+``FlopCounterMode`` to count FLOPs, and writes JSON:
+
+- ``samples_per_s`` end to end (and per device), seconds per phase (text encode, rollout,
+  decode, reward, old-logp, train, sync), ``compile_and_warmup_s`` (the warm-up rollouts,
+  where ``torch.compile`` happens);
+- peak device memory per worker;
+- counted FLOPs per rollout / train pass and the achieved TFLOP/s and model FLOP utilisation
+  (MFU) of the rollout transformer forwards and the training pass, against ``--peak-tflops``
+  (default: the card's dense bf16 peak when known).
+
+Options (our own; every other argument goes to Hydra): ``--warmup N`` (1), ``--iters N`` (3),
+``--json PATH`` (``<output_dir>/bench.json``), ``--peak-tflops X``, ``--no-flops``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from unirl.config.entry import hydra_entry
+
+# dense bf16 peak of known cards (TFLOP/s, vendor spec)
+PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
+
+PHASES = {
+    "text_encode": "time/text_encode",
+    "rollout": "time/rollout",
+    "decode": "time/decode",
+    "reward": "time/reward",
+    "old_logp": "train/time/old_logp",
+    "train": "time/train",
+    "sync": "time/sync",
+    "total": "time/total",
+}
+
+
+def _parse_own_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--json", type=str, default=None)
+    parser.add_argument("--peak-tflops", type=float, default=None)
+    parser.add_argument("--no-flops", action="store_true")
+    return parser.parse_known_args(argv)
+
+
+OPTS, _REST = (
+    _parse_own_args(sys.argv[1:]) if __name__ == "__main__" else (_parse_own_args([])[0], [])
+)
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> float:
+    vals = [float(r[key]) for r in rows if r.get(key) is not None]
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+def summarize(
+    rows: list[dict[str, Any]],
+    *,
+    warmup: int,
+    num_devices: int,
+    flops: list[dict[str, float]] | None,
+    memory: list[dict[str, float]] | None,
+    peak_tflops: float | None,
+    device_name: str,
+) -> dict[str, Any]:
+    """The benchmark JSON from per-rollout metrics rows (the first ``warmup`` are excluded)."""
+    timed = rows[warmup:]
+    if not timed:
+        raise ValueError("no timed rollouts: raise --iters")
+    samples = _mean(timed, "samples")
+    phases = {name: _mean(timed, key) for name, key in PHASES.items()}
+    samples_per_s = samples / phases["total"] if phases["total"] else 0.0
+    out: dict[str, Any] = {
+        "device": device_name,
+        "num_devices": num_devices,
+        "timed_rollouts": len(timed),
+        "samples_per_rollout": samples,
+        "samples_per_s": samples_per_s,
+        "samples_per_s_per_device": samples_per_s / num_devices,
+        "seconds_per_phase": phases,
+        "compile_and_warmup_s": sum(float(r["time/total"]) for r in rows[:warmup]),
+        "reward_mean_last": float(timed[-1]["reward/mean"]),
+    }
+    if memory:
+        out["peak_memory_gib"] = [m["peak_allocated_gib"] for m in memory]
+    if flops:
+        total = {k: sum(f[k] for f in flops) for k in flops[0]}
+        out["flops"] = total
+        # FLOPs are counted over all ranks; phase times are per rank (ranks run in parallel)
+        rollout_s, train_s = max(phases["rollout"], 1e-9), max(phases["train"], 1e-9)
+        out["achieved_tflops_per_device"] = {
+            "rollout_transformer": total["rollout_transformer"] / num_devices / rollout_s / 1e12,
+            "rollout_all": total["rollout_total"] / num_devices / rollout_s / 1e12,
+            "train_all": total["train_total"] / num_devices / train_s / 1e12,
+        }
+        out["flops_per_sample"] = (total["rollout_total"] + total["train_total"]) / max(
+            total["samples"], 1
+        )
+        if peak_tflops:
+            out["peak_tflops"] = peak_tflops
+            out["mfu"] = {k: v / peak_tflops for k, v in out["achieved_tflops_per_device"].items()}
+    return out
+
+
+def _peak_for(device_name: str, given: float | None) -> float | None:
+    if given:
+        return given
+    for key, value in PEAK_BF16_TFLOPS.items():
+        if key in device_name:
+            return value
+    return None
+
+
+def run(data: dict[str, Any]) -> int:
+    """Compose -> validate -> timed loop -> FLOP count -> JSON."""
+    from unirl.config.validate import validate
+    from unirl.trainer.diffusion import DiffusionTrainer
+
+    opts = OPTS
+    data = dict(data)
+    data.update(
+        num_rollouts=opts.warmup + opts.iters,
+        save_interval=0,
+        eval_interval=0,
+        resume=None,
+        dry_run=False,
+    )
+    data["logging"] = {
+        **(data.get("logging") or {}),
+        "gallery_interval": 0,
+        "trackers": ["local"],
+        "progress": "off",
+    }
+    data["data_source"] = {**data["data_source"], "shuffle": False}
+    cfg, _ = validate(data)
+    out_path = Path(opts.json) if opts.json else Path(cfg.output_dir) / "bench.json"
+    results: dict[str, Any] = {}
+
+    def after_loop(trainer: DiffusionTrainer, ops: Any) -> None:
+        memory = ops.device_stats()
+        flops = None
+        if not opts.no_flops:
+            prompts = trainer.data_source.next_batch()
+            req = trainer.build_request(prompts, cfg.num_rollouts)
+            t0 = time.perf_counter()
+            flops = ops.count_flops(req, cfg.num_rollouts)
+            results["flop_count_s"] = time.perf_counter() - t0
+        results["memory"] = memory
+        results["flops"] = flops
+        results["device_name"] = trainer.device_name
+
+    trainer = DiffusionTrainer(cfg, data)
+    local = Path(cfg.output_dir) / "metrics.jsonl"
+    if local.exists():
+        local.unlink()
+    trainer.run(after_loop=after_loop)
+    rows = [json.loads(line) for line in local.read_text().splitlines() if line.strip()]
+    for r in rows:
+        r["samples"] = cfg.samples_per_rollout
+    device_name = results.get("device_name", cfg.device)
+    summary = summarize(
+        rows,
+        warmup=opts.warmup,
+        num_devices=cfg.num_devices,
+        flops=results.get("flops"),
+        memory=results.get("memory"),
+        peak_tflops=_peak_for(device_name, opts.peak_tflops),
+        device_name=device_name,
+    )
+    summary["recipe_overrides"] = _REST
+    summary["flop_count_s"] = results.get("flop_count_s")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+    print(f"[unirl.bench] wrote {out_path}", flush=True)
+    return 0
+
+
+main = hydra_entry("diffusion/sd3_tiny_trainside", run)
+
+if __name__ == "__main__":
+    sys.argv = [sys.argv[0], *_REST]
+    main()
