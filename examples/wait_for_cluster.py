@@ -22,8 +22,19 @@ def main() -> int:
 
     import ray
 
-    ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
     deadline = time.monotonic() + args.timeout
+    while True:  # the head may still be starting: retry until the deadline
+        try:
+            ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+            break
+        except ConnectionError as exc:
+            if time.monotonic() >= deadline:
+                print(
+                    f"[wait_for_cluster] no Ray cluster reachable after {args.timeout:g}s: {exc}",
+                    file=sys.stderr,
+                )
+                return 1
+            time.sleep(args.poll)
     nodes = gpus = cpus = 0.0
     while time.monotonic() < deadline:
         alive = [n for n in ray.nodes() if n.get("Alive")]

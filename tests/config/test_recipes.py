@@ -83,3 +83,30 @@ def test_cli_reports_config_errors_without_traceback_and_before_ray() -> None:
     assert out.returncode == 2
     assert "configuration error" in out.stderr and "Traceback" not in out.stderr
     assert "ray" not in out.stdout.lower()
+
+
+def test_every_recipe_passes_the_cli_compose_check() -> None:
+    """``--cfg job --resolve`` through the real entrypoint, from another directory, for every
+    recipe (one interpreter per recipe, as a user runs it)."""
+    failures = []
+    for recipe in RECIPES:
+        domain = recipe.split("/")[0]
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                ENTRY_BY_DOMAIN[domain],
+                f"--config-name={recipe}",
+                "--cfg",
+                "job",
+                "--resolve",
+            ],
+            capture_output=True,
+            text=True,
+            cwd="/",
+            timeout=120,
+            env={**os.environ, "HYDRA_FULL_ERROR": "0"},
+        )
+        if out.returncode != 0 or "_target_" not in out.stdout:
+            failures.append(f"{recipe}: rc={out.returncode} {out.stderr[-500:]}")
+    assert not failures, "\n".join(failures)

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from unirl.algorithms.kl import KLController
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import Conditions, LatentSegment
 
@@ -31,6 +32,9 @@ class StageAlgorithm(ABC):
     - ``requires_log_prob``: needs per-step log-probs from the SDE strategy (ratio losses).
     - ``requires_ema_rollout``: rollout must run with the EMA / old weights (NFT).
     - ``anchor_fields``: segment fields frozen as π_old by :meth:`prepare_segment`.
+
+    Losses with a KL to the frozen reference set ``kl_controller`` (a :class:`KLController`);
+    the base then updates it in :meth:`after_train` and carries it in :meth:`state_dict`.
     """
 
     supports_multi_update: ClassVar[bool] = True
@@ -41,6 +45,22 @@ class StageAlgorithm(ABC):
     def __init__(self) -> None:
         self._reference: Callable[[], AbstractContextManager[Any]] | None = None
         self.backend: Any = None
+        self.kl_controller: KLController | None = None
+
+    @classmethod
+    def check_config(cls, block: dict[str, Any]) -> None:
+        """Validate the recipe's algorithm block before anything is built (called by
+        ``dry_run`` and the driver's validators): here the reference-policy (KL) knobs."""
+        if not any(k in block for k in ("kl_control", "kl_target", "kl_horizon")):
+            return
+        from unirl.algorithms.kl import KLController
+
+        KLController(
+            beta=float(block.get("kl_beta", 0.0) or 0.0),
+            control=block.get("kl_control", "fixed"),
+            target=block.get("kl_target"),
+            horizon=block.get("kl_horizon", 10.0),
+        )
 
     def bind_reference(self, reference: Callable[[], AbstractContextManager[Any]] | None) -> None:
         """Install the context that turns the trained module into the frozen reference
@@ -71,8 +91,51 @@ class StageAlgorithm(ABC):
     @distributed(dispatch=Dispatch.BROADCAST)
     def after_train(self, rollout_index: int) -> dict[str, float]:
         """After the optimizer steps of a rollout (e.g. NFT's EMA of the old adapter);
-        returns metrics."""
-        return {}
+        returns metrics. Default: :meth:`kl_after_train`."""
+        return self.kl_after_train()
+
+    def kl_after_train(self) -> dict[str, float]:
+        """Close the rollout for the KL controller: rank-averaged mean KL, next β (adaptive).
+        A collective when torch.distributed is up, so every rank must run it."""
+        if self.kl_controller is None:
+            return {}
+        return self.kl_controller.step(device=getattr(self.backend, "device", None))
+
+    # -- resumable state --------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resume needs beyond the weights: ``{"kl_controller": ...}`` when present."""
+        if self.kl_controller is None:
+            return {}
+        return {"kl_controller": self.kl_controller.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`. An adaptive controller needs its saved state."""
+        unknown = sorted(set(state) - {"kl_controller"})
+        if unknown:
+            raise ValueError(f"{type(self).__name__}: unknown algorithm state key(s) {unknown}")
+        kl_state = state.get("kl_controller")
+        if self.kl_controller is None:
+            return
+        if kl_state is None:
+            if self.kl_controller.control == "adaptive":
+                raise ValueError(
+                    f"{type(self).__name__}: the checkpoint holds no KL-controller state, so the "
+                    "adaptive β cannot be restored; resume from a checkpoint saved with it or "
+                    "set algorithm.kl_control=fixed"
+                )
+            return
+        self.kl_controller.load_state_dict(kl_state)
+
+    @distributed(dispatch=Dispatch.RANK_ZERO)
+    def algorithm_state(self) -> dict[str, Any]:
+        """Rank 0's :meth:`state_dict` (every rank holds the same one) for the checkpoint."""
+        return self.state_dict()
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def load_algorithm_state(self, state: dict[str, Any]) -> None:
+        """Restore the checkpoint's :meth:`state_dict` on every rank."""
+        self.load_state_dict(state)
 
     def reference(self) -> AbstractContextManager[Any]:
         if self._reference is None:

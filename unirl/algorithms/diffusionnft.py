@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from unirl.algorithms.base import StageAlgorithm, StepResult
+from unirl.algorithms.kl import KLController, kl_metrics
 from unirl.config.require import require
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import Conditions, LatentSegment
@@ -213,8 +214,10 @@ class DiffusionNFT(StageAlgorithm):
     CFG), as DiffusionNFT does — its models sample CFG-free (guidance 1). A rollout with
     guidance > 1 still works (x₀ then comes from CFG sampling) but is not the paper's setup.
 
-    ``kl_beta > 0`` adds ``kl_beta · mean ‖v_θ − v_ref‖²`` (v_ref: the base model, all
-    adapters disabled, no gradient).
+    ``kl_beta > 0`` adds ``β · mean ‖v_θ − v_ref‖²`` (v_ref: the base model, all adapters
+    disabled, no gradient); β is fixed (``kl_control="fixed"``, β = ``kl_beta``) or starts at
+    ``kl_beta`` and follows ``kl_target`` (``"adaptive"``, see :mod:`unirl.algorithms.kl`;
+    the target is in the units of that velocity distance, not of a Gaussian KL).
     """
 
     supports_multi_update: ClassVar[bool] = False
@@ -235,6 +238,9 @@ class DiffusionNFT(StageAlgorithm):
         old_adapter: str = "old",
         ema: OldAdapterEMA | Mapping[str, Any] | str = "linear",
         kl_beta: float = 0.0,
+        kl_control: Literal["fixed", "adaptive"] = "fixed",
+        kl_target: float | None = None,
+        kl_horizon: float = 10.0,
         seed: int = 0,
         params: Any = None,
     ) -> None:
@@ -267,6 +273,9 @@ class DiffusionNFT(StageAlgorithm):
         self.old_adapter = old_adapter
         self.ema = _as_ema(ema)
         self.kl_beta = float(kl_beta)
+        self.kl_controller = KLController(
+            beta=self.kl_beta, control=kl_control, target=kl_target, horizon=kl_horizon
+        )
         self.seed = int(seed)
         self.params = params
         self.trained_adapter = "default"
@@ -329,12 +338,13 @@ class DiffusionNFT(StageAlgorithm):
 
     @distributed(dispatch=Dispatch.BROADCAST)
     def after_train(self, rollout_index: int) -> dict[str, float]:
-        """``old ← d·old + (1 − d)·trained`` with d from the EMA schedule."""
+        """``old ← d·old + (1 − d)·trained`` with d from the EMA schedule; then the KL
+        controller's rollout update (:meth:`StageAlgorithm.kl_after_train`)."""
         decay = self.ema.decay(int(rollout_index))
         self._require_backend().sync_adapter(
             self.old_adapter, src=self.trained_adapter, decay=decay
         )
-        return {"nft/old_decay": decay}
+        return {"nft/old_decay": decay, **self.kl_after_train()}
 
     # -- the loss -------------------------------------------------------------------------------
 
@@ -393,23 +403,25 @@ class DiffusionNFT(StageAlgorithm):
             )
         }
         total = 0.0
+        control = self.kl_controller
         for k in range(k_total):
             t = times[:, k].to(device)
             tb = t.view(-1, *([1] * (x0.ndim - 1)))
             x_t = (1.0 - tb) * x0 + tb * noise[:, k].to(device)
             with torch.no_grad(), self._adapter(self.old_adapter):
                 v_old = self.pipeline.predict_velocity(x_t, t, conditions).float()
-            if self.kl_beta > 0:
+            if control.enabled:
                 with torch.no_grad(), self.reference():
                     v_ref = self.pipeline.predict_velocity(x_t, t, conditions).float()
             with self._adapter(self.trained_adapter):  # backward inside: recompute sees it too
                 v_theta = self.pipeline.predict_velocity(x_t, t, conditions).float()
                 out = nft_loss(v_theta, v_old, x_t, x0, t, adv, self.beta, self.adv_clip_max)
                 loss = out.loss
-                if self.kl_beta > 0:
+                if control.enabled:
                     kl = (v_theta - v_ref).square().reshape(len(x0), -1).mean(dim=1)
-                    loss = loss + self.kl_beta * kl.mean()
+                    loss = loss + control.beta * kl.mean()
                     parts["kl"].append(kl.detach())
+                    control.observe(kl)
                 (loss * (loss_scale / k_total)).backward()
             total += float(loss.detach()) / k_total
             parts["positive"].append(out.positive)
@@ -420,13 +432,16 @@ class DiffusionNFT(StageAlgorithm):
             parts["t"].append(t.detach().float())
             parts["policy_loss"].append(out.loss.detach().reshape(1))
         terms = {k: torch.cat(v) for k, v in parts.items() if v}
+        if parts["kl"]:
+            terms["kl_steps"] = torch.stack(parts["kl"], dim=1)  # [B, K]: per training time
         return StepResult(loss=total * loss_scale, terms=terms)
 
     def summarize(self, terms: dict[str, Tensor]) -> dict[str, float]:
         """``policy_loss``; ``nft/positive_loss``, ``nft/negative_loss`` (means of
         ‖x̂₀^± − x₀‖²/w^±); ``nft/weight_{pos,neg}/{mean,min,max}`` and
         ``nft/weight_clamped`` (fraction of weights held at the 1e-5 floor); ``nft/r_mean``,
-        ``nft/t_mean``; ``kl_loss`` and ``kl/max`` with ``kl_beta > 0``."""
+        ``nft/t_mean``; with ``kl_beta > 0``: ``kl_loss``, ``kl/max``, ``kl/step_<k>`` (k: the
+        k-th training time of each sample, a random σ, not a fixed schedule step), ``kl/beta``."""
         out = {
             "policy_loss": float(terms["policy_loss"].float().mean()),
             "nft/positive_loss": float(terms["positive"].float().mean()),
@@ -442,7 +457,5 @@ class DiffusionNFT(StageAlgorithm):
             out[f"nft/weight_{side}/max"] = float(w.max())
             clamped.append(w <= WEIGHT_FLOOR)
         out["nft/weight_clamped"] = float(torch.cat(clamped).float().mean())
-        if "kl" in terms:
-            out["kl_loss"] = float(terms["kl"].float().mean())
-            out["kl/max"] = float(terms["kl"].float().max())
+        out.update(kl_metrics(terms, self.kl_controller.beta))
         return out

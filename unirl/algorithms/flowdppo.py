@@ -23,6 +23,7 @@ from unirl.algorithms.flowgrpo import (
     slot_sigmas,
     step_kl,
 )
+from unirl.algorithms.kl import KLController, kl_metrics
 from unirl.algorithms.losses import flow_dppo_loss
 from unirl.config.require import require
 from unirl.types import Conditions, LatentSegment
@@ -37,7 +38,8 @@ class FlowDPPO(StageAlgorithm):
     step has ratio 1 and D = 0 exactly; ``"rollout"`` uses what sampling recorded (needs
     ``pipeline.record_means=true``). σ_t comes from ``pipeline.strategy.step_std`` for the
     sigmas of each sample's slot, so Flow, Dance and CPS kernels each get their own σ_t.
-    ``kl_beta``/``kl_form``: optional KL to the frozen base, as in :class:`FlowGRPO`.
+    ``kl_beta``/``kl_form``/``kl_control``/``kl_target``/``kl_horizon``: optional KL to the
+    frozen base with a fixed or adaptive β, as in :class:`FlowGRPO`.
 
     The loss of a micro-batch is the mean over its trained steps of each step's kept-term
     mean (one forward + backward per step keeps memory flat; the kept count of later steps is
@@ -53,6 +55,9 @@ class FlowDPPO(StageAlgorithm):
         kl_threshold: float = 1e-5,
         kl_beta: float = 0.0,
         kl_form: Literal["gaussian", "reference"] = "gaussian",
+        kl_control: Literal["fixed", "adaptive"] = "fixed",
+        kl_target: float | None = None,
+        kl_horizon: float = 10.0,
         old_logp_source: Literal["replay", "rollout"] = "replay",
         params: Any = None,
     ) -> None:
@@ -62,6 +67,9 @@ class FlowDPPO(StageAlgorithm):
             "algorithm.kl_threshold must be > 0 (D >= 0 always, so 0 would drop every term that moves)",
         )
         check_flow_knobs(kl_beta, kl_form, old_logp_source)
+        self.kl_controller = KLController(
+            beta=kl_beta, control=kl_control, target=kl_target, horizon=kl_horizon
+        )
         self.pipeline = pipeline
         self.kl_threshold = kl_threshold
         self.kl_beta = kl_beta
@@ -95,6 +103,7 @@ class FlowDPPO(StageAlgorithm):
         num_steps = segment.num_sde_steps
         adv = advantages.float().to(segment.sde_logp.device)
         total = 0.0
+        kl = self.kl_controller
         parts: dict[str, list[torch.Tensor]] = {
             k: []
             for k in (
@@ -110,7 +119,7 @@ class FlowDPPO(StageAlgorithm):
             )
         }
         for k in range(num_steps):
-            if self.kl_beta > 0:
+            if kl.enabled:
                 ref = reference_step(self, self.pipeline, conditions, segment, k)
             record = self.pipeline.replay(conditions, segment, k)
             sigma, sigma_next, sigma_max = slot_sigmas(segment, k, record.mean.device)
@@ -125,12 +134,13 @@ class FlowDPPO(StageAlgorithm):
                 self.kl_threshold,
             )
             loss = out.loss
-            if self.kl_beta > 0:
-                kl = step_kl(
+            if kl.enabled:
+                step = step_kl(
                     self.pipeline.strategy, record.mean, ref.mean, segment, k, self.kl_form
                 )
-                loss = loss + self.kl_beta * kl.mean()
-                parts["kl"].append(kl.detach())
+                loss = loss + kl.beta * step.mean()
+                parts["kl"].append(step.detach())
+                kl.observe(step)
             (loss * (loss_scale / num_steps)).backward()
             total += float(loss.detach()) / num_steps
             parts["ratio"].append(out.ratio)
@@ -142,13 +152,17 @@ class FlowDPPO(StageAlgorithm):
             parts["adv"].append(adv.expand_as(out.ratio))
             parts["policy_loss"].append(out.loss.detach().reshape(1))
         terms = {k: torch.cat(v) for k, v in parts.items() if v}
+        if parts["kl"]:
+            terms["kl_steps"] = torch.stack(parts["kl"], dim=1)  # [B, S]: per trained slot
         return StepResult(loss=total * loss_scale, terms=terms)
 
     def summarize(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
         """Ratio stats, D mean/max, and the mask: ``mask/dropped`` (all dropped terms), split into
         ``mask/dropped_pos`` (A > 0, r > 1) and ``mask/dropped_neg`` (A < 0, r < 1);
         ``mask/over_threshold`` (D ≥ τ) and ``mask/spared_by_direction`` (D ≥ τ but kept because
-        the ratio moves against the advantage)."""
+        the ratio moves against the advantage); with ``kl_beta > 0`` the KL metrics of
+        :func:`~unirl.algorithms.kl.kl_metrics` (``kl_loss``, ``kl/max``, ``kl/step_<k>``,
+        ``kl/beta``)."""
         out = ratio_metrics(terms["ratio"], terms["log_ratio"])
         keep, over, adv = terms["keep"].bool(), terms["over"].bool(), terms["adv"]
         dropped = ~keep
@@ -165,7 +179,5 @@ class FlowDPPO(StageAlgorithm):
                 "policy_loss": float(terms["policy_loss"].float().mean()),
             }
         )
-        if "kl" in terms:
-            out["kl_loss"] = float(terms["kl"].float().mean())
-            out["kl/max"] = float(terms["kl"].float().max())
+        out.update(kl_metrics(terms, self.kl_controller.beta))
         return out

@@ -8,7 +8,8 @@ Variants (DanceGRPO, MixGRPO, Flow-GRPO-Fast) are recipes: a strategy and an SDE
 
 The module also holds the diffusion machinery shared with Flow-DPPO: anchoring π_old by
 replay (:func:`replay_anchors`), the σ of a trained slot (:func:`slot_sigmas`) and the
-per-step KL to the frozen reference (:func:`reference_step`, :func:`step_kl`).
+per-step KL to the frozen reference (:func:`reference_step`, :func:`step_kl`). β of that KL
+is a :class:`~unirl.algorithms.kl.KLController` (``kl_control``: fixed or adaptive).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Literal
 import torch
 
 from unirl.algorithms.base import StageAlgorithm, StepResult
+from unirl.algorithms.kl import KLController, kl_metrics
 from unirl.algorithms.losses import clipped_surrogate, grpo_guard_log_ratio
 from unirl.config.require import require
 from unirl.models.common.denoise import StepRecord, sigma_max_of
@@ -117,6 +119,11 @@ class FlowGRPO(StageAlgorithm):
     equal-variance Gaussians) or ``reference`` (divides by the noise scale only, as the
     Flow-GRPO code does).
 
+    ``kl_beta`` is the fixed β (``kl_control="fixed"``) or the initial one (``"adaptive"``:
+    steered toward ``kl_target`` with horizon ``kl_horizon`` rollouts, see
+    :mod:`unirl.algorithms.kl`). Metrics with ``kl_beta > 0``: ``kl_loss``, ``kl/max``,
+    ``kl/step_<k>`` (mean KL of trained slot k), ``kl/beta``.
+
     ``ratio_norm``: ``none`` (plain Flow-GRPO) or ``grpo_guard``: the ratio is
     ``exp((log r + D)·σ_t)`` with D = mean ‖μ_θ − μ_old‖²/(2σ_t²) and σ_t the step std, and
     each step's clipped term is divided by −Δ = σ − σ' (GRPO-Guard's gradient reweighting).
@@ -132,6 +139,9 @@ class FlowGRPO(StageAlgorithm):
         clip_range: float = 1e-4,
         kl_beta: float = 0.0,
         kl_form: Literal["gaussian", "reference"] = "gaussian",
+        kl_control: Literal["fixed", "adaptive"] = "fixed",
+        kl_target: float | None = None,
+        kl_horizon: float = 10.0,
         old_logp_source: Literal["replay", "rollout"] = "replay",
         ratio_norm: Literal["none", "grpo_guard"] = "none",
         params: Any = None,
@@ -139,6 +149,9 @@ class FlowGRPO(StageAlgorithm):
         super().__init__()
         require(clip_range > 0, "algorithm.clip_range must be > 0")
         check_flow_knobs(kl_beta, kl_form, old_logp_source)
+        self.kl_controller = KLController(
+            beta=kl_beta, control=kl_control, target=kl_target, horizon=kl_horizon
+        )
         require(
             ratio_norm in ("none", "grpo_guard"),
             "algorithm.ratio_norm must be 'none' or 'grpo_guard'",
@@ -188,8 +201,9 @@ class FlowGRPO(StageAlgorithm):
         guard = self.ratio_norm == "grpo_guard"
         total = 0.0
         ratios, log_ratios, kls, policy_losses = [], [], [], []
+        kl = self.kl_controller
         for k in range(num_steps):
-            if self.kl_beta > 0:
+            if kl.enabled:
                 ref = reference_step(self, self.pipeline, conditions, segment, k)
             record = self.pipeline.replay(conditions, segment, k)
             log_ratio = record.log_prob - segment.sde_logp[:, k]
@@ -212,12 +226,13 @@ class FlowGRPO(StageAlgorithm):
                 ratio = torch.exp(log_ratio)
                 policy = clipped_surrogate(ratio, adv, self.clip_range, self.clip_range)
             loss = policy.mean()
-            if self.kl_beta > 0:
-                kl = step_kl(
+            if kl.enabled:
+                step = step_kl(
                     self.pipeline.strategy, record.mean, ref.mean, segment, k, self.kl_form
                 )
-                loss = loss + self.kl_beta * kl.mean()
-                kls.append(kl.detach())
+                loss = loss + kl.beta * step.mean()
+                kls.append(step.detach())
+                kl.observe(step)
             (loss * (loss_scale / num_steps)).backward()
             total += float(loss.detach()) / num_steps
             ratios.append(ratio.detach())
@@ -230,6 +245,7 @@ class FlowGRPO(StageAlgorithm):
         }
         if kls:
             terms["kl"] = torch.cat(kls)
+            terms["kl_steps"] = torch.stack(kls, dim=1)  # [B, S]: per trained slot
         return StepResult(loss=total * loss_scale, terms=terms)
 
     def summarize(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -239,7 +255,5 @@ class FlowGRPO(StageAlgorithm):
         out["clipfrac/above"] = float((ratio > 1 + eps).float().mean())
         out["clipfrac/below"] = float((ratio < 1 - eps).float().mean())
         out["policy_loss"] = float(terms["policy_loss"].float().mean())
-        if "kl" in terms:
-            out["kl_loss"] = float(terms["kl"].float().mean())
-            out["kl/max"] = float(terms["kl"].float().max())
+        out.update(kl_metrics(terms, self.kl_controller.beta))
         return out

@@ -24,12 +24,21 @@ COMPONENT_BLOCKS = (
 
 @dataclass(kw_only=True)
 class AdvantageConfig:
-    """How rewards become advantages (``RolloutTrack.compute_advantages``)."""
+    """How rewards become advantages (``unirl.algorithms.advantages.advantages_for``).
+
+    Default: ``RolloutTrack.compute_advantages`` on the total reward (``scope``, ``std``).
+    ``component_weights`` (``{component: weight >= 0}``) switches to GDPO-style per-component
+    normalisation: each named reward component is standardised within its group, the weighted
+    sum is then standardised over the batch when ``component_batch_norm``; ``scope`` and
+    ``std`` are not used then. ``eps`` and ``clip`` apply to both.
+    """
 
     scope: Literal["group", "global"] = "group"
     std: Literal["group", "batch", "none"] = "batch"
     eps: float = 1e-4
     clip: float | None = 5.0
+    component_weights: dict[str, float] | None = None
+    component_batch_norm: bool = True
 
     def __post_init__(self) -> None:
         require(
@@ -42,6 +51,44 @@ class AdvantageConfig:
         )
         require(self.eps >= 0, "advantage.eps must be >= 0")
         require(self.clip is None or self.clip > 0, "advantage.clip must be > 0 or null")
+        require(
+            isinstance(self.component_batch_norm, bool),
+            "advantage.component_batch_norm must be true or false",
+        )
+        if self.component_weights is not None:
+            self.component_weights = self._checked_weights(self.component_weights)
+            require(
+                self.scope == "group",
+                "advantage.component_weights normalises each component within its group; "
+                "set advantage.scope=group (or drop component_weights for scope=global)",
+            )
+
+    @staticmethod
+    def _checked_weights(weights: Any) -> dict[str, float]:
+        """A non-empty mapping of component names to finite weights >= 0, one at least > 0."""
+        require(
+            isinstance(weights, dict) and len(weights) > 0,
+            "advantage.component_weights must be a non-empty mapping {reward component: weight} "
+            f"or null, got {weights!r}",
+        )
+        out: dict[str, float] = {}
+        for name, weight in weights.items():
+            require(
+                isinstance(name, str) and bool(name),
+                f"advantage.component_weights: keys must be reward component names, got {name!r}",
+            )
+            number = isinstance(weight, int | float) and not isinstance(weight, bool)
+            require(
+                number and 0 <= weight < float("inf"),  # NaN fails both comparisons
+                f"advantage.component_weights.{name} must be a finite weight >= 0, got {weight!r}",
+            )
+            out[name] = float(weight)
+        require(
+            any(w > 0 for w in out.values()),
+            "advantage.component_weights: every weight is 0, so every advantage would be 0; "
+            "give at least one component a weight > 0",
+        )
+        return out
 
 
 @dataclass(kw_only=True)

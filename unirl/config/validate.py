@@ -249,6 +249,14 @@ def check_strategy_and_algorithm(cfg: RunConfig, objs: dict[str, Any]) -> None:
 def check_reference_policy(cfg: RunConfig, objs: dict[str, Any]) -> None:
     algo = cfg.algorithm or {}
     kl_beta = float(algo.get("kl_beta", 0.0) or 0.0)
+    target = _target(cfg, "algorithm")
+    algorithm_cls = locate(target, "algorithm") if target else None
+    check_config = getattr(algorithm_cls, "check_config", None)
+    if check_config is not None:  # the algorithm validates its own knobs without being built
+        try:
+            check_config(algo)
+        except ConfigError as exc:
+            raise ConfigError(f"algorithm: {exc}") from exc
     if kl_beta > 0:
         backend = cfg.backend or {}
         require(

@@ -27,6 +27,14 @@ from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import RolloutTrack
 
 
+def _logp_gap(rollout: Any, anchored: Any) -> float:
+    """max |rollout sde_logp − re-anchored sde_logp| (0 when nothing was recomputed)."""
+    a, b = getattr(rollout, "sde_logp", None), getattr(anchored, "sde_logp", None)
+    if a is None or b is None or a is b or a.numel() == 0:
+        return 0.0
+    return float((a.float() - b.float().to(a.device)).abs().max())
+
+
 class NonFiniteError(RuntimeError):
     """Too many consecutive non-finite optimizer steps."""
 
@@ -105,10 +113,13 @@ class TrainStack:
             slice(s, s + self.micro_batch_size) for s in range(0, n, self.micro_batch_size)
         ]
         micro = []
+        anchor_gap = 0.0
         for sl in micro_slices:  # freeze π_old once, before any update, at training geometry
             idx = torch.arange(n)[sl]
             cond_mb, seg_mb = conditions.select(idx), segment.select(idx)
-            micro.append((cond_mb, self.algorithm.prepare_segment(cond_mb, seg_mb), advantages[sl]))
+            prepared = self.algorithm.prepare_segment(cond_mb, seg_mb)
+            anchor_gap = max(anchor_gap, _logp_gap(seg_mb, prepared))
+            micro.append((cond_mb, prepared, advantages[sl]))
         anchor_time = time.perf_counter() - t0
 
         per_mini = mini // self.micro_batch_size
@@ -157,6 +168,9 @@ class TrainStack:
             metrics.update(self.algorithm.summarize(merged) if merged else {})
             metrics["time/train_step"] = time.perf_counter() - t0
             metrics["time/old_logp"] = anchor_time if update == 0 else 0.0
+            # how far the sampler's log-probs are from the trainer's replay of the same steps
+            # (0 with trainside fp32; the engine/precision gap for dedicated engines)
+            metrics["old_logp/rollout_vs_replay_max"] = anchor_gap
             all_metrics.append(metrics)
         return {"steps": all_metrics, "param_checksum": self.param_checksum()}
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from hydra.utils import instantiate
 
+from unirl.algorithms.advantages import advantages_for
 from unirl.config.run import RunConfig
 from unirl.config.validate import engine_kind, locate
 from unirl.distributed.group import DevicePool, placement, remote
@@ -245,12 +246,7 @@ class DiffusionTrainer:
                 "status": scored.status,
             }
         )
-        track, adv_metrics = track.compute_advantages(
-            scope=cfg.advantage.scope,
-            std=cfg.advantage.std,
-            eps=cfg.advantage.eps,
-            clip=cfg.advantage.clip,
-        )
+        track, adv_metrics = advantages_for(track, cfg.advantage)
 
         t0 = time.perf_counter()
         progress = rollout_index / max(cfg.num_rollouts, 1)
@@ -377,6 +373,7 @@ class DiffusionTrainer:
             "next_rollout": done,
             "data": self.data_source.state_dict(),
             "stack": stack.state(),
+            "algorithm": self.algorithm.algorithm_state(),
             "seed": self.cfg.seed,
         }
         write_json_atomic(path / "driver_state.json", state)  # written last: marks completion
@@ -389,6 +386,7 @@ class DiffusionTrainer:
         ops.load_checkpoint(str(path))
         self.data_source.load_state_dict(state["data"])
         stack.load_state(state["stack"])
+        self.algorithm.load_algorithm_state(state.get("algorithm", {}))
         self.start_rollout = int(state["next_rollout"])
         local = trackers.local
         if local is not None:

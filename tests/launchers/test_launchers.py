@@ -1,0 +1,141 @@
+"""The launchers print the exact command under DRY_RUN=1 and refuse bad roles."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _run(script: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(EXAMPLES / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
+
+
+def test_single_node_dry_run_prints_the_entrypoint_command() -> None:
+    out = _run(
+        "run_experiment_single_node.sh", "diffusion/sd3_trainside", "num_devices=8", DRY_RUN="1"
+    )
+    assert out.returncode == 0, out.stderr
+    assert (
+        "python -m unirl.train_diffusion --config-name=diffusion/sd3_trainside num_devices=8"
+        in out.stdout
+    )
+    out = _run("run_experiment_single_node.sh", "vlm/x", DRY_RUN="1", ENTRY="train_vlm")
+    assert "python -m unirl.train_vlm --config-name=vlm/x" in out.stdout
+
+
+def test_multinode_head_waits_for_the_cluster_before_running() -> None:
+    out = _run(
+        "run_experiment_multinode.sh",
+        "diffusion/sd3_trainside",
+        "num_devices=16",
+        DRY_RUN="1",
+        ROLE="head",
+        NNODES="2",
+        GPUS_PER_NODE="8",
+        NODE_IP="10.1.2.3",
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith(
+        "ray start --head --node-ip-address=10.1.2.3 --port=6379 --num-gpus=8"
+    )
+    assert "wait_for_cluster.py --nodes 2 --gpus 16" in lines[1]
+    assert lines[2].startswith(
+        "python -m unirl.train_diffusion --config-name=diffusion/sd3_trainside num_devices=16"
+    )
+    worker = _run(
+        "run_experiment_multinode.sh",
+        DRY_RUN="1",
+        ROLE="worker",
+        HEAD_ADDR="10.1.2.3",
+        GPUS_PER_NODE="8",
+    )
+    assert worker.stdout.strip() == "ray start --address=10.1.2.3:6379 --num-gpus=8 --block"
+
+
+def test_multinode_rejects_a_bad_role_and_a_worker_without_head() -> None:
+    assert _run("run_experiment_multinode.sh", ROLE="chief").returncode == 2
+    out = _run("run_experiment_multinode.sh", ROLE="worker", DRY_RUN="1", HEAD_ADDR="")
+    assert out.returncode != 0 and "HEAD_ADDR" in out.stderr
+
+
+def test_wait_for_cluster_times_out_with_what_is_missing(tmp_path: Path) -> None:
+    """Against a real one-node Ray cluster (its own head, on this machine's own address as Ray
+    binds by default — a driver joining a 127.0.0.1-only head hangs in Ray 2.60 — stopped by
+    killing its process group, so other Ray runtimes here are untouched) asking for a second
+    node: exits 1 and says what is missing; asking for one node: ready."""
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's unix sockets live there
+    head = subprocess.Popen(
+        [
+            "ray",
+            "start",
+            "--head",
+            "--block",
+            "--port=6391",
+            "--num-cpus=1",
+            "--disable-usage-stats",
+            "--include-dashboard=false",
+            "--temp-dir",
+            temp_dir,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        from ray._private.services import get_node_ip_address
+
+        wait = {**env, "RAY_ADDRESS": f"{get_node_ip_address()}:6391"}
+        ready = subprocess.run(
+            [
+                sys.executable,
+                str(EXAMPLES / "wait_for_cluster.py"),
+                "--nodes",
+                "1",
+                "--timeout",
+                "60",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=wait,
+        )
+        assert ready.returncode == 0 and "ready: 1 nodes" in ready.stdout, ready.stderr[-2000:]
+        out = subprocess.run(
+            [
+                sys.executable,
+                str(EXAMPLES / "wait_for_cluster.py"),
+                "--nodes",
+                "2",
+                "--timeout",
+                "3",
+                "--poll",
+                "0.5",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=wait,
+        )
+        assert out.returncode == 1
+        assert "have 1 nodes" in out.stderr and "want 2" in out.stderr
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=60)
+        shutil.rmtree(temp_dir, ignore_errors=True)

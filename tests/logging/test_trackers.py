@@ -1,0 +1,62 @@
+"""Trackers: local files always (jsonl + csv with late columns, resume truncation), TensorBoard
+event files when asked, a clear error for a missing optional tracker; contact sheets."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from unirl.logging import LocalTracker, build_trackers, contact_sheet
+
+
+def test_local_tracker_writes_jsonl_and_csv_with_late_columns(tmp_path: Path) -> None:
+    t = LocalTracker(tmp_path)
+    t.log(0, {"reward/mean": 0.5})
+    t.log(1, {"reward/mean": 0.75, "kl_loss": 0.1, "bad": float("nan")})
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [
+        {"step": 0, "reward/mean": 0.5},
+        {"step": 1, "reward/mean": 0.75, "kl_loss": 0.1, "bad": None},
+    ]
+    with (tmp_path / "metrics.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0]) == ["step", "reward/mean", "kl_loss", "bad"]
+    assert table[0]["kl_loss"] == "" and table[1]["kl_loss"] == "0.1"
+    resumed = LocalTracker(tmp_path)  # a resumed run drops what the killed run logged later
+    resumed.truncate_after(0)
+    assert [
+        json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ] == [0]
+
+
+def test_tensorboard_tracker_writes_events(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="tensorboard is an optional extra")
+    trackers = build_trackers(["local", "tensorboard"], tmp_path, config={})
+    trackers.log(3, {"reward/mean": 1.25})
+    trackers.close()
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    (scalar,) = acc.Scalars("reward/mean")
+    assert scalar.step == 3 and scalar.value == 1.25
+
+
+def test_contact_sheet_grid(tmp_path: Path) -> None:
+    pixels = torch.zeros(3, 3, 8, 8)
+    pixels[1] = 1.0
+    path = contact_sheet(
+        pixels, ["0.1 | a", "0.2 | b", "0.3 | c"], tmp_path / "s.png", columns=2, tile=32
+    )
+    img = Image.open(path)
+    assert img.size == (64, 2 * (32 + 3 * 12 + 6))
+    assert img.getpixel((40, 10)) == (255, 255, 255) and img.getpixel((5, 5)) == (0, 0, 0)
+    with pytest.raises(ValueError, match="3 images but 2 captions"):
+        contact_sheet(pixels, ["a", "b"], tmp_path / "x.png")
