@@ -152,7 +152,6 @@ class RunConfig:
     seed: int = 0
     dry_run: bool = False
     call_timeout_s: float | None = 1800.0
-    max_nonfinite_in_row: int = 3
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -188,7 +187,6 @@ class RunConfig:
         require(self.num_rollouts >= 1, "num_rollouts must be >= 1")
         for name in ("save_interval", "eval_interval", "sync_interval"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0 (0 disables it)")
-        require(self.max_nonfinite_in_row >= 1, "max_nonfinite_in_row must be >= 1")
         require(
             self.call_timeout_s is None or self.call_timeout_s > 0,
             "call_timeout_s must be > 0 or null",

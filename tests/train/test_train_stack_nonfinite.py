@@ -1,0 +1,67 @@
+"""TrainStack never skips a non-finite step silently: it counts it, logs it, does not apply
+it, and stops after ``max_nonfinite_in_row`` in a row with the step in the message."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from train_fakes import TinyBundle, make_backend
+
+from unirl.algorithms.base import StageAlgorithm, StepResult
+from unirl.train import NonFiniteError, TrainStack
+from unirl.types import LatentSegment, RolloutTrack, TextEmbedConditions
+
+
+class ScriptedLoss(StageAlgorithm):
+    """A loss on one LoRA weight whose value per call comes from a script (NaN or finite)."""
+
+    requires_log_prob = False
+
+    def __init__(self, script: list[float]) -> None:
+        super().__init__()
+        self.script = list(script)
+
+    def compute_loss_and_backward(self, conditions, segment, advantages, progress, loss_scale):
+        p = self.backend.trainable_parameters()[0]
+        value = self.script.pop(0)
+        loss = (p.float().sum() * 0 + value) + p.float().square().sum() * 1e-3
+        (loss * loss_scale).backward()
+        return StepResult(loss=float(loss.detach()) * loss_scale, terms={})
+
+    def summarize(self, terms):
+        return {}
+
+
+def _track(n: int = 2) -> RolloutTrack:
+    segment = LatentSegment(
+        sigmas=torch.linspace(1, 0, 3), sde_indices=torch.zeros(n, 0, dtype=torch.long)
+    )
+    return RolloutTrack(
+        sample_ids=torch.arange(n),
+        group_ids=torch.zeros(n, dtype=torch.long),
+        conditions=TextEmbedConditions(embeds=torch.zeros(n, 1, 1)),
+        segment=segment,
+        advantages=torch.zeros(n),
+    )
+
+
+def test_nonfinite_steps_are_counted_skipped_and_stop_the_run() -> None:
+    backend = make_backend(bundle=TinyBundle())
+    algorithm = ScriptedLoss([1.0, float("nan"), 2.0, float("nan"), float("inf"), float("nan")])
+    stack = TrainStack(
+        backend=backend, algorithm=algorithm, micro_batch_size=2, max_nonfinite_in_row=3
+    )
+    first = stack.train_track(_track(), 0)["steps"][0]
+    assert first["nonfinite/count"] == 0.0 and "nonfinite/skipped_step" not in first
+    before = {k: v.clone() for k, v in backend.full_trainable_state().items()}
+    second = stack.train_track(_track(), 1)["steps"][0]
+    assert second["nonfinite/skipped_step"] == 1.0 and second["nonfinite/count"] == 1.0
+    after = backend.full_trainable_state()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the NaN step was not applied
+    stack.train_track(_track(), 2)  # finite: resets the run of non-finite steps
+    assert stack.nonfinite_in_row == 0 and stack.nonfinite_total == 1
+    stack.train_track(_track(), 3)
+    stack.train_track(_track(), 4)
+    with pytest.raises(NonFiniteError, match=r"3 non-finite optimizer steps in a row .* rollout 5"):
+        stack.train_track(_track(), 5)
+    assert stack.nonfinite_total == 4
