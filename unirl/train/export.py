@@ -24,8 +24,18 @@ def write_lora_export(
 ) -> Path:
     """Write both formats to ``path`` from ``lora_state`` (peft names without the adapter
     name, full tensors) and the adapter's ``peft.LoraConfig``."""
-    from diffusers import StableDiffusion3Pipeline
     from safetensors.torch import save_file
+    from transformers.utils import logging as hf_logging
+
+    # Importing the SD3 pipeline class touches its optional IP-adapter components (Siglip /
+    # CLIP image processors), and transformers warns that torchvision is missing for them —
+    # unrelated to the export, so that one import runs with transformers' warnings off.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        from diffusers import StableDiffusion3Pipeline
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
