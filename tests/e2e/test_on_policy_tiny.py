@@ -4,6 +4,7 @@ exactly 1 — for the Flow, CPS and Dance kernels, through the real pipeline, ba
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -69,12 +70,7 @@ def test_first_update_ratio_is_exactly_one(
         seed=5,
     )
     track = pipeline.generate(req).tracks["diffusion"]
-    track = track.__class__(
-        **{
-            **{f: getattr(track, f) for f in track.field_kinds()},
-            "rewards": torch.arange(n).float(),
-        }
-    )
+    track = dataclasses.replace(track, rewards=torch.arange(n).float())
     track, _ = track.compute_advantages()
     out = stack.train_track(track, 0, 0.0)
     step = out["steps"][0]

@@ -10,6 +10,8 @@ real model should be judged against the bf16 bound.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from rollout_fakes import (
@@ -89,9 +91,7 @@ def test_dedicated_engine_agrees_with_trainside_replay(stack, dtype: str) -> Non
     track = resp.tracks["diffusion"]
     # replay under the *trainer's* weights, on the engine's own trajectory and conditions
     conditions = track.conditions.to(torch.device("cpu"))
-    track = type(track)(
-        **{**{f: getattr(track, f) for f in track.field_kinds()}, "conditions": conditions}
-    )
+    track = dataclasses.replace(track, conditions=conditions)
     replay = _replay_logp(pipeline, track)
     delta = (replay - seg.sde_logp).abs().max().item()
     assert delta <= TOL[dtype], f"{dtype}: max |Δ log p| = {delta:.3e} > {TOL[dtype]}"

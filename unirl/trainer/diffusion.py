@@ -9,6 +9,7 @@ SDE-step recipes, advantages, logging, eval and checkpoint cadence.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import zlib
@@ -238,13 +239,11 @@ class DiffusionTrainer:
         scored = reward.score(light_track(track))
         t_reward = time.perf_counter() - t0
         reward_metrics = self._reward_metrics(scored)
-        track = RolloutTrack(
-            **{
-                **{f: getattr(track, f) for f in track.field_kinds()},
-                "rewards": scored.rewards,
-                "component_rewards": scored.component_rewards,
-                "status": scored.status,
-            }
+        track = dataclasses.replace(
+            track,
+            rewards=scored.rewards,
+            component_rewards=scored.component_rewards,
+            status=scored.status,
         )
         track, adv_metrics = advantages_for(track, cfg.advantage)
 
@@ -356,9 +355,7 @@ class DiffusionTrainer:
 
         LocalTracker(self.out.root, prefix="eval_metrics").log(done, metrics)
         track = resp.tracks[TRACK]
-        track = RolloutTrack(
-            **{**{f: getattr(track, f) for f in track.field_kinds()}, "rewards": scored.rewards}
-        )
+        track = dataclasses.replace(track, rewards=scored.rewards)
         self._gallery(self.out.root / "eval" / f"step_{done:06d}.png", track, 64)
         print(
             f"[unirl] eval after {done} rollouts: reward {metrics['eval/reward/mean']:.4f}",
