@@ -60,3 +60,20 @@ def test_contact_sheet_grid(tmp_path: Path) -> None:
     assert img.getpixel((40, 10)) == (255, 255, 255) and img.getpixel((5, 5)) == (0, 0, 0)
     with pytest.raises(ValueError, match="3 images but 2 captions"):
         contact_sheet(pixels, ["a", "b"], tmp_path / "x.png")
+
+
+def test_missing_optional_tracker_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_wandb(name, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if name == "wandb":
+            raise ImportError("No module named 'wandb'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    with pytest.raises(ImportError, match=r"pip install 'unirl\[wandb\]'"):
+        build_trackers(["local", "wandb"], tmp_path, config={})
