@@ -10,9 +10,10 @@ forest at dawn".
 
 from __future__ import annotations
 
-import argparse
 import random
 from pathlib import Path
+
+from prompt_io import generator_main
 
 STYLES = (
     "A photograph",
@@ -147,26 +148,13 @@ def make_prompts(seed: int) -> tuple[list[str], list[str]]:
     return lines[NUM_TEST:], lines[:NUM_TEST]
 
 
-def write_lines(path: Path, lines: list[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        f.write("\n".join(lines) + "\n")
-
-
 def main(argv: list[str] | None = None) -> list[Path]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--out-dir", type=Path, default=Path(__file__).resolve().parent / "captions"
+    return generator_main(
+        argv,
+        description=__doc__.splitlines()[0],
+        default_dir=Path(__file__).resolve().parent / "captions",
+        build=lambda seed: dict(zip(("train.txt", "test.txt"), make_prompts(seed))),
     )
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    train, test = make_prompts(args.seed)
-    paths = [args.out_dir / "train.txt", args.out_dir / "test.txt"]
-    write_lines(paths[0], train)
-    write_lines(paths[1], test)
-    for path, lines in zip(paths, (train, test)):
-        print(f"wrote {len(lines)} prompts to {path}")
-    return paths
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ brightness reward has something to latch onto. Deterministic (no randomness at a
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
+
+from prompt_io import generator_main
 
 COLORS = ("red", "green", "blue", "yellow", "white", "black", "orange", "purple")
 SHAPES = ("circle", "square", "triangle", "star", "heart", "stripe", "cloud", "moon")
@@ -21,16 +22,12 @@ def make_prompts() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "tiny")
-    args = parser.parse_args(argv)
-    path = args.out_dir / "prompts.txt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = make_prompts()
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        f.write("\n".join(lines) + "\n")
-    print(f"wrote {len(lines)} prompts to {path}")
-    return [path]
+    return generator_main(
+        argv,
+        description=__doc__.splitlines()[0],
+        default_dir=Path(__file__).resolve().parent / "tiny",
+        build=lambda seed: {"prompts.txt": make_prompts()},  # no randomness: seed unused
+    )
 
 
 if __name__ == "__main__":

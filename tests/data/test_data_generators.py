@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -13,6 +14,8 @@ DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
 
 def _load(script: str) -> ModuleType:
+    if str(DATASETS) not in sys.path:  # as when run as `python datasets/<script>.py`
+        sys.path.insert(0, str(DATASETS))
     spec = importlib.util.spec_from_file_location(script, DATASETS / f"{script}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

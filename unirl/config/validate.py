@@ -19,17 +19,7 @@ from unirl.config.precision import canonical_precision
 from unirl.config.require import ConfigError, require
 from unirl.config.run import COMPONENT_BLOCKS, RunConfig
 
-REQUIRED_BLOCKS = (
-    "bundle",
-    "pipeline",
-    "backend",
-    "rollout",
-    "reward",
-    "algorithm",
-    "stack",
-    "data_source",
-    "sampling",
-)
+REQUIRED_BLOCKS = tuple(b for b in COMPONENT_BLOCKS if b != "sync")  # sync: dedicated engines only
 PRECISION_KEYS = (
     "dtype",
     "param_dtype",
