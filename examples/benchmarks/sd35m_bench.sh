@@ -3,9 +3,12 @@
 # (preset sd3.5-medium-arch: nothing is downloaded).
 #
 #   bash examples/benchmarks/sd35m_bench.sh [eager|compile] [OUT_DIR]
+#   ONLY=flowgrpo|fast runs one shape; TAG=_x suffixes the output names
 #   NUM_DEVICES=2 SHARD_FROZEN=false ONLY=flowgrpo bash examples/benchmarks/sd35m_bench.sh compile
 #     (data parallel over 2 GPUs; SHARD_FROZEN=false keeps the frozen base whole on each GPU,
 #      RESHARD=false keeps gathered parameters between forwards)
+#   FP8=true SDPA=cudnn VAE_DTYPE=bf16 bash examples/benchmarks/sd35m_bench.sh compile
+#     (FP8 e4m3 matmuls for the frozen base linears, cuDNN attention, bf16 VAE decode)
 #
 # 1. Flow-GRPO shape: 512x512, 10 steps, CFG 4.5, group 8, LoRA r32, 9 trained steps,
 #    KL reference forward (beta 0.04), T5 length 128, cheap reward (JPEG size).
@@ -21,15 +24,18 @@ common=(
   num_devices="${NUM_DEVICES:-1}" device=cuda
   reward.backend._target_=unirl.reward.local.JpegCompressibility "~reward.backend.engine" "reward.guards=[]"
   stack.num_updates_per_batch=1 algorithm.old_logp_source=rollout
-  "+backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}}"
+  "+backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}, fp8_frozen: ${FP8:-false}}"
+  bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-fp32}"
   logging.progress=off
 )
+if [[ "${ONLY:-}" != "fast" ]]; then
 python -m unirl.tools.bench --config-name=diffusion/sd3_trainside "${common[@]}" \
-  --json "${out}/flowgrpo_${mode}.json" output_dir="${out}/flowgrpo_${mode}" \
+  --json "${out}/flowgrpo_${mode}${TAG:-}.json" output_dir="${out}/flowgrpo_${mode}${TAG:-}" \
   batch_size="${NUM_DEVICES:-1}" sampling.samples_per_prompt=8 stack.micro_batch_size=8 \
   pipeline.forward_batch_size=8
+fi
 [[ "${ONLY:-}" == "flowgrpo" ]] && exit 0
 python -m unirl.tools.bench --config-name=diffusion/sd3_fast "${common[@]}" \
-  --json "${out}/fast_${mode}.json" output_dir="${out}/fast_${mode}" \
+  --json "${out}/fast_${mode}${TAG:-}.json" output_dir="${out}/fast_${mode}${TAG:-}" \
   batch_size="$((2 * ${NUM_DEVICES:-1}))" sampling.samples_per_prompt=8 stack.micro_batch_size=16 \
   pipeline.forward_batch_size=16 algorithm.kl_beta=0.0

@@ -18,10 +18,12 @@ from unirl.types import Conditions, LatentSegment
 
 @dataclass
 class StepResult:
-    """What one micro-batch returns: its scalar ``loss`` (already backpropagated) and raw
-    per-term tensors (``terms``) that :meth:`StageAlgorithm.summarize` turns into metrics."""
+    """What one micro-batch returns: its scalar ``loss`` (already backpropagated; a detached
+    0-dim tensor, so the train stack reads it once per optimizer step without a host sync per
+    micro-batch) and raw per-term tensors (``terms``) that :meth:`StageAlgorithm.summarize`
+    turns into metrics."""
 
-    loss: float
+    loss: float | torch.Tensor
     terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
 

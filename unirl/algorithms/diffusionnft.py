@@ -423,7 +423,7 @@ class DiffusionNFT(StageAlgorithm):
                     parts["kl"].append(kl.detach())
                     control.observe(kl)
                 (loss * (loss_scale / k_total)).backward()
-            total += float(loss.detach()) / k_total
+            total = total + loss.detach() / k_total
             parts["positive"].append(out.positive)
             parts["negative"].append(out.negative)
             parts["weight_pos"].append(out.weight_pos)

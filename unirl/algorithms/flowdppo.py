@@ -142,7 +142,7 @@ class FlowDPPO(StageAlgorithm):
                 parts["kl"].append(step.detach())
                 kl.observe(step)
             (loss * (loss_scale / num_steps)).backward()
-            total += float(loss.detach()) / num_steps
+            total = total + loss.detach() / num_steps
             parts["ratio"].append(out.ratio)
             parts["log_ratio"].append((record.log_prob - segment.sde_logp[:, k]).detach())
             parts["dppo_kl"].append(out.kl)

@@ -24,7 +24,7 @@ from unirl.algorithms.kl import KLController, kl_metrics
 from unirl.algorithms.losses import clipped_surrogate, grpo_guard_log_ratio
 from unirl.config.require import require
 from unirl.models.common.denoise import StepRecord, sigma_max_of
-from unirl.types import Conditions, LatentSegment
+from unirl.types import Conditions, LatentSegment, host_to_device
 
 # --------------------------------------------------------------------------- shared machinery
 
@@ -65,7 +65,11 @@ def slot_sigmas(
     """``(σ[B], σ'[B], sigma_max)`` of trained slot ``slot`` of every sample (fp32, on ``device``)."""
     sigmas = segment.sigmas.float()
     idx = segment.sde_indices[:, slot]
-    return sigmas[idx].to(device), sigmas[idx + 1].to(device), sigma_max_of(sigmas)
+    return (
+        host_to_device(sigmas[idx], device),
+        host_to_device(sigmas[idx + 1], device),
+        sigma_max_of(sigmas),
+    )
 
 
 def reference_step(
@@ -234,7 +238,7 @@ class FlowGRPO(StageAlgorithm):
                 kls.append(step.detach())
                 kl.observe(step)
             (loss * (loss_scale / num_steps)).backward()
-            total += float(loss.detach()) / num_steps
+            total = total + loss.detach() / num_steps
             ratios.append(ratio.detach())
             log_ratios.append(log_ratio.detach())
             policy_losses.append(policy.detach())

@@ -168,7 +168,7 @@ class TokenPolicyLoss(StageAlgorithm):
         }
         if kl is not None:
             out["kl"] = kl.detach()[mask]
-        return StepResult(loss=float(loss.detach()) * loss_scale, terms=out)
+        return StepResult(loss=loss.detach() * loss_scale, terms=out)
 
     def summarize(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
         ratio, log_ratio = terms["ratio"].float(), terms["log_ratio"].float()

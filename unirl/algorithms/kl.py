@@ -94,8 +94,8 @@ class KLController:
         self.target = None if target is None else float(target)
         self.horizon = float(horizon)
         self.updates = 0
-        self._sum = 0.0
-        self._count = 0
+        self._sum: float | Tensor = 0.0
+        self._count: int | Tensor = 0
 
     @property
     def enabled(self) -> bool:
@@ -106,8 +106,9 @@ class KLController:
         """Accumulate the finite values of a per-sample ``kl[...]`` for this rollout's mean."""
         values = kl.detach().to(torch.float64).reshape(-1)
         finite = torch.isfinite(values)
-        self._sum += float(values[finite].sum())
-        self._count += int(finite.sum())
+        # device-side accumulation: read once per rollout in step(), not per trained step
+        self._sum = self._sum + torch.where(finite, values, torch.zeros_like(values)).sum()
+        self._count = self._count + finite.sum()
 
     def step(self, *, device: Any = None) -> dict[str, float]:
         """End of a rollout: the mean KL over all ranks and (adaptive) the next β.
@@ -118,7 +119,7 @@ class KLController:
         """
         if not self.enabled:
             return {}
-        total, count = _reduce_sum_count(self._sum, self._count, device)
+        total, count = _reduce_sum_count(float(self._sum), int(self._count), device)
         self._sum, self._count = 0.0, 0
         mean = total / count if count > 0 else math.nan
         if self.control == "adaptive" and math.isfinite(mean):

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from unirl.config import require
@@ -118,17 +119,23 @@ def build_lr_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
-def grad_norm_and_clip(params: Sequence[torch.nn.Parameter], max_norm: float | None) -> float:
-    """Total L2 norm of the gradients over all ranks (sharded DTensor grads are reduced), then
-    scale them to at most ``max_norm`` (``None``: measure only). A non-finite norm is returned
-    as is and the gradients are left untouched, so the caller can skip the step."""
+def grad_norm_and_clip(params: Sequence[torch.nn.Parameter], max_norm: float | None) -> Tensor:
+    """Total L2 norm of the gradients over all ranks (sharded DTensor grads are reduced) as a
+    0-dim fp32 tensor, after scaling them to at most ``max_norm`` (``None``: measure only).
+
+    No host synchronisation: the clip factor ``min(1, max_norm / (norm + 1e-6))`` is applied
+    on the device, and where the norm is not finite the factor is 1, so the gradients are left
+    untouched and the caller can skip the step after reading the norm once.
+    """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return 0.0
+        return torch.zeros((), dtype=torch.float32)
     total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-    value = float(total.full_tensor() if isinstance(total, DTensor) else total)
-    if max_norm is not None and math.isfinite(value):
-        torch.nn.utils.clip_grads_with_norm_(
-            [p for p in params if p.grad is not None], max_norm, total
-        )
-    return value
+    total = total.full_tensor() if isinstance(total, DTensor) else total
+    total = total.float()
+    if max_norm is not None:
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        coef = torch.where(torch.isfinite(total), coef, torch.ones_like(coef))
+        local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+        torch._foreach_mul_(local, coef.to(local[0].device))
+    return total

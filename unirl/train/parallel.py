@@ -38,6 +38,10 @@ class FSDPConfig:
     ``shard_frozen=False`` keeps frozen parameters (a LoRA run's base model) whole on every
     rank and shards only the trainable ones: no all-gather of the base in any forward, at the
     cost of one full base copy per rank.
+    ``fp8_frozen`` runs the frozen ``nn.Linear`` layers inside the blocks (a LoRA run's base,
+    adaLN modulation excluded) as FP8 e4m3 matmuls with rowwise scales
+    (:mod:`unirl.train.fp8`); rollout and training share them. It needs LoRA and CPU or a
+    CUDA sm89+ card, and changes numerics (about 2% relative error per matmul).
     """
 
     block_class_names: list[str] | None = None
@@ -48,6 +52,7 @@ class FSDPConfig:
     cpu_offload: bool = False
     compile: bool = False
     shard_frozen: bool = True
+    fp8_frozen: bool = False
 
     def __post_init__(self) -> None:
         if self.block_class_names is not None:

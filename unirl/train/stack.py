@@ -15,7 +15,6 @@ role and rank in the message.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -134,10 +133,10 @@ class TrainStack:
                 )
                 losses.append(result.loss)
                 terms.append(result.terms)
-            grad_norm = self.backend.clip_grad_norm(self.max_grad_norm)
-            loss = sum(losses)
-            finite = math.isfinite(loss) and math.isfinite(grad_norm)
-            finite = self._all_ranks_agree(finite)
+            # one host sync per optimizer step: loss, norm and the all-ranks finite flag together
+            loss, grad_norm, finite = self._step_scalars(
+                losses, self.backend.grad_norm_clipped(self.max_grad_norm)
+            )
             metrics = {
                 "loss": loss,
                 "grad_norm": grad_norm,
@@ -175,22 +174,36 @@ class TrainStack:
         return {"steps": all_metrics, "param_checksum": self.param_checksum()}
 
     def param_checksum(self) -> float:
-        """A checksum of the full trainable parameters (sharded ones gathered), so the driver
-        can check that every data-parallel rank holds the same weights after a step."""
-        total = 0.0
+        """A checksum (Σx + Σx², fp64) of the full trainable parameters, so the driver can
+        check that every data-parallel rank holds the same weights after a step. Sharded
+        parameters add their local shards and one all-reduce completes the sums; one host
+        read in all."""
+        device = self.backend.device
+        replicated = torch.zeros(2, dtype=torch.float64, device=device)
+        sharded = torch.zeros(2, dtype=torch.float64, device=device)
         for p in self.backend.trainable_parameters():
-            t = p.full_tensor() if hasattr(p, "full_tensor") else p
-            t = t.detach().double()
-            total += float(t.sum()) + float(t.square().sum())
-        return total
+            is_shard = hasattr(p, "placements") and any(pl.is_shard() for pl in p.placements)
+            t = (p.to_local() if hasattr(p, "to_local") else p).detach().double()
+            acc = sharded if is_shard else replicated
+            acc += torch.stack([t.sum(), t.square().sum()]).to(device)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(sharded)
+        return float((replicated + sharded).sum())
 
-    def _all_ranks_agree(self, flag: bool) -> bool:
-        """All ranks must take (or skip) the optimizer step together."""
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return flag
-        t = torch.tensor([0.0 if flag else 1.0], device=self.backend.device)
-        torch.distributed.all_reduce(t)
-        return bool(t.item() == 0.0)
+    def _step_scalars(
+        self, losses: list[Any], grad_norm: torch.Tensor
+    ) -> tuple[float, float, bool]:
+        """``(loss, grad_norm, finite on every rank)`` with a single host read: all ranks must
+        take (or skip) the optimizer step together."""
+        device = self.backend.device
+        parts = [torch.as_tensor(v, dtype=torch.float32).to(device).reshape(()) for v in losses]
+        loss = torch.stack(parts).sum() if parts else torch.zeros((), device=device)
+        norm = grad_norm.float().to(device).reshape(())
+        bad = (~(torch.isfinite(loss) & torch.isfinite(norm))).float()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(bad)
+        loss_v, norm_v, bad_v = torch.stack([loss, norm, bad]).tolist()
+        return loss_v, norm_v, bad_v == 0.0
 
     @distributed(dispatch=Dispatch.RANK_ZERO)
     def state(self) -> dict[str, int]:

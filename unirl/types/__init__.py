@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from unirl.types.batch import Batch, FieldKind, Packed, batch_field
+from unirl.types.batch import Batch, FieldKind, Packed, batch_field, host_to_device
 from unirl.types.conditions import Conditions, TextEmbedConditions
 from unirl.types.primitives import Images, Texts, Videos
 from unirl.types.rollout import (
@@ -36,6 +36,7 @@ __all__ = [
     "Texts",
     "Videos",
     "batch_field",
+    "host_to_device",
     "init_noise",
     "noise_seed",
 ]

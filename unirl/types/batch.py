@@ -107,11 +107,21 @@ def _value_len(value: Any) -> int | None:
     raise TypeError(f"unsupported per-sample value of type {type(value).__name__}")
 
 
+def host_to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t`` on ``device``; a CPU tensor bound for CUDA goes through pinned memory with a
+    non-blocking copy, so small index / σ tensors in a hot loop never stall the host on the
+    device queue (a pageable host-to-device copy synchronises the stream)."""
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def _select(value: Any, index: torch.Tensor) -> Any:
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
-        return value.index_select(0, index.to(value.device))
+        return value.index_select(0, host_to_device(index, value.device))
     if isinstance(value, Batch):
         return value.select(index)
     if isinstance(value, Packed):

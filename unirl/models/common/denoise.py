@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from unirl.models.common.protocols import FlowMatchingFamily
-from unirl.types import Conditions, LatentSegment
+from unirl.types import Conditions, LatentSegment, host_to_device
 
 
 def forward_conditions(
@@ -115,6 +115,14 @@ def sample_trajectory(
     )
     provides_logp = bool(getattr(strategy, "provides_log_prob", True))
 
+    # index tensors of every SDE step, on the device before the loop: no copies inside it
+    step_rows = [positions[j].ge(0).nonzero().squeeze(1) for j in range(num_steps)]
+    step_slots = [positions[j, r] for j, r in enumerate(step_rows)]
+    rows_on_device = [host_to_device(r, device) for r in step_rows]
+    slots_on_device = [host_to_device(s_, device) for s_ in step_slots]
+    if sde_noise is not None:
+        sde_noise = host_to_device(sde_noise, device)
+
     x = x_T.to(storage_dtype)
     for j in range(num_steps):
         sigma = sigmas_dev[j].expand(n)
@@ -127,10 +135,8 @@ def sample_trajectory(
         if not bool(step_mask.any()):
             x = ode_next
             continue
-        rows = step_mask.nonzero().squeeze(1)
-        slots = positions[j, rows]
-        noise = sde_noise[rows, slots].to(device) if sde_noise is not None else None
-        rows_dev = rows.to(device)
+        rows_dev, slots_dev = rows_on_device[j], slots_on_device[j]
+        noise = sde_noise[rows_dev, slots_dev] if sde_noise is not None else None
         out = strategy.step(
             v.index_select(0, rows_dev),
             x.index_select(0, rows_dev),
@@ -140,12 +146,12 @@ def sample_trajectory(
             storage_dtype=storage_dtype,
             sigma_max=sigma_max,
         )
-        buf_in[rows_dev, slots.to(device)] = x.index_select(0, rows_dev)
-        buf_out[rows_dev, slots.to(device)] = out.next_latents.to(storage_dtype)
+        buf_in[rows_dev, slots_dev] = x.index_select(0, rows_dev)
+        buf_out[rows_dev, slots_dev] = out.next_latents.to(storage_dtype)
         if provides_logp and out.log_prob is not None:
-            logp[rows_dev, slots.to(device)] = out.log_prob.float()
+            logp[rows_dev, slots_dev] = out.log_prob.float()
         if means is not None:
-            means[rows_dev, slots.to(device)] = out.mean.float()
+            means[rows_dev, slots_dev] = out.mean.float()
         if bool(step_mask.all()):
             x = out.next_latents.to(storage_dtype)
         else:
@@ -181,8 +187,8 @@ def replay_step(
     device = segment.latents.device
     step_index = segment.sde_indices[:, slot]
     sigmas = segment.sigmas.float()
-    sigma = sigmas[step_index].to(device)
-    sigma_next = sigmas[step_index + 1].to(device)
+    sigma = host_to_device(sigmas[step_index], device)
+    sigma_next = host_to_device(sigmas[step_index + 1], device)
     x = segment.latents[:, slot]
     v = guided_velocity(family, x, sigma, fwd_conditions, segment.guidance_scale)
     out = strategy.step(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from PIL import Image
 from torch import Tensor
@@ -20,14 +22,24 @@ from unirl.reward.base import (
 )
 
 
+def _jpeg_kb(pixels: Any, quality: int) -> float:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=quality)
+    return buffer.tell() / 1000.0
+
+
 def jpeg_size_kb(images: Tensor, quality: int = 95) -> list[float]:
-    """JPEG size of each of ``images[N, 3, H, W]`` in kB (1 kB = 1000 bytes), encoded by PIL."""
-    sizes = []
-    for pixels in images_to_uint8(images):
-        buffer = io.BytesIO()
-        Image.fromarray(pixels).save(buffer, format="JPEG", quality=quality)
-        sizes.append(buffer.tell() / 1000.0)
-    return sizes
+    """JPEG size of each of ``images[N, 3, H, W]`` in kB (1 kB = 1000 bytes), encoded by PIL.
+
+    PIL encodes without holding the GIL, so the images are encoded on a thread pool (one
+    thread per image, at most the machine's cores); the order of the result is the input's.
+    """
+    arrays = list(images_to_uint8(images))
+    workers = min(len(arrays), os.cpu_count() or 1)
+    if workers <= 1:
+        return [_jpeg_kb(a, quality) for a in arrays]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(_jpeg_kb, arrays, [quality] * len(arrays)))
 
 
 @dataclass(kw_only=True)
