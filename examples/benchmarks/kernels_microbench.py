@@ -52,14 +52,14 @@ def linear_rows() -> list[dict]:
         flop = 2 * m * k * n
         row = {"name": name, "m": m, "k": k, "n": n}
         for label, layer in [("bf16", dense), ("fp8_eager", fp8), ("fp8_compiled", fp8_c)]:
-            ms = bench_ms(lambda layer=layer: layer(x))
+            ms = bench_ms(lambda layer=layer, x=x: layer(x))
             row[f"{label}_ms"] = round(ms, 4)
             row[f"{label}_tflops"] = round(flop / ms / 1e9, 1)
         # forward + input-gradient backward (what a LoRA run's frozen base does in training)
         xg = x.clone().requires_grad_(True)
         for label, layer in [("bf16", dense), ("fp8_compiled", fp8_c)]:
 
-            def fwd_bwd(layer=layer) -> None:
+            def fwd_bwd(layer=layer, xg=xg) -> None:
                 layer(xg).sum().backward()
 
             ms = bench_ms(fwd_bwd)
@@ -77,7 +77,9 @@ def attention_rows() -> list[dict]:
     heads, dim = 24, 64
     for seq in (1024 + 205, 1024):
         q, k, v = (
-            torch.randn(16, heads, seq, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            torch.randn(
+                16, heads, seq, dim, device="cuda", dtype=torch.bfloat16, requires_grad=True
+            )
             for _ in range(3)
         )
         flop = 4 * 16 * heads * seq * seq * dim
@@ -89,8 +91,12 @@ def attention_rows() -> list[dict]:
         ]:
             try:
                 with sdpa_kernel(backend):
-                    ms = bench_ms(lambda: F.scaled_dot_product_attention(q, k, v))
-                    ms_fb = bench_ms(lambda: F.scaled_dot_product_attention(q, k, v).sum().backward())
+                    ms = bench_ms(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v))
+                    ms_fb = bench_ms(
+                        lambda q=q, k=k, v=v: (
+                            F.scaled_dot_product_attention(q, k, v).sum().backward()
+                        )
+                    )
                 row[f"{label}_fwd_ms"] = round(ms, 4)
                 row[f"{label}_fwd_tflops"] = round(flop / ms / 1e9, 1)
                 row[f"{label}_fwd_bwd_ms"] = round(ms_fb, 4)

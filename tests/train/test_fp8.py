@@ -114,7 +114,7 @@ def _local_copy(bundle):
 
 
 def test_backend_refuses_fp8_for_a_full_fine_tune(tiny_bundle) -> None:
-    with pytest.raises(ConfigError, match="fp8_frozen .* needs backend.lora"):
+    with pytest.raises(ConfigError, match=r"fp8_frozen .* needs backend\.lora"):
         FSDPBackend(
             bundle=_local_copy(tiny_bundle),
             lora=None,
@@ -149,9 +149,7 @@ def test_fp8_first_update_is_exactly_on_policy_on_tiny_sd3(tiny_bundle, old_logp
     algorithm = FlowGRPO(
         pipeline=pipeline, clip_range=1e-3, kl_beta=0.04, old_logp_source=old_logp_source
     )
-    stack = TrainStack(
-        backend=backend, algorithm=algorithm, micro_batch_size=4, shuffle=False
-    )
+    stack = TrainStack(backend=backend, algorithm=algorithm, micro_batch_size=4, shuffle=False)
     n = 4
     req = RolloutReq(
         sample_ids=torch.arange(n),

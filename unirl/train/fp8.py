@@ -67,7 +67,11 @@ class _Fp8Matmul(torch.autograd.Function):
         wt_q, wt_scale = ctx.saved_tensors  # type: ignore[attr-defined]
         gq, gs = quantize_rowwise(grad_out)
         grad_in = torch._scaled_mm(
-            gq, wt_q.t(), scale_a=gs, scale_b=wt_scale, out_dtype=ctx.grad_dtype  # type: ignore[attr-defined]
+            gq,
+            wt_q.t(),
+            scale_a=gs,
+            scale_b=wt_scale,
+            out_dtype=ctx.grad_dtype,  # type: ignore[attr-defined]
         )
         return grad_in, None, None, None, None, None
 
@@ -86,7 +90,7 @@ class Fp8Linear(nn.Linear):
     weight_t_fp8: torch.Tensor
     weight_t_scale: torch.Tensor
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         out_dtype = (
             torch.get_autocast_dtype(x.device.type)
             if torch.is_autocast_enabled(x.device.type)
@@ -94,7 +98,12 @@ class Fp8Linear(nn.Linear):
         )
         x2d = x.reshape(-1, x.shape[-1])
         y = _Fp8Matmul.apply(
-            x2d, self.weight_fp8, self.weight_scale, self.weight_t_fp8, self.weight_t_scale, out_dtype
+            x2d,
+            self.weight_fp8,
+            self.weight_scale,
+            self.weight_t_fp8,
+            self.weight_t_scale,
+            out_dtype,
         )
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
