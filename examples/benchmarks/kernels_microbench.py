@@ -48,16 +48,30 @@ def linear_rows() -> list[dict]:
         fp8.load_state_dict(dense.state_dict())
         convert_frozen_linears([nn.Sequential(fp8)])
         fp8_c = torch.compile(fp8)
+        fp8t = nn.Linear(k, n, device="cuda", dtype=torch.bfloat16).requires_grad_(False)
+        fp8t.load_state_dict(dense.state_dict())
+        convert_frozen_linears([nn.Sequential(fp8t)], rowwise=False)
+        fp8t_c = torch.compile(fp8t)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         flop = 2 * m * k * n
         row = {"name": name, "m": m, "k": k, "n": n}
-        for label, layer in [("bf16", dense), ("fp8_eager", fp8), ("fp8_compiled", fp8_c)]:
+        variants = [
+            ("bf16", dense),
+            ("fp8_eager", fp8),
+            ("fp8_compiled", fp8_c),
+            ("fp8_tensorwise_compiled", fp8t_c),
+        ]
+        for label, layer in variants:
             ms = bench_ms(lambda layer=layer, x=x: layer(x))
             row[f"{label}_ms"] = round(ms, 4)
             row[f"{label}_tflops"] = round(flop / ms / 1e9, 1)
         # forward + input-gradient backward (what a LoRA run's frozen base does in training)
         xg = x.clone().requires_grad_(True)
-        for label, layer in [("bf16", dense), ("fp8_compiled", fp8_c)]:
+        for label, layer in [
+            ("bf16", dense),
+            ("fp8_compiled", fp8_c),
+            ("fp8_tensorwise_compiled", fp8t_c),
+        ]:
 
             def fwd_bwd(layer=layer, xg=xg) -> None:
                 layer(xg).sum().backward()
@@ -66,8 +80,8 @@ def linear_rows() -> list[dict]:
             row[f"{label}_fwd_bwd_ms"] = round(ms, 4)
         with torch.no_grad():
             ref = dense(x).float()
-            rel = float((fp8(x).float() - ref).norm() / ref.norm())
-        row["fp8_rel_err"] = rel
+            row["fp8_rel_err"] = float((fp8(x).float() - ref).norm() / ref.norm())
+            row["fp8_tensorwise_rel_err"] = float((fp8t(x).float() - ref).norm() / ref.norm())
         out.append(row)
     return out
 

@@ -219,7 +219,9 @@ class FSDPBackend:
         )
         problem = fp8_device_problem(self._device)
         require(problem is None, f"fsdp.fp8_frozen: {problem}; set fsdp.fp8_frozen=false")
-        converted = convert_frozen_linears(blocks)
+        converted = convert_frozen_linears(
+            blocks, rowwise=self.fsdp_config.fp8_scaling == "rowwise"
+        )
         require(
             bool(converted),
             "fsdp.fp8_frozen: no frozen nn.Linear with dimensions divisible by 16 in the blocks "

@@ -10,10 +10,13 @@ scales in the epilogue:
     y = (xq @ Wqᵀ) · s_x · s_wᵀ + b                                      forward
     ∂L/∂x = (gq @ Wtq) · s_g · s_wtᵀ,   g = ∂L/∂y quantised per row          backward
 
-No gradient flows to ``W`` or ``b`` (they are frozen); a LoRA branch on top stays in the
-autocast dtype and receives exact gradients of its own. On an H100 this halves the time of
-the large matmuls; the price is e4m3 rounding of both operands (3 mantissa bits: about 2%
-relative error per matmul on random data, see ``tests/models/test_fp8.py``).
+With ``rowwise=False`` every operand has a single scale instead (one per tensor), which
+selects cuBLAS's tensorwise FP8 kernels. No gradient flows to ``W`` or ``b`` (they are
+frozen); a LoRA branch on top stays in the autocast dtype and receives exact gradients of its
+own. The price is e4m3 rounding of both operands (3 mantissa bits: about 4% relative error
+per matmul on random data with rowwise scales, see ``tests/train/test_fp8.py``); whether it
+is faster than bf16 depends on the card, the shapes and the kernels (measured in
+``docs/performance.md``).
 
 Rollout and training run the same function, so the policy that samples is the policy that
 trains. The quantised copies are buffers computed from the weight at conversion time; a
@@ -41,6 +44,17 @@ def quantize_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (xf / scale).to(E4M3), scale
 
 
+def quantize_tensorwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q e4m3, scale[] fp32)`` with ``x ≈ q · scale`` and one scale for the whole tensor."""
+    xf = x.float()
+    scale = xf.abs().amax().clamp_min(_MIN_AMAX) / E4M3_MAX
+    return (xf / scale).to(E4M3), scale
+
+
+def quantize(x: torch.Tensor, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize_rowwise(x) if rowwise else quantize_tensorwise(x)
+
+
 class _Fp8Matmul(torch.autograd.Function):
     """``x2d @ Wᵀ`` with FP8 operands; the gradient goes to ``x2d`` only."""
 
@@ -53,11 +67,13 @@ class _Fp8Matmul(torch.autograd.Function):
         wt_q: torch.Tensor,
         wt_scale: torch.Tensor,
         out_dtype: torch.dtype,
+        rowwise: bool,
     ) -> torch.Tensor:
-        xq, xs = quantize_rowwise(x2d)
+        xq, xs = quantize(x2d, rowwise)
         y = torch._scaled_mm(xq, w_q.t(), scale_a=xs, scale_b=w_scale, out_dtype=out_dtype)
         ctx.save_for_backward(wt_q, wt_scale)
         ctx.grad_dtype = x2d.dtype  # type: ignore[attr-defined]
+        ctx.rowwise = rowwise  # type: ignore[attr-defined]
         return y
 
     @staticmethod
@@ -65,7 +81,7 @@ class _Fp8Matmul(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
         wt_q, wt_scale = ctx.saved_tensors  # type: ignore[attr-defined]
-        gq, gs = quantize_rowwise(grad_out)
+        gq, gs = quantize(grad_out, ctx.rowwise)  # type: ignore[attr-defined]
         grad_in = torch._scaled_mm(
             gq,
             wt_q.t(),
@@ -73,7 +89,7 @@ class _Fp8Matmul(torch.autograd.Function):
             scale_b=wt_scale,
             out_dtype=ctx.grad_dtype,  # type: ignore[attr-defined]
         )
-        return grad_in, None, None, None, None, None
+        return grad_in, None, None, None, None, None, None
 
 
 class Fp8Linear(nn.Linear):
@@ -89,6 +105,7 @@ class Fp8Linear(nn.Linear):
     weight_scale: torch.Tensor
     weight_t_fp8: torch.Tensor
     weight_t_scale: torch.Tensor
+    fp8_rowwise: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out_dtype = (
@@ -104,13 +121,15 @@ class Fp8Linear(nn.Linear):
             self.weight_t_fp8,
             self.weight_t_scale,
             out_dtype,
+            self.fp8_rowwise,
         )
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + ", fp8=e4m3 rowwise"
+        scales = "rowwise" if self.fp8_rowwise else "tensorwise"
+        return super().extra_repr() + f", fp8=e4m3 {scales}"
 
 
 @torch.no_grad()
@@ -118,13 +137,18 @@ def refresh_fp8(module: Fp8Linear) -> None:
     """(Re)compute the quantised copies from ``module.weight`` (full, unsharded)."""
     w = module.weight.detach()
     w = w.full_tensor() if hasattr(w, "full_tensor") else w
-    w_q, w_scale = quantize_rowwise(w)  # rows = output features
-    wt_q, wt_scale = quantize_rowwise(w.t())  # rows = input features
+    if module.fp8_rowwise:
+        w_q, w_scale = quantize_rowwise(w)  # rows = output features
+        wt_q, wt_scale = quantize_rowwise(w.t())  # rows = input features
+        w_scale, wt_scale = w_scale.reshape(1, -1), wt_scale.reshape(1, -1)
+    else:
+        w_q, w_scale = quantize_tensorwise(w)
+        wt_q, wt_scale = w_q.t(), w_scale
     for name, value in (
         ("weight_fp8", w_q),
-        ("weight_scale", w_scale.reshape(1, -1).contiguous()),
+        ("weight_scale", w_scale.contiguous()),
         ("weight_t_fp8", wt_q.contiguous()),
-        ("weight_t_scale", wt_scale.reshape(1, -1).contiguous()),
+        ("weight_t_scale", wt_scale.contiguous()),
     ):
         module.register_buffer(name, value, persistent=False)
 
@@ -153,13 +177,15 @@ def fp8_device_problem(device: torch.device) -> str | None:
 
 
 def convert_frozen_linears(
-    roots: Iterable[nn.Module], *, exclude: tuple[str, ...] = ("norm",)
+    roots: Iterable[nn.Module], *, exclude: tuple[str, ...] = ("norm",), rowwise: bool = True
 ) -> list[str]:
     """Switch every eligible frozen ``nn.Linear`` under ``roots`` to :class:`Fp8Linear`.
 
     Linears whose qualified name (relative to its root) contains one of ``exclude`` stay as
     they are (default: the adaLN modulation linears, tiny matmuls that set every scale and
-    shift). Returns the converted names (``<root index>.<name>``).
+    shift). ``rowwise``: one scale per row of each operand (default), else one per tensor
+    (cuBLAS's fastest FP8 path, coarser). Returns the converted names
+    (``<root index>.<name>``).
     """
     converted = []
     for index, root in enumerate(roots):
@@ -167,6 +193,7 @@ def convert_frozen_linears(
             if any(token in name for token in exclude) or fp8_eligible(module) is not None:
                 continue
             module.__class__ = Fp8Linear
+            module.fp8_rowwise = rowwise
             refresh_fp8(module)  # type: ignore[arg-type]
             converted.append(f"{index}.{name}")
     return converted
