@@ -5,7 +5,7 @@ forward (rollout / reference) and a LoRA forward + backward, then prints the top
 kernels of one of each from ``torch.profiler``.
 
     python examples/benchmarks/profile_transformer.py [--sdpa auto|flash|cudnn]
-        [--fp8 off|rowwise|tensorwise] [--json OUT.json] [--rows 25]
+        [--json OUT.json] [--rows 25] [--path tiny --device cpu --no-compile]
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ def timed(fn, iters: int = 5) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sdpa", default="auto")
-    parser.add_argument("--fp8", default="off", choices=["off", "rowwise", "tensorwise"])
     parser.add_argument("--json", default=None)
     parser.add_argument("--rows", type=int, default=25)
     parser.add_argument("--path", default="sd3.5-medium-arch")
@@ -56,8 +55,6 @@ def main() -> None:
         sdpa_backend=args.sdpa,
     )
     fsdp = {"compile": not args.no_compile}
-    if args.fp8 != "off":
-        fsdp.update(fp8_frozen=True, fp8_scaling=args.fp8)
     backend = FSDPBackend(
         bundle=bundle, lora=LoraConfig(rank=32, alpha=64), fsdp=fsdp, device=args.device
     )
@@ -91,7 +88,6 @@ def main() -> None:
     result = {
         "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
         "sdpa": args.sdpa,
-        "fp8": args.fp8,
         "compile_s": compile_s,
         "forward_s": timed(forward),
         "reference_s": timed(reference),

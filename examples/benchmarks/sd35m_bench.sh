@@ -7,8 +7,8 @@
 #   NUM_DEVICES=2 SHARD_FROZEN=false ONLY=flowgrpo bash examples/benchmarks/sd35m_bench.sh compile
 #     (data parallel over 2 GPUs; SHARD_FROZEN=false keeps the frozen base whole on each GPU,
 #      RESHARD=false keeps gathered parameters between forwards)
-#   FP8=true SDPA=cudnn VAE_DTYPE=bf16 bash examples/benchmarks/sd35m_bench.sh compile
-#     (FP8 e4m3 matmuls for the frozen base linears, cuDNN attention, bf16 VAE decode)
+#   SDPA=cudnn VAE_DTYPE=bf16 bash examples/benchmarks/sd35m_bench.sh compile
+#     (attention kernel and VAE precision; defaults: SDPA=auto, VAE_DTYPE=bf16)
 #
 # 1. Flow-GRPO shape: 512x512, 10 steps, CFG 4.5, group 8, LoRA r32, 9 trained steps,
 #    KL reference forward (beta 0.04), T5 length 128, cheap reward (JPEG size).
@@ -24,8 +24,8 @@ common=(
   num_devices="${NUM_DEVICES:-1}" device=cuda
   reward.backend._target_=unirl.reward.local.JpegCompressibility "~reward.backend.engine" "reward.guards=[]"
   stack.num_updates_per_batch=1 algorithm.old_logp_source=rollout
-  "+backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}, fp8_frozen: ${FP8:-false}}"
-  ++bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-fp32}"
+  "+backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}}"
+  ++bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-bf16}"
   logging.progress=off
 )
 if [[ "${ONLY:-}" != "fast" ]]; then

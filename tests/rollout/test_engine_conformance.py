@@ -25,6 +25,7 @@ from rollout_fakes import (
 from unirl.distributed.weight_sync import LoraSync
 from unirl.rollout import DedicatedEngine, TrainsideEngine
 from unirl.types import Images, LatentSegment, RolloutResp
+from unirl.types.resident import RESIDENT, unpark
 
 TOL = {"fp32": 1e-6, "bf16": 1e-2}
 
@@ -71,9 +72,18 @@ def _replay_logp(pipeline, track) -> torch.Tensor:
         )
 
 
-def test_trainside_matches_its_own_replay(stack) -> None:
+@pytest.mark.parametrize("resident", [True, False])
+def test_trainside_matches_its_own_replay(stack, resident: bool) -> None:
     _, _, pipeline, req = stack
-    resp = TrainsideEngine(pipeline=pipeline).generate(req)
+    resp = TrainsideEngine(pipeline=pipeline, resident=resident).generate(req)
+    track = resp.tracks["diffusion"]
+    if resident:  # the training inputs stayed on the worker; only the key crossed
+        assert track.conditions is None and track.segment is None
+        assert track.resident_key == f"rollout_{req.rollout_index}/diffusion"
+        resp = dataclasses.replace(resp, tracks={"diffusion": unpark(track)})
+        RESIDENT.drop(track.resident_key)
+    else:
+        assert track.resident_key is None
     seg = _check_contract(resp, req)
     replay = _replay_logp(pipeline, resp.tracks["diffusion"])
     assert torch.equal(replay, seg.sde_logp)  # equal geometry: bit for bit
@@ -96,7 +106,8 @@ def test_dedicated_engine_agrees_with_trainside_replay(stack, dtype: str) -> Non
     delta = (replay - seg.sde_logp).abs().max().item()
     assert delta <= TOL[dtype], f"{dtype}: max |Δ log p| = {delta:.3e} > {TOL[dtype]}"
     if dtype == "fp32":
-        trainside = TrainsideEngine(pipeline=pipeline).generate(req).tracks["diffusion"]
+        trainside = TrainsideEngine(pipeline=pipeline, resident=False).generate(req)
+        trainside = trainside.tracks["diffusion"]
         assert torch.equal(trainside.segment.sde_logp, seg.sde_logp)
         assert torch.equal(trainside.segment.final_latents, seg.final_latents)
 

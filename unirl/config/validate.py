@@ -276,24 +276,6 @@ def check_old_adapter_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
     )
 
 
-def check_fp8(cfg: RunConfig, objs: dict[str, Any]) -> None:
-    """FP8 base weights live in the trainer's module: only a LoRA run sampling with that same
-    module (the trainside engine) samples from the policy it trains."""
-    backend = cfg.backend or {}
-    if not (backend.get("fsdp") or {}).get("fp8_frozen", False):
-        return
-    require(
-        backend.get("lora") is not None,
-        "backend.fsdp.fp8_frozen runs frozen base weights in FP8 and needs backend.lora",
-    )
-    require(
-        engine_kind(cfg) == "trainside",
-        "backend.fsdp.fp8_frozen changes the trainer's numerics only; a dedicated engine would "
-        "sample from a different (bf16) policy. Use rollout._target_=unirl.rollout.TrainsideEngine "
-        "or fp8_frozen=false",
-    )
-
-
 def check_data(cfg: RunConfig, objs: dict[str, Any]) -> None:
     path = (cfg.data_source or {}).get("path")
     if path:
@@ -319,7 +301,6 @@ CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
     check_strategy_and_algorithm,
     check_reference_policy,
     check_old_adapter_rollout,
-    check_fp8,
     check_data,
     check_device,
 )

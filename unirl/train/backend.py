@@ -28,7 +28,6 @@ from unirl.config.precision import parse_dtype
 from unirl.train import checkpoint as ckpt
 from unirl.train.ema import EMAConfig, ParamEMA
 from unirl.train.export import write_lora_export
-from unirl.train.fp8 import convert_frozen_linears, fp8_device_problem
 from unirl.train.lora import (
     LoraConfig,
     adapter_active,
@@ -176,18 +175,13 @@ class FSDPBackend:
         module.to(self._device)
 
         # 3. activation checkpointing, 3b. regional torch.compile per block, 4. FSDP2 per
-        # block then root (torchtitan's order: AC -> compile -> FSDP). 2b. first, the frozen
-        # linears of the blocks switch to FP8 (from the full weights, before any sharding).
-        cfg = self.fsdp_config
+        # block then root (torchtitan's order: AC -> compile -> FSDP).
         blocks: list[nn.Module] = []
-        if cfg.activation_checkpointing or self.is_sharded or cfg.compile or cfg.fp8_frozen:
-            names = cfg.block_class_names or list(
+        if self.fsdp_config.activation_checkpointing or self.is_sharded or self.fsdp_config.compile:
+            names = self.fsdp_config.block_class_names or list(
                 self._bundle_default(bundle, "block_class_names", "fsdp.block_class_names")
             )
             blocks = find_blocks(module, names)
-        self.fp8_linears: list[str] = []
-        if cfg.fp8_frozen:
-            self.fp8_linears = self._convert_fp8(blocks)
         if self.fsdp_config.activation_checkpointing:
             apply_activation_checkpointing(blocks)
         if self.fsdp_config.compile:
@@ -210,24 +204,6 @@ class FSDPBackend:
         self.moved_bytes: dict[str, int] = {"offload": 0, "onload": 0}
 
     # -- construction helpers ------------------------------------------------------------------
-
-    def _convert_fp8(self, blocks: list[nn.Module]) -> list[str]:
-        require(
-            self.lora is not None,
-            "fsdp.fp8_frozen runs only frozen weights in FP8; it needs backend.lora (a full "
-            "fine-tune trains every linear)",
-        )
-        problem = fp8_device_problem(self._device)
-        require(problem is None, f"fsdp.fp8_frozen: {problem}; set fsdp.fp8_frozen=false")
-        converted = convert_frozen_linears(
-            blocks, rowwise=self.fsdp_config.fp8_scaling == "rowwise"
-        )
-        require(
-            bool(converted),
-            "fsdp.fp8_frozen: no frozen nn.Linear with dimensions divisible by 16 in the blocks "
-            f"({self.fsdp_config.block_class_names or 'the bundle default'}); set fsdp.fp8_frozen=false",
-        )
-        return converted
 
     def _module_of(self, bundle: Any) -> nn.Module:
         module = getattr(bundle, "trainable_module", None)

@@ -38,12 +38,6 @@ class FSDPConfig:
     ``shard_frozen=False`` keeps frozen parameters (a LoRA run's base model) whole on every
     rank and shards only the trainable ones: no all-gather of the base in any forward, at the
     cost of one full base copy per rank.
-    ``fp8_frozen`` runs the frozen ``nn.Linear`` layers inside the blocks (a LoRA run's base,
-    adaLN modulation excluded) as FP8 e4m3 matmuls with rowwise scales
-    (:mod:`unirl.train.fp8`); rollout and training share them. It needs LoRA and CPU or a
-    CUDA sm89+ card, and changes numerics (about 4% relative error per matmul on random data).
-    ``fp8_scaling``: ``rowwise`` (one scale per row of each operand) or ``tensorwise`` (one
-    per tensor: cuBLAS's fastest FP8 kernels, coarser).
     """
 
     block_class_names: list[str] | None = None
@@ -54,8 +48,6 @@ class FSDPConfig:
     cpu_offload: bool = False
     compile: bool = False
     shard_frozen: bool = True
-    fp8_frozen: bool = False
-    fp8_scaling: str = "rowwise"
 
     def __post_init__(self) -> None:
         if self.block_class_names is not None:
@@ -69,10 +61,6 @@ class FSDPConfig:
             self.param_dtype = canonical_precision(self.param_dtype, "fsdp.param_dtype")
         if self.reduce_dtype is not None:
             self.reduce_dtype = canonical_precision(self.reduce_dtype, "fsdp.reduce_dtype")
-        require(
-            self.fp8_scaling in ("rowwise", "tensorwise"),
-            f"fsdp.fp8_scaling must be 'rowwise' or 'tensorwise', got {self.fp8_scaling!r}",
-        )
 
 
 def world_info() -> tuple[int, int]:

@@ -24,6 +24,7 @@ from unirl.algorithms.base import StageAlgorithm
 from unirl.config.require import require
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import RolloutTrack
+from unirl.types.resident import RESIDENT, unpark
 
 
 def _logp_gap(rollout: Any, anchored: Any) -> float:
@@ -89,6 +90,8 @@ class TrainStack:
     ) -> dict[str, Any]:
         """Train on this rank's shard of ``track`` (advantages attached); returns
         ``{"steps": [metrics of each optimizer step]}``."""
+        resident_key = track.resident_key
+        track = unpark(track)  # conditions / segment parked on this worker by the engine
         if track.advantages is None or track.segment is None or track.conditions is None:
             raise ValueError("train_track needs a track with conditions, segment and advantages")
         n = len(track)
@@ -171,6 +174,8 @@ class TrainStack:
             # (0 with trainside fp32; the engine/precision gap for dedicated engines)
             metrics["old_logp/rollout_vs_replay_max"] = anchor_gap
             all_metrics.append(metrics)
+        if resident_key is not None:
+            RESIDENT.drop(resident_key)
         return {"steps": all_metrics, "param_checksum": self.param_checksum()}
 
     def param_checksum(self) -> float:

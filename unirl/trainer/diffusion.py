@@ -249,7 +249,10 @@ class DiffusionTrainer:
 
         t0 = time.perf_counter()
         progress = rollout_index / max(cfg.num_rollouts, 1)
-        per_rank = stack.train_track(track, rollout_index, progress)
+        # the trainer needs no pixels: keep them off the wire
+        per_rank = stack.train_track(
+            dataclasses.replace(track, decoded=None), rollout_index, progress
+        )
         t_train = time.perf_counter() - t0
         steps = [
             mean_over_ranks([rank["steps"][u] for rank in per_rank])

@@ -30,7 +30,7 @@ class RewardWorker:
         scored, metrics = self.service.score_track(track)
         meta = [dict(m) for m in scored.metadata]
         meta[0]["_reward_metrics"] = metrics
-        return dataclasses.replace(scored, metadata=meta)
+        return dataclasses.replace(scored, metadata=meta, decoded=None)  # the driver has them
 
 
 def light_track(track: RolloutTrack) -> RolloutTrack:

@@ -107,6 +107,8 @@ class RolloutTrack(Batch):
     advantages: torch.Tensor | None = batch_field("concat", default=None)
     status: torch.Tensor | None = batch_field("concat", default=None)
     parent_track: str | None = batch_field("shared", default=None)
+    # set while conditions / segment stay on the sampling worker (unirl/types/resident.py)
+    resident_key: str | None = batch_field("shared", default=None)
 
     def __post_init__(self) -> None:
         if self.status is None:

@@ -9,7 +9,7 @@ import torch
 from unirl.config import require
 from unirl.config.precision import canonical_precision
 
-SDPA_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
+SDPA_BACKENDS = ("auto", "torch", "flash", "efficient", "cudnn", "math")
 T5_PLACEHOLDERS = ("zeros", "random")
 
 
@@ -25,7 +25,10 @@ class SD3BundleConfig:
     ``skip_t5`` does not load T5 at all and fills its part of the sequence with
     ``t5_placeholder`` embeddings: ``zeros`` (what diffusers does without ``text_encoder_3``)
     or ``random`` (fixed per prompt; for benchmarks of the arch preset).
-    ``sdpa_backend`` pins the attention kernel (``auto`` lets PyTorch choose).
+    ``sdpa_backend`` picks the attention kernel on CUDA: ``auto`` puts cuDNN's fused attention
+    first on Hopper and newer (then flash, memory-efficient, math) and leaves older cards to
+    PyTorch; ``torch`` is PyTorch's own order; ``flash`` / ``efficient`` / ``cudnn`` / ``math``
+    pin one kernel. CPU always uses PyTorch's choice.
     ``decode_chunk_size`` bounds how many latents one VAE decode call takes.
     """
 

@@ -7,6 +7,7 @@ from typing import Any
 from unirl.config.require import require
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import RolloutReq, RolloutResp
+from unirl.types.resident import park
 
 
 class TrainsideEngine:
@@ -15,24 +16,35 @@ class TrainsideEngine:
     There is no second copy of the weights, hence no ``sync`` block and no separate layout.
     Under FSDP every rank must run the same number of forwards: the driver splits the request
     into equal data-parallel shards (validated before the run starts).
+
+    ``resident`` (default): a training rollout's conditions and trajectory segment stay on this
+    worker's device (``unirl.types.resident``) and the driver gets the track without them;
+    the train stack on the same rank picks them up by sample id. ``False`` ships them
+    through the driver on CPU.
     """
 
     engine_kind = "trainside"
 
-    def __init__(self, *, pipeline: Any, forward_batch_size: int | None = None) -> None:
+    def __init__(
+        self, *, pipeline: Any, forward_batch_size: int | None = None, resident: bool = True
+    ) -> None:
         require(
             forward_batch_size is None or forward_batch_size >= 1,
             "rollout.forward_batch_size must be >= 1",
         )
         self.pipeline = pipeline
+        self.resident = bool(resident)
         if forward_batch_size is not None:
             self.pipeline.forward_batch_size = forward_batch_size
 
     @distributed(dispatch=Dispatch.DP_SCATTER)
     def generate(self, req: RolloutReq) -> RolloutResp:
         """Sample this rank's shard of ``req``; tensors come back on CPU (the driver never
-        touches a device)."""
-        return self.pipeline.generate(req).to("cpu")
+        touches a device), without the resident training inputs when ``resident``."""
+        resp = self.pipeline.generate(req)
+        if self.resident and req.mode == "train":
+            resp = park(resp, f"rollout_{req.rollout_index}")
+        return resp.to("cpu")
 
     @distributed(dispatch=Dispatch.BROADCAST)
     def sleep(self) -> None:
