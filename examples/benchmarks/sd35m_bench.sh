@@ -6,7 +6,8 @@
 #   ONLY=flowgrpo|fast runs one shape; TAG=_x suffixes the output names
 #   NUM_DEVICES=2 SHARD_FROZEN=false ONLY=flowgrpo bash examples/benchmarks/sd35m_bench.sh compile
 #     (data parallel over 2 GPUs; SHARD_FROZEN=false keeps the frozen base whole on each GPU,
-#      RESHARD=false keeps gathered parameters between forwards)
+#      RESHARD=false keeps gathered parameters between forwards, DP=replicate replaces FSDP
+#      by whole-module replicas and one gradient all-reduce per step)
 #   SDPA=cudnn VAE_DTYPE=bf16 bash examples/benchmarks/sd35m_bench.sh compile
 #     (attention kernel and VAE precision; defaults: SDPA=auto, VAE_DTYPE=bf16)
 #
@@ -24,7 +25,7 @@ common=(
   num_devices="${NUM_DEVICES:-1}" device=cuda
   reward.backend._target_=unirl.reward.local.JpegCompressibility "~reward.backend.engine" "reward.guards=[]"
   stack.num_updates_per_batch=1 algorithm.old_logp_source=rollout
-  "+backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}}"
+  "+backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}, data_parallel: ${DP:-shard}}"
   ++bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-bf16}"
   logging.progress=off
 )

@@ -113,18 +113,21 @@ def test_kill_after_checkpoint_then_resume_matches_uninterrupted_run(tmp_path: P
             assert a[step][key] == b[step][key], (step, key, a[step][key], b[step][key])
 
 
-@pytest.mark.parametrize("devices", [2])
-def test_two_cpu_workers_train_and_agree(tmp_path: Path, ray_session, devices: int) -> None:
-    out = tmp_path / "dp2"
+@pytest.mark.parametrize("data_parallel", ["shard", "replicate"])
+def test_two_cpu_workers_train_and_agree(tmp_path: Path, ray_session, data_parallel: str) -> None:
+    """Both data-parallel modes through the real trainer (resident rollout tensors included:
+    each rank trains on the shard it sampled)."""
+    out = tmp_path / f"dp2_{data_parallel}"
     code = run_recipe(
         RECIPE,
         [
             f"output_dir={out}",
-            f"num_devices={devices}",
+            "num_devices=2",
             "num_rollouts=3",
             "save_interval=0",
             "eval_interval=0",
             "logging.gallery_interval=0",
+            f"+backend.fsdp={{data_parallel: {data_parallel}}}",
         ],
     )
     assert code == 0  # the trainer raises if the ranks' parameter checksums differ after a step

@@ -1,6 +1,8 @@
-"""FSDP2 on two CPU processes (gloo): one sharded step equals one unsharded step on the
-concatenated batch; clipping, EMA, the base-model switch, the frozen "old" adapter and the
-checkpoint round trip work on sharded parameters (uneven shards: LoRA rank 3)."""
+"""Data parallel on two CPU processes (gloo): FSDP2 (base sharded or replicated) and the
+replicate mode (whole module per rank, one gradient all-reduce per step). One data-parallel
+step equals one single-process step on the concatenated batch; clipping, EMA, the base-model
+switch, the frozen "old" adapter and the checkpoint round trip work in every mode (uneven
+shards: LoRA rank 3)."""
 
 from __future__ import annotations
 
@@ -23,13 +25,16 @@ MAX_NORM = 1e-4  # below the gradient norm: clipping is exercised
 LORA = LoraConfig(rank=3, alpha=6.0, targets=list(TARGETS), extra_adapters=["old"])
 
 
-def _backend(seed: int = 5, shard_frozen: bool = True):
+MODES = {
+    "shard_frozen": FSDPConfig(shard_frozen=True),
+    "replicate_frozen": FSDPConfig(shard_frozen=False),
+    "replicate_dp": FSDPConfig(data_parallel="replicate"),
+}
+
+
+def _backend(seed: int = 5, mode: str = "shard_frozen"):
     return make_backend(
-        bundle=TinyBundle(),
-        lora=LORA,
-        ema=EMAConfig(decay=0.5),
-        seed=seed,
-        fsdp=FSDPConfig(shard_frozen=shard_frozen),
+        bundle=TinyBundle(), lora=LORA, ema=EMAConfig(decay=0.5), seed=seed, fsdp=MODES[mode]
     )
 
 
@@ -41,25 +46,31 @@ def _step(backend, inputs) -> float:
     return norm
 
 
-def _worker(rank: int, port: int, out_dir: str, shard_frozen: bool) -> None:
+def _worker(rank: int, port: int, out_dir: str, mode: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(
         "gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60)
     )
     try:
         torch.set_num_threads(1)
-        backend = _backend(shard_frozen=shard_frozen)
+        # every rank draws a different LoRA init: replicate mode must broadcast rank 0's
+        backend = _backend(seed=5 + (rank if mode == "replicate_dp" else 0), mode=mode)
         from torch.distributed.fsdp import FSDPModule
         from torch.distributed.tensor import DTensor
 
-        assert backend.is_sharded and isinstance(backend.module, FSDPModule)
-        assert all(isinstance(p, DTensor) for p in backend.trainable_parameters())
         frozen = [
             p
             for n, p in backend.module.named_parameters()
             if not p.requires_grad and "lora_" not in n
         ]
-        assert all(isinstance(p, DTensor) == shard_frozen for p in frozen)
+        if mode == "replicate_dp":
+            assert backend.is_replicated and not backend.is_sharded
+            assert not isinstance(backend.module, FSDPModule)
+            assert not any(isinstance(p, DTensor) for p in backend.module.parameters())
+        else:
+            assert backend.is_sharded and isinstance(backend.module, FSDPModule)
+            assert all(isinstance(p, DTensor) for p in backend.trainable_parameters())
+            assert all(isinstance(p, DTensor) == (mode == "shard_frozen") for p in frozen)
         full_batch = transformer_inputs(BATCH, seed=11)
         mine = {k: v[rank * 2 : rank * 2 + 2] for k, v in full_batch.items()}
         with backend.adapter_disabled():
@@ -88,7 +99,7 @@ def _worker(rank: int, port: int, out_dir: str, shard_frozen: bool) -> None:
         # Checkpoint round trip into a differently initialised sharded backend.
         backend.sync_adapter("old", decay=0.5)
         backend.save_checkpoint(Path(out_dir) / "ckpt", extra={"step": 1})
-        restored = _backend(seed=6, shard_frozen=shard_frozen)
+        restored = _backend(seed=6, mode=mode)
         assert restored.load_checkpoint(Path(out_dir) / "ckpt") == {"step": 1}
         a, b = backend.full_trainable_state(), restored.full_trainable_state()
         assert all(torch.equal(a[k], b[k]) for k in a)
@@ -123,7 +134,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["shard_frozen", "replicate_frozen"])
+@pytest.fixture(scope="module", params=list(MODES))
 def ranks(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> list[dict]:
     out = tmp_path_factory.mktemp("fsdp")
     mp.spawn(_worker, args=(_free_port(), str(out), request.param), nprocs=WORLD, join=True)

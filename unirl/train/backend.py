@@ -49,9 +49,11 @@ from unirl.train.optim import (
 )
 from unirl.train.parallel import (
     FSDPConfig,
+    all_reduce_grads,
     apply_activation_checkpointing,
     apply_compile,
     apply_fsdp,
+    broadcast_module,
     broadcast_object,
     find_blocks,
     full_from_local,
@@ -140,11 +142,15 @@ class FSDPBackend:
         self.seed = int(seed)
         self.trainable_attr = trainable_attr
         self.rank, self.world_size = world_info()
-        self.is_sharded = self.world_size > 1
+        replicate = self.fsdp_config.data_parallel == "replicate"
+        self.is_sharded = self.world_size > 1 and not replicate
+        self.is_replicated = self.world_size > 1 and replicate
+        self._grads_reduced = False
         require(
             not self.fsdp_config.cpu_offload or (self.is_sharded and self._device.type == "cuda"),
-            "fsdp.cpu_offload needs a sharded CUDA run (torch.distributed with world > 1); in one "
-            "process call backend.offload() / onload() between phases instead",
+            "fsdp.cpu_offload needs a sharded CUDA run (torch.distributed with world > 1 and "
+            "fsdp.data_parallel=shard); in one process call backend.offload() / onload() "
+            "between phases instead",
         )
         module = self._module_of(bundle)
 
@@ -188,6 +194,8 @@ class FSDPBackend:
             apply_compile(blocks)
         if self.is_sharded:
             apply_fsdp(module, blocks, self.fsdp_config, self._device)
+        elif self.is_replicated:
+            broadcast_module(module)  # one starting point for every rank
         setattr(bundle, trainable_attr, module)
         self.module = module
 
@@ -263,6 +271,13 @@ class FSDPBackend:
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+        self._grads_reduced = False
+
+    def _reduce_grads(self) -> None:
+        """Replicate mode: average the gradients over ranks, once per optimizer step."""
+        if self.is_replicated and not self._grads_reduced:
+            all_reduce_grads(self._trainable)
+            self._grads_reduced = True
 
     def clip_grad_norm(self, max_norm: float | None) -> float:
         """Total gradient norm across ranks, then clip to ``max_norm`` (``None``: measure only).
@@ -275,11 +290,14 @@ class FSDPBackend:
             max_norm is None or max_norm > 0,
             f"clip_grad_norm: max_norm must be > 0 or None, got {max_norm}",
         )
+        self._reduce_grads()
         return grad_norm_and_clip(self._trainable, max_norm)
 
     def optimizer_step(self) -> None:
         """AdamW step, LR schedule step, ``step += 1``, EMA update."""
+        self._reduce_grads()
         self.optimizer.step()
+        self._grads_reduced = False
         self.scheduler.step()
         self.step += 1
         if self._ema is not None:
@@ -482,7 +500,9 @@ class FSDPBackend:
         # set_state_dict treats an empty model dict on ranks > 0 as "optimizer only" and skips
         # the model broadcast on them (checked: rank 1 kept its old values).
         options = StateDictOptions(
-            full_state_dict=True, broadcast_from_rank0=self.is_sharded, strict=not self.has_lora
+            full_state_dict=True,
+            broadcast_from_rank0=self.world_size > 1,
+            strict=not self.has_lora,
         )
         set_model_state_dict(self.module, payload.get("model", {}), options=options)
         set_optimizer_state_dict(

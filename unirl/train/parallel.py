@@ -38,6 +38,10 @@ class FSDPConfig:
     ``shard_frozen=False`` keeps frozen parameters (a LoRA run's base model) whole on every
     rank and shards only the trainable ones: no all-gather of the base in any forward, at the
     cost of one full base copy per rank.
+    ``data_parallel``: ``shard`` (FSDP2 as above) or ``replicate`` (no FSDP: every rank holds
+    the whole module, parameters are broadcast from rank 0 once, and the gradients are
+    averaged with one bucketed all-reduce per optimizer step). ``replicate`` suits LoRA,
+    whose trainable part is small: no collective inside any forward or backward.
     """
 
     block_class_names: list[str] | None = None
@@ -48,8 +52,13 @@ class FSDPConfig:
     cpu_offload: bool = False
     compile: bool = False
     shard_frozen: bool = True
+    data_parallel: str = "shard"
 
     def __post_init__(self) -> None:
+        require(
+            self.data_parallel in ("shard", "replicate"),
+            f"fsdp.data_parallel must be 'shard' or 'replicate', got {self.data_parallel!r}",
+        )
         if self.block_class_names is not None:
             self.block_class_names = list(self.block_class_names)
             require(
@@ -173,6 +182,53 @@ def apply_fsdp(
     fully_shard(module, **kwargs)
 
 
+GRAD_BUCKET_BYTES = 256 * 2**20
+
+
+@torch.no_grad()
+def broadcast_module(module: nn.Module, src: int = 0) -> None:
+    """Every parameter and buffer of ``module`` takes rank ``src``'s value (replicate mode)."""
+    for t in [*module.parameters(), *module.buffers()]:
+        dist.broadcast(t.data, src=src)
+
+
+@torch.no_grad()
+def all_reduce_grads(params: list[nn.Parameter]) -> None:
+    """Average the gradients of ``params`` over all ranks, flattened into buckets of at most
+    ``GRAD_BUCKET_BYTES`` (one all-reduce per bucket). A missing gradient counts as zeros, so
+    every rank reduces the same layout."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    world = dist.get_world_size()
+    bucket: list[torch.Tensor] = []
+    size = 0
+
+    def flush() -> None:
+        if not bucket:
+            return
+        flat = torch._utils._flatten_dense_tensors(bucket)
+        dist.all_reduce(flat)
+        flat.div_(world)
+        for g, reduced in zip(
+            bucket, torch._utils._unflatten_dense_tensors(flat, bucket), strict=True
+        ):
+            g.copy_(reduced)
+        bucket.clear()
+
+    for p in params:
+        g = p.grad
+        assert g is not None
+        if bucket and (
+            size + g.numel() * g.element_size() > GRAD_BUCKET_BYTES or g.dtype != bucket[0].dtype
+        ):
+            flush()
+            size = 0
+        bucket.append(g)
+        size += g.numel() * g.element_size()
+    flush()
+
+
 def reshard(module: nn.Module) -> None:
     """Free any unsharded FSDP parameters, so the next forward all-gathers the current shards.
 
@@ -221,11 +277,21 @@ def full_from_local(local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def shard_like(full: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     """This rank's shard of rank 0's ``full`` tensor, sharded like ``like`` (a collective for
-    DTensors; other ranks may pass ``None``). Returns a plain local tensor."""
+    DTensors and for replicated tensors across ranks; other ranks may pass ``None``).
+    Returns a plain local tensor."""
+    rank, world = world_info()
     if not isinstance(like, DTensor):
-        require(full is not None, "shard_like: the full tensor is required without sharding")
-        return full
-    rank, _ = world_info()
+        if world == 1:
+            require(full is not None, "shard_like: the full tensor is required without sharding")
+            assert full is not None
+            return full
+        out = torch.empty_like(like.detach())
+        if rank == 0:
+            require(full is not None, "shard_like: rank 0 must pass the full tensor")
+            assert full is not None
+            out.copy_(full)
+        dist.broadcast(out, src=0)
+        return out
     local = like.to_local()
     if full is None or rank != 0:
         full = torch.empty(like.shape, dtype=local.dtype, device=local.device)

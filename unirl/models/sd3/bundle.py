@@ -196,8 +196,6 @@ class SD3Bundle:
         self._negative_cache: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._offloaded = False
         self.to(self.device)
-        if self.device.type == "cuda":  # NHWC convolutions: cuDNN's fast path for the VAE
-            self.vae.to(memory_format=torch.channels_last)
 
     @classmethod
     def from_config(cls, config: SD3BundleConfig) -> SD3Bundle:
