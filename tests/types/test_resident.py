@@ -28,11 +28,13 @@ def test_park_then_unpark_restores_rows_in_the_callers_order() -> None:
     assert track.conditions is None and track.resident_key == "rollout_7/t"
     shuffled = track.select(torch.tensor([2, 0]))  # the driver may keep any subset, any order
     back = unpark(shuffled)
-    assert back.resident_key is None
+    assert back.resident_key == "rollout_7/t"  # the entry lives until the trainer drops it
     assert torch.equal(back.sample_ids, torch.tensor([12, 10]))
     assert torch.equal(back.conditions.embeds, torch.tensor([[[4.0, 5.0]], [[0.0, 1.0]]]))
     whole = unpark(track)
     assert torch.equal(whole.conditions.embeds, torch.arange(8.0).reshape(4, 1, 2))
+    only = unpark(track, ("decoded",))  # a role takes just what it needs
+    assert only.conditions is None and only.decoded is None
     RESIDENT.drop("rollout_7/t")
     with pytest.raises(KeyError, match=r"rollout.resident=false"):
         unpark(track)

@@ -24,7 +24,7 @@ from unirl.algorithms.base import StageAlgorithm
 from unirl.config.require import require
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import RolloutTrack
-from unirl.types.resident import RESIDENT, unpark
+from unirl.types.resident import RESIDENT, TRAIN_FIELDS, unpark
 
 
 def _logp_gap(rollout: Any, anchored: Any) -> float:
@@ -91,7 +91,7 @@ class TrainStack:
         """Train on this rank's shard of ``track`` (advantages attached); returns
         ``{"steps": [metrics of each optimizer step]}``."""
         resident_key = track.resident_key
-        track = unpark(track)  # conditions / segment parked on this worker by the engine
+        track = unpark(track, TRAIN_FIELDS)  # parked on this worker by the engine
         if track.advantages is None or track.segment is None or track.conditions is None:
             raise ValueError("train_track needs a track with conditions, segment and advantages")
         n = len(track)

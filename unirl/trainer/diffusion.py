@@ -246,6 +246,16 @@ class DiffusionTrainer:
             status=scored.status,
         )
         track, adv_metrics = advantages_for(track, cfg.advantage)
+        if cfg.logging.gallery_interval and rollout_index % cfg.logging.gallery_interval == 0:
+            # before training: parked media leave the workers' store with the update
+            pixels = (
+                track if track.decoded is not None else rollout.fetch_decoded(light_track(track))
+            )
+            self._gallery(
+                self.out.root / "samples" / f"rollout_{rollout_index:06d}.png",
+                dataclasses.replace(track, decoded=pixels.decoded),
+                cfg.logging.gallery_max_images,
+            )
 
         t0 = time.perf_counter()
         progress = rollout_index / max(cfg.num_rollouts, 1)
@@ -269,13 +279,6 @@ class DiffusionTrainer:
         if any(s.get("nonfinite/skipped_step") for s in steps):
             print(
                 f"[unirl] rollout {rollout_index}: skipped a non-finite optimizer step", flush=True
-            )
-
-        if cfg.logging.gallery_interval and rollout_index % cfg.logging.gallery_interval == 0:
-            self._gallery(
-                self.out.root / "samples" / f"rollout_{rollout_index:06d}.png",
-                track,
-                cfg.logging.gallery_max_images,
             )
 
         total = time.perf_counter() - t_start

@@ -11,6 +11,7 @@ import torch
 
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import Images, RolloutReq, RolloutTrack
+from unirl.types.resident import unpark
 
 
 class RewardWorker:
@@ -26,8 +27,9 @@ class RewardWorker:
     @distributed(dispatch=Dispatch.DP_SCATTER)
     def score(self, track: RolloutTrack) -> RolloutTrack:
         """The shard with ``rewards``, ``component_rewards`` and ``status`` attached; guard and
-        failure metrics ride along in ``metadata[0]['_reward_metrics']`` of the first sample."""
-        scored, metrics = self.service.score_track(track)
+        failure metrics ride along in ``metadata[0]['_reward_metrics']`` of the first sample.
+        Media the trainside engine parked on this worker are read here, not shipped."""
+        scored, metrics = self.service.score_track(unpark(track, ("decoded",)))
         meta = [dict(m) for m in scored.metadata]
         meta[0]["_reward_metrics"] = metrics
         return dataclasses.replace(scored, metadata=meta, decoded=None)  # the driver has them
@@ -42,6 +44,7 @@ def light_track(track: RolloutTrack) -> RolloutTrack:
         metadata=track.metadata,
         decoded=track.decoded,
         status=track.status,
+        resident_key=track.resident_key,
     )
 
 

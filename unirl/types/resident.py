@@ -1,13 +1,15 @@
-"""Worker-resident rollout tensors: the bulky training inputs of a track (``conditions`` and
-``segment``) stay on the device of the worker that sampled them, and only a key crosses the
+"""Worker-resident rollout tensors: the bulky parts of a track (``conditions``, ``segment``
+and the decoded media) stay on the worker that sampled them, and only a key crosses the
 driver.
 
-With the trainside engine the rank that samples a shard is the rank that trains on it, so
-sending text embeddings and trajectory latents to the driver and back (pickled through the
-object store, twice) is pure overhead. :func:`park` stores them in this process's
-:data:`RESIDENT` store and returns the track without them plus ``resident_key``;
-:func:`unpark` (in the train stack) puts them back by ``sample_ids``. A sample that is not
-resident on this worker is an error naming the key and the ids, never a silent miss.
+With the trainside engine the rank that samples a shard is the rank that scores it (the
+reward role is its sibling) and trains on it, so sending text embeddings, trajectory latents
+and pixels to the driver and back (pickled through the object store) is pure overhead.
+:func:`park` stores them in this process's :data:`RESIDENT` store and returns the track
+without them plus ``resident_key``; :func:`unpark` puts the fields a role needs back by
+``sample_ids`` (the reward role takes ``decoded``, the train stack ``conditions`` and
+``segment`` and then drops the entry). A sample that is not resident on this worker is an
+error naming the key and the ids, never a silent miss.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import torch
 if TYPE_CHECKING:
     from unirl.types.rollout import RolloutResp, RolloutTrack
 
-PARKED_FIELDS = ("conditions", "segment")
+PARKED_FIELDS = ("conditions", "segment", "decoded")
+TRAIN_FIELDS = ("conditions", "segment")
 
 
 @dataclasses.dataclass
@@ -43,8 +46,10 @@ class ResidentStore:
         while len(self._entries) > self.capacity:
             self._entries.pop(next(iter(self._entries)))
 
-    def take(self, key: str, sample_ids: torch.Tensor) -> dict[str, Any]:
-        """The fields' rows of ``sample_ids`` (in that order); the entry stays until dropped."""
+    def take(
+        self, key: str, sample_ids: torch.Tensor, fields: tuple[str, ...] = PARKED_FIELDS
+    ) -> dict[str, Any]:
+        """Rows ``sample_ids`` (in that order) of ``fields``; the entry stays until dropped."""
         entry = self._entries.get(key)
         if entry is None:
             raise KeyError(
@@ -61,9 +66,10 @@ class ResidentStore:
                 "worker (the driver re-sharded the track); set rollout.resident=false"
             )
         rows = torch.tensor([row_of[sid] for sid in wanted], dtype=torch.long)
+        values = {k: entry.fields[k] for k in fields}
         if rows.equal(torch.arange(len(entry.sample_ids))):
-            return dict(entry.fields)
-        return {k: v.select(rows) if v is not None else None for k, v in entry.fields.items()}
+            return values
+        return {k: v.select(rows) if v is not None else None for k, v in values.items()}
 
     def drop(self, key: str) -> None:
         self._entries.pop(key, None)
@@ -88,10 +94,11 @@ def park(resp: RolloutResp, key: str) -> RolloutResp:
     return dataclasses.replace(resp, tracks=tracks)
 
 
-def unpark(track: RolloutTrack) -> RolloutTrack:
-    """``track`` with its resident fields back (rows matched by ``sample_ids``); a track that
-    was never parked comes back unchanged."""
+def unpark(track: RolloutTrack, fields: tuple[str, ...] = PARKED_FIELDS) -> RolloutTrack:
+    """``track`` with ``fields`` back from the store (rows matched by ``sample_ids``); it keeps
+    ``resident_key`` (other roles may still need other fields). A track that was never parked
+    comes back unchanged."""
     if track.resident_key is None:
         return track
-    fields = RESIDENT.take(track.resident_key, track.sample_ids)
-    return dataclasses.replace(track, **fields, resident_key=None)
+    values = RESIDENT.take(track.resident_key, track.sample_ids, fields)
+    return dataclasses.replace(track, **values)

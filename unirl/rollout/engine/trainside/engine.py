@@ -6,8 +6,8 @@ from typing import Any
 
 from unirl.config.require import require
 from unirl.distributed.group.dispatch import Dispatch, distributed
-from unirl.types import RolloutReq, RolloutResp
-from unirl.types.resident import park
+from unirl.types import RolloutReq, RolloutResp, RolloutTrack
+from unirl.types.resident import park, unpark
 
 
 class TrainsideEngine:
@@ -17,10 +17,11 @@ class TrainsideEngine:
     Under FSDP every rank must run the same number of forwards: the driver splits the request
     into equal data-parallel shards (validated before the run starts).
 
-    ``resident`` (default): a training rollout's conditions and trajectory segment stay on this
-    worker's device (``unirl.types.resident``) and the driver gets the track without them;
-    the train stack on the same rank picks them up by sample id. ``False`` ships them
-    through the driver on CPU.
+    ``resident`` (default): a training rollout's conditions, trajectory segment and decoded
+    media stay on this worker (``unirl.types.resident``) and the driver gets the track
+    without them; the reward and train roles on the same rank pick them up by sample id, and
+    the driver asks for the media only when it draws a gallery (:meth:`fetch_decoded`).
+    ``False`` ships everything through the driver on CPU.
     """
 
     engine_kind = "trainside"
@@ -45,6 +46,11 @@ class TrainsideEngine:
         if self.resident and req.mode == "train":
             resp = park(resp, f"rollout_{req.rollout_index}")
         return resp.to("cpu")
+
+    @distributed(dispatch=Dispatch.DP_SCATTER)
+    def fetch_decoded(self, track: RolloutTrack) -> RolloutTrack:
+        """This rank's shard of ``track`` with its parked media (on CPU); unchanged if none."""
+        return unpark(track, ("decoded",)).to("cpu")
 
     @distributed(dispatch=Dispatch.BROADCAST)
     def sleep(self) -> None:
