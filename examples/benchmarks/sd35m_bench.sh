@@ -4,10 +4,10 @@
 #
 #   bash examples/benchmarks/sd35m_bench.sh [eager|compile] [OUT_DIR]
 #   ONLY=flowgrpo|fast runs one shape; TAG=_x suffixes the output names
-#   NUM_DEVICES=2 SHARD_FROZEN=false ONLY=flowgrpo bash examples/benchmarks/sd35m_bench.sh compile
-#     (data parallel over 2 GPUs; SHARD_FROZEN=false keeps the frozen base whole on each GPU,
-#      RESHARD=false keeps gathered parameters between forwards, DP=replicate replaces FSDP
-#      by whole-module replicas and one gradient all-reduce per step)
+#   NUM_DEVICES=2 ONLY=flowgrpo bash examples/benchmarks/sd35m_bench.sh compile
+#     (data parallel over 2 GPUs, whole-module replicas and one gradient all-reduce per step;
+#      DP=shard uses FSDP2 instead, with SHARD_FROZEN=false keeping the frozen base whole on
+#      each GPU and RESHARD=false keeping gathered parameters between forwards)
 #   SDPA=cudnn VAE_DTYPE=bf16 bash examples/benchmarks/sd35m_bench.sh compile
 #     (attention kernel and VAE precision; defaults: SDPA=auto, VAE_DTYPE=bf16)
 #
@@ -25,7 +25,7 @@ common=(
   num_devices="${NUM_DEVICES:-1}" device=cuda
   reward.backend._target_=unirl.reward.local.JpegCompressibility "~reward.backend.engine" "reward.guards=[]"
   stack.num_updates_per_batch=1 algorithm.old_logp_source=rollout
-  "+backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}, data_parallel: ${DP:-shard}}"
+  "++backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}, data_parallel: ${DP:-replicate}}"
   ++bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-bf16}"
   logging.progress=off
 )
