@@ -53,6 +53,10 @@ def _worker(rank: int, port: int, out_dir: str, mode: str) -> None:
     )
     try:
         torch.set_num_threads(1)
+        if mode == "replicate_dp":  # many small buckets: every gradient crosses a bucket edge
+            import unirl.train.parallel as parallel
+
+            parallel.GRAD_BUCKET_BYTES = 1024
         # every rank draws a different LoRA init: replicate mode must broadcast rank 0's
         backend = _backend(seed=5 + (rank if mode == "replicate_dp" else 0), mode=mode)
         from torch.distributed.fsdp import FSDPModule
