@@ -130,6 +130,7 @@ class SD3Bundle:
         gradient_checkpointing: bool = False,
         sdpa_backend: str = "auto",
         decode_chunk_size: int = 8,
+        compile_vae: bool = False,
     ) -> None:
         self.config = SD3BundleConfig(
             path=path,
@@ -144,6 +145,7 @@ class SD3Bundle:
             gradient_checkpointing=gradient_checkpointing,
             sdpa_backend=sdpa_backend,
             decode_chunk_size=decode_chunk_size,
+            compile_vae=compile_vae,
         )
         cfg = self.config
         self.device = cfg.resolved_device()
@@ -196,6 +198,8 @@ class SD3Bundle:
         self._negative_cache: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._offloaded = False
         self.to(self.device)
+        if cfg.compile_vae:  # compiled lazily on the first decode, one graph per chunk shape
+            self.vae.decoder.compile(dynamic=False)
 
     @classmethod
     def from_config(cls, config: SD3BundleConfig) -> SD3Bundle:

@@ -30,6 +30,9 @@ class SD3BundleConfig:
     PyTorch; ``torch`` is PyTorch's own order; ``flash`` / ``efficient`` / ``cudnn`` / ``math``
     pin one kernel. CPU always uses PyTorch's choice.
     ``decode_chunk_size`` bounds how many latents one VAE decode call takes.
+    ``compile_vae`` compiles the VAE decoder with ``torch.compile`` (one graph per chunk
+    shape; on an H100 16 SD3.5 latents decode in 0.133 s instead of 0.240 s, after a ~28 s
+    compile).
     """
 
     path: str = "tiny"
@@ -44,6 +47,7 @@ class SD3BundleConfig:
     gradient_checkpointing: bool = False
     sdpa_backend: str = "auto"
     decode_chunk_size: int = 8
+    compile_vae: bool = False
 
     def __post_init__(self) -> None:
         require(
