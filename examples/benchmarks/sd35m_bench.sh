@@ -10,6 +10,8 @@
 #      each GPU and RESHARD=false keeping gathered parameters between forwards)
 #   SDPA=cudnn VAE_DTYPE=bf16 bash examples/benchmarks/sd35m_bench.sh compile
 #     (attention kernel and VAE precision; defaults: SDPA=auto, VAE_DTYPE=bf16)
+#   COMPILE_VAE=true ... compiles the VAE decoder too (the GPU recipes do; the figures in
+#     docs/performance.md were measured without it, see the decode benchmark there)
 #
 # 1. Flow-GRPO shape: 512x512, 10 steps, CFG 4.5, group 8, LoRA r32, 9 trained steps,
 #    KL reference forward (beta 0.04), T5 length 128, cheap reward (JPEG size).
@@ -26,7 +28,7 @@ common=(
   reward.backend._target_=unirl.reward.local.JpegCompressibility "~reward.backend.engine" "reward.guards=[]"
   stack.num_updates_per_batch=1 algorithm.old_logp_source=rollout
   "++backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}, data_parallel: ${DP:-replicate}}"
-  ++bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-bf16}" ++bundle.compile_vae="${compile}"
+  ++bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-bf16}" ++bundle.compile_vae="${COMPILE_VAE:-false}"
   logging.progress=off
 )
 if [[ "${ONLY:-}" != "fast" ]]; then
