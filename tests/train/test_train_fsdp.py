@@ -68,6 +68,16 @@ def _worker(rank: int, port: int, out_dir: str, mode: str) -> None:
             if not p.requires_grad and "lora_" not in n
         ]
         if mode == "replicate_dp":
+            from unirl.train.parallel import all_reduce_grads
+
+            both, one, none = (torch.nn.Parameter(torch.zeros(n)) for n in (3, 2, 4))
+            both.grad = torch.full((3,), float(rank + 1))
+            if rank == 0:
+                one.grad = torch.full((2,), 2.0)
+            all_reduce_grads([both, one, none])
+            assert torch.equal(both.grad, torch.full((3,), 1.5))  # averaged
+            assert torch.equal(one.grad, torch.ones(2))  # zeros where a rank had none
+            assert none.grad is None  # no rank touched it: the optimizer skips it
             assert backend.is_replicated and not backend.is_sharded
             assert not isinstance(backend.module, FSDPModule)
             assert not any(isinstance(p, DTensor) for p in backend.module.parameters())

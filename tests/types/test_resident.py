@@ -58,3 +58,19 @@ def test_store_keeps_at_most_capacity_keys() -> None:
 def test_unparked_track_passes_through() -> None:
     track = _resp([3]).tracks["t"]
     assert unpark(track) is track
+
+
+def test_latent_segment_keeps_its_schedule_on_the_host() -> None:
+    """σ and the SDE step indices stay CPU tensors through ``to``: the replay indexes them
+    without waiting on the device."""
+    from unirl.types import LatentSegment
+
+    seg = LatentSegment(
+        sigmas=torch.linspace(1, 0, 5),
+        sde_indices=torch.tensor([[0, 2], [1, 3]]),
+        latents=torch.zeros(2, 2, 4),
+        next_latents=torch.zeros(2, 2, 4),
+    )
+    moved = seg.to("meta", dtype=torch.bfloat16)
+    assert moved.latents.device.type == "meta" and moved.latents.dtype == torch.bfloat16
+    assert moved.sigmas is seg.sigmas and moved.sde_indices is seg.sde_indices

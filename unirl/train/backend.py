@@ -561,9 +561,17 @@ class FSDPBackend:
     @torch.no_grad()
     def _load_ema(self, saved: dict[str, torch.Tensor] | None, has_saved: bool) -> None:
         assert self._ema is not None
-        for i, (n, p) in enumerate(self.named_trainable_parameters()):
+        named = self.named_trainable_parameters()
+        if has_saved:  # rank 0 holds the tensors; every rank must raise together
+            lacking = [n for n, _ in named if n not in (saved or {})] if self.rank == 0 else None
+            lacking = broadcast_object(lacking)
+            if lacking:
+                raise ckpt.CheckpointError(
+                    f"checkpoint EMA lacks {len(lacking)} trainable tensors, e.g. {lacking[:3]}"
+                )
+        for i, (n, p) in enumerate(named):
             if has_saved:
-                value = shard_like(saved[n] if saved is not None else None, p)
+                value = shard_like(saved[n] if saved is not None and self.rank == 0 else None, p)
             else:
                 value = local_tensor(p)
             self._ema.shadows[i].copy_(value)

@@ -195,11 +195,15 @@ def broadcast_module(module: nn.Module, src: int = 0) -> None:
 @torch.no_grad()
 def all_reduce_grads(params: list[nn.Parameter]) -> None:
     """Average the gradients of ``params`` over all ranks, flattened into buckets of at most
-    ``GRAD_BUCKET_BYTES`` (one all-reduce per bucket). A missing gradient counts as zeros, so
-    every rank reduces the same layout."""
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
+    ``GRAD_BUCKET_BYTES`` (one all-reduce per bucket).
+
+    Which parameters have a gradient is agreed first (one small all-reduce): a parameter no
+    rank touched keeps ``grad=None`` (the optimizer skips it, as in one process); one that
+    only some ranks touched counts as zeros on the others.
+    """
+    device = params[0].device if params else torch.device("cpu")
+    present = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=device)
+    dist.all_reduce(present)
     world = dist.get_world_size()
     bucket: list[torch.Tensor] = []
     size = 0
@@ -216,16 +220,18 @@ def all_reduce_grads(params: list[nn.Parameter]) -> None:
             g.copy_(reduced)
         bucket.clear()
 
-    for p in params:
+    for p, anywhere in zip(params, present.tolist(), strict=True):
+        if not anywhere:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
         g = p.grad
-        assert g is not None
-        if bucket and (
-            size + g.numel() * g.element_size() > GRAD_BUCKET_BYTES or g.dtype != bucket[0].dtype
-        ):
+        nbytes = g.numel() * g.element_size()
+        if bucket and (size + nbytes > GRAD_BUCKET_BYTES or g.dtype != bucket[0].dtype):
             flush()
             size = 0
         bucket.append(g)
-        size += g.numel() * g.element_size()
+        size += nbytes
     flush()
 
 
@@ -280,14 +286,16 @@ def shard_like(full: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     DTensors and for replicated tensors across ranks; other ranks may pass ``None``).
     Returns a plain local tensor."""
     rank, world = world_info()
+    # decided together, so a missing value raises on every rank instead of leaving the
+    # others waiting in the collective below
+    missing = broadcast_object(full is None) if world > 1 else full is None
+    require(not missing, "shard_like: rank 0 has no value for this tensor")
     if not isinstance(like, DTensor):
         if world == 1:
-            require(full is not None, "shard_like: the full tensor is required without sharding")
             assert full is not None
             return full
         out = torch.empty_like(like.detach())
         if rank == 0:
-            require(full is not None, "shard_like: rank 0 must pass the full tensor")
             assert full is not None
             out.copy_(full)
         dist.broadcast(out, src=0)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Self
+from typing import Any, ClassVar, Literal, Self
 
 import torch
 
@@ -213,7 +213,10 @@ class Batch:
 
     ``len(batch)`` is the number of samples, read from the first non-empty concat or packed
     field; every such field must agree (checked by :meth:`validate_lengths`).
+    ``host_fields`` names small metadata tensors that :meth:`to` leaves on the host.
     """
+
+    host_fields: ClassVar[tuple[str, ...]] = ()
 
     # -- introspection -----------------------------------------------------------------
 
@@ -326,14 +329,20 @@ class Batch:
     def to(
         self, device: torch.device | str | None = None, dtype: torch.dtype | None = None
     ) -> Self:
-        """Move every tensor to ``device``; ``dtype`` casts floating-point tensors only."""
+        """Move every tensor to ``device``; ``dtype`` casts floating-point tensors only.
+        Fields named in ``host_fields`` stay as they are."""
 
         def move(t: torch.Tensor) -> torch.Tensor:
             if dtype is not None and t.is_floating_point():
                 return t.to(device=device, dtype=dtype)
             return t.to(device=device) if device is not None else t
 
-        return self._map(move)
+        kwargs = {
+            name: _map_tensors(getattr(self, name), move)
+            for name in self.field_kinds()
+            if name not in self.host_fields
+        }
+        return dataclasses.replace(self, **kwargs)
 
     def pin(self) -> Self:
         """Page-locked copies of CPU tensors (for async host-to-device copies); no-op without CUDA."""

@@ -54,7 +54,8 @@ class ResidentStore:
         if entry is None:
             raise KeyError(
                 f"no resident rollout tensors under {key!r} on this worker (present: "
-                f"{sorted(self._entries)}); the track was made elsewhere or already trained on. "
+                f"{sorted(self._entries)}); the track was made on another worker, already "
+                f"trained on, or evicted (the store keeps the newest {self.capacity} keys). "
                 "Set rollout.resident=false to ship the tensors through the driver"
             )
         row_of = {sid: row for row, sid in enumerate(entry.sample_ids)}
@@ -82,8 +83,8 @@ RESIDENT = ResidentStore()
 
 
 def park(resp: RolloutResp, key: str) -> RolloutResp:
-    """Store every track's ``conditions`` / ``segment`` under ``<key>/<track name>`` and
-    return the response without them (``resident_key`` set)."""
+    """Store every track's ``conditions``, ``segment`` and ``decoded`` under
+    ``<key>/<track name>`` and return the response without them (``resident_key`` set)."""
     tracks = {}
     for name, track in resp.tracks.items():
         track_key = f"{key}/{name}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -19,7 +20,13 @@ class LatentSegment(Batch):
     later, both in the storage dtype. ``sde_logp[N, S]`` (fp32, mean over C·H·W) and
     ``sde_means[N, S, C, h, w]`` are recorded when the strategy provides them.
     ``final_latents[N, C, h, w]`` is the clean sample x₀ (decode, NFT).
+
+    ``sigmas`` and ``sde_indices`` are schedule metadata: they stay on the host through
+    :meth:`to`, so indexing them never waits on the device queue (the σ values a step needs
+    are gathered on the host and copied over asynchronously).
     """
+
+    host_fields: ClassVar[tuple[str, ...]] = ("sigmas", "sde_indices")
 
     sigmas: torch.Tensor = batch_field("shared")
     sde_indices: torch.Tensor = batch_field("concat")

@@ -21,6 +21,15 @@ from unirl.reward.base import (
     images_to_uint8,
 )
 
+MAX_JPEG_THREADS = 8
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
 
 def _jpeg_kb(pixels: Any, quality: int) -> float:
     buffer = io.BytesIO()
@@ -32,10 +41,11 @@ def jpeg_size_kb(images: Tensor, quality: int = 95) -> list[float]:
     """JPEG size of each of ``images[N, 3, H, W]`` in kB (1 kB = 1000 bytes), encoded by PIL.
 
     PIL encodes without holding the GIL, so the images are encoded on a thread pool (one
-    thread per image, at most the machine's cores); the order of the result is the input's.
+    thread per image, at most the process's usable cores and ``MAX_JPEG_THREADS``); the order
+    of the result is the input's.
     """
     arrays = list(images_to_uint8(images))
-    workers = min(len(arrays), os.cpu_count() or 1)
+    workers = min(len(arrays), _usable_cpus(), MAX_JPEG_THREADS)
     if workers <= 1:
         return [_jpeg_kb(a, quality) for a in arrays]
     with ThreadPoolExecutor(max_workers=workers) as pool:
