@@ -126,7 +126,8 @@ def test_two_cpu_workers_train_and_agree(tmp_path: Path, ray_session, data_paral
             "num_rollouts=3",
             "save_interval=0",
             "eval_interval=0",
-            "logging.gallery_interval=0",
+            "logging.gallery_interval=2",  # pixels parked on both ranks: fetched per rank
+            "logging.gallery_max_images=3",
             f"+backend.fsdp={{data_parallel: {data_parallel}}}",
         ],
     )
@@ -134,3 +135,5 @@ def test_two_cpu_workers_train_and_agree(tmp_path: Path, ray_session, data_paral
     rows = read_metrics(out)
     assert len(rows) == 3
     assert rows[0]["train/param_checksum"] != rows[2]["train/param_checksum"]  # it trained
+    sheets = sorted(p.name for p in (out / "samples").glob("*.png"))
+    assert sheets == ["rollout_000000.png", "rollout_000002.png"]

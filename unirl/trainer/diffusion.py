@@ -247,15 +247,7 @@ class DiffusionTrainer:
         )
         track, adv_metrics = advantages_for(track, cfg.advantage)
         if cfg.logging.gallery_interval and rollout_index % cfg.logging.gallery_interval == 0:
-            # before training: parked media leave the workers' store with the update
-            pixels = (
-                track if track.decoded is not None else rollout.fetch_decoded(light_track(track))
-            )
-            self._gallery(
-                self.out.root / "samples" / f"rollout_{rollout_index:06d}.png",
-                dataclasses.replace(track, decoded=pixels.decoded),
-                cfg.logging.gallery_max_images,
-            )
+            self._train_gallery(rollout_index, track, rollout)
 
         t0 = time.perf_counter()
         progress = rollout_index / max(cfg.num_rollouts, 1)
@@ -322,6 +314,25 @@ class DiffusionTrainer:
             ):
                 out[k] = v * len(shard_metrics)  # counts: sum over ranks
         return out
+
+    def _train_gallery(self, rollout_index: int, track: RolloutTrack, rollout: Any) -> None:
+        """The contact sheet of a training rollout. Media parked on the workers are fetched
+        before training (the update frees them): the first rows of every rank's shard, as
+        many as the sheet draws, so each rank is asked only for samples it holds."""
+        limit = self.cfg.logging.gallery_max_images
+        if track.decoded is None:
+            ranks = self.cfg.num_devices
+            per_rank = len(track) // ranks
+            take = min(per_rank, -(-limit // ranks))
+            rows = torch.cat(
+                [torch.arange(r * per_rank, r * per_rank + take) for r in range(ranks)]
+            )
+            track = track.select(rows)
+            track = dataclasses.replace(
+                track, decoded=rollout.fetch_decoded(light_track(track)).decoded
+            )
+        path = self.out.root / "samples" / f"rollout_{rollout_index:06d}.png"
+        self._gallery(path, track, limit)
 
     def _gallery(self, path: Path, track: RolloutTrack, limit: int) -> None:
         pixels = pixels_of(track)[:limit]
