@@ -18,14 +18,14 @@ from unirl.algorithms.base import StageAlgorithm, StepResult
 from unirl.algorithms.flowgrpo import (
     check_flow_knobs,
     ratio_metrics,
-    reference_step,
     replay_anchors,
+    replay_slot_losses,
     slot_sigmas,
-    step_kl,
 )
 from unirl.algorithms.kl import KLController, kl_metrics
 from unirl.algorithms.losses import flow_dppo_loss
 from unirl.config.require import require
+from unirl.models.common.denoise import StepRecord
 from unirl.types import Conditions, LatentSegment
 
 
@@ -100,28 +100,12 @@ class FlowDPPO(StageAlgorithm):
             raise ValueError(
                 "FlowDPPO needs anchored sde_logp and sde_means; call prepare_segment first"
             )
-        num_steps = segment.num_sde_steps
         adv = advantages.float().to(segment.sde_logp.device)
-        total = 0.0
-        kl = self.kl_controller
-        parts: dict[str, list[torch.Tensor]] = {
-            k: []
-            for k in (
-                "ratio",
-                "log_ratio",
-                "dppo_kl",
-                "keep",
-                "over",
-                "directional",
-                "adv",
-                "policy_loss",
-                "kl",
-            )
-        }
-        for k in range(num_steps):
-            if kl.enabled:
-                ref = reference_step(self, self.pipeline, conditions, segment, k)
-            record = self.pipeline.replay(conditions, segment, k)
+
+        def policy_terms(
+            k: int, record: StepRecord
+        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            assert segment.sde_logp is not None and segment.sde_means is not None
             sigma, sigma_next, sigma_max = slot_sigmas(segment, k, record.mean.device)
             std = self.pipeline.strategy.step_std(sigma, sigma_next, sigma_max=sigma_max)
             out = flow_dppo_loss(
@@ -133,28 +117,19 @@ class FlowDPPO(StageAlgorithm):
                 std,
                 self.kl_threshold,
             )
-            loss = out.loss
-            if kl.enabled:
-                step = step_kl(
-                    self.pipeline.strategy, record.mean, ref.mean, segment, k, self.kl_form
-                )
-                loss = loss + kl.beta * step.mean()
-                parts["kl"].append(step.detach())
-                kl.observe(step)
-            (loss * (loss_scale / num_steps)).backward()
-            total = total + loss.detach() / num_steps
-            parts["ratio"].append(out.ratio)
-            parts["log_ratio"].append((record.log_prob - segment.sde_logp[:, k]).detach())
-            parts["dppo_kl"].append(out.kl)
-            parts["keep"].append(out.keep)
-            parts["over"].append(out.over)
-            parts["directional"].append(out.directional)
-            parts["adv"].append(adv.expand_as(out.ratio))
-            parts["policy_loss"].append(out.loss.detach().reshape(1))
-        terms = {k: torch.cat(v) for k, v in parts.items() if v}
-        if parts["kl"]:
-            terms["kl_steps"] = torch.stack(parts["kl"], dim=1)  # [B, S]: per trained slot
-        return StepResult(loss=total * loss_scale, terms=terms)
+            terms = {
+                "ratio": out.ratio,
+                "log_ratio": (record.log_prob - segment.sde_logp[:, k]).detach(),
+                "dppo_kl": out.kl,
+                "keep": out.keep,
+                "over": out.over,
+                "directional": out.directional,
+                "adv": adv.expand_as(out.ratio),
+                "policy_loss": out.loss.detach().reshape(1),
+            }
+            return out.loss, terms
+
+        return replay_slot_losses(self, conditions, segment, loss_scale, policy_terms)
 
     def summarize(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
         """Ratio stats, D mean/max, and the mask: ``mask/dropped`` (all dropped terms), split into

@@ -7,14 +7,16 @@ Variants (DanceGRPO, MixGRPO, Flow-GRPO-Fast) are recipes: a strategy and an SDE
 ``ratio_norm="grpo_guard"`` switches on GRPO-Guard (RatioNorm + 1/(−Δ) step reweighting).
 
 The module also holds the diffusion machinery shared with Flow-DPPO: anchoring π_old by
-replay (:func:`replay_anchors`), the σ of a trained slot (:func:`slot_sigmas`) and the
-per-step KL to the frozen reference (:func:`reference_step`, :func:`step_kl`). β of that KL
+replay (:func:`replay_anchors`), the σ of a trained slot (:func:`slot_sigmas`), the
+per-step KL to the frozen reference (:func:`reference_step`, :func:`step_kl`) and the
+per-slot training loop itself (:func:`replay_slot_losses`). β of that KL
 is a :class:`~unirl.algorithms.kl.KLController` (``kl_control``: fixed or adaptive).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -96,6 +98,52 @@ def step_kl(
     ``SDEStrategy.kl``): ``gaussian`` divides by 2·std², ``reference`` by 2·noise_scale²."""
     sigma, sigma_next, sigma_max = slot_sigmas(segment, slot, mean.device)
     return strategy.kl(mean, ref_mean, sigma, sigma_next, form, sigma_max=sigma_max)
+
+
+def replay_slot_losses(
+    algorithm: Any,
+    conditions: Conditions,
+    segment: LatentSegment,
+    loss_scale: float,
+    policy_terms: Callable[[int, StepRecord], tuple[torch.Tensor, dict[str, torch.Tensor]]],
+) -> StepResult:
+    """The per-slot training loop the replay losses share (Flow-GRPO, Flow-DPPO).
+
+    For each trained slot ``k``: the reference replay when the KL is on, the policy replay,
+    ``policy_terms(k, record) -> (policy loss, per-slot terms)``, plus ``β·KL`` of the step,
+    then backward scaled by ``loss_scale / S`` (one graph alive at a time). Terms are
+    concatenated over slots; with the KL on, ``kl`` and ``kl_steps[B, S]`` are added. The
+    loss comes back as a detached device scalar (no host sync per slot).
+    """
+    num_steps = segment.num_sde_steps
+    kl = algorithm.kl_controller
+    total: torch.Tensor | float = 0.0
+    parts: dict[str, list[torch.Tensor]] = {}
+    kls: list[torch.Tensor] = []
+    for k in range(num_steps):
+        ref = (
+            reference_step(algorithm, algorithm.pipeline, conditions, segment, k)
+            if kl.enabled
+            else None
+        )
+        record = algorithm.pipeline.replay(conditions, segment, k)
+        loss, terms = policy_terms(k, record)
+        if ref is not None:
+            step = step_kl(
+                algorithm.pipeline.strategy, record.mean, ref.mean, segment, k, algorithm.kl_form
+            )
+            loss = loss + kl.beta * step.mean()
+            kls.append(step.detach())
+            kl.observe(step)
+        (loss * (loss_scale / num_steps)).backward()
+        total = total + loss.detach() / num_steps
+        for name, value in terms.items():
+            parts.setdefault(name, []).append(value)
+    out = {name: torch.cat(values) for name, values in parts.items()}
+    if kls:
+        out["kl"] = torch.cat(kls)
+        out["kl_steps"] = torch.stack(kls, dim=1)  # [B, S]: per trained slot
+    return StepResult(loss=total * loss_scale, terms=out)
 
 
 def ratio_metrics(ratio: torch.Tensor, log_ratio: torch.Tensor) -> dict[str, float]:
@@ -200,16 +248,13 @@ class FlowGRPO(StageAlgorithm):
         loss_scale: float,
     ) -> StepResult:
         assert segment.sde_logp is not None
-        num_steps = segment.num_sde_steps
         adv = advantages.float().to(segment.sde_logp.device)
         guard = self.ratio_norm == "grpo_guard"
-        total = 0.0
-        ratios, log_ratios, kls, policy_losses = [], [], [], []
-        kl = self.kl_controller
-        for k in range(num_steps):
-            if kl.enabled:
-                ref = reference_step(self, self.pipeline, conditions, segment, k)
-            record = self.pipeline.replay(conditions, segment, k)
+
+        def policy_terms(
+            k: int, record: StepRecord
+        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            assert segment.sde_logp is not None
             log_ratio = record.log_prob - segment.sde_logp[:, k]
             if guard:
                 assert segment.sde_means is not None
@@ -229,28 +274,14 @@ class FlowGRPO(StageAlgorithm):
             else:
                 ratio = torch.exp(log_ratio)
                 policy = clipped_surrogate(ratio, adv, self.clip_range, self.clip_range)
-            loss = policy.mean()
-            if kl.enabled:
-                step = step_kl(
-                    self.pipeline.strategy, record.mean, ref.mean, segment, k, self.kl_form
-                )
-                loss = loss + kl.beta * step.mean()
-                kls.append(step.detach())
-                kl.observe(step)
-            (loss * (loss_scale / num_steps)).backward()
-            total = total + loss.detach() / num_steps
-            ratios.append(ratio.detach())
-            log_ratios.append(log_ratio.detach())
-            policy_losses.append(policy.detach())
-        terms = {
-            "ratio": torch.cat(ratios),
-            "log_ratio": torch.cat(log_ratios),
-            "policy_loss": torch.cat(policy_losses),
-        }
-        if kls:
-            terms["kl"] = torch.cat(kls)
-            terms["kl_steps"] = torch.stack(kls, dim=1)  # [B, S]: per trained slot
-        return StepResult(loss=total * loss_scale, terms=terms)
+            terms = {
+                "ratio": ratio.detach(),
+                "log_ratio": log_ratio.detach(),
+                "policy_loss": policy.detach(),
+            }
+            return policy.mean(), terms
+
+        return replay_slot_losses(self, conditions, segment, loss_scale, policy_terms)
 
     def summarize(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
         ratio = terms["ratio"].float()
