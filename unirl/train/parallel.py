@@ -284,12 +284,11 @@ def full_from_local(local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def shard_like(full: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     """This rank's shard of rank 0's ``full`` tensor, sharded like ``like`` (a collective for
     DTensors and for replicated tensors across ranks; other ranks may pass ``None``).
-    Returns a plain local tensor."""
+    Returns a plain local tensor. Rank 0 must hold a value: callers check that on every rank
+    together first (a rank-0-only error here would leave the others in the collective)."""
     rank, world = world_info()
-    # decided together, so a missing value raises on every rank instead of leaving the
-    # others waiting in the collective below
-    missing = broadcast_object(full is None) if world > 1 else full is None
-    require(not missing, "shard_like: rank 0 has no value for this tensor")
+    if rank == 0:
+        require(full is not None, "shard_like: rank 0 has no value for this tensor")
     if not isinstance(like, DTensor):
         if world == 1:
             assert full is not None
