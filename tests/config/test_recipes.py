@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from recipe_compose import compose_recipe
 
 from unirl.config import ConfigError
-from unirl.config.entry import examples_dir
+from unirl.config.entry import compose_recipe, examples_dir
 from unirl.config.validate import validate
 
 ENTRY_BY_DOMAIN = {"diffusion": "unirl.train_diffusion"}

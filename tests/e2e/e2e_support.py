@@ -7,19 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-
-def compose_recipe(name: str, overrides: list[str]) -> dict[str, Any]:
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from unirl.config.entry import examples_dir, register_run_defaults
-
-    register_run_defaults()
-    with initialize_config_dir(config_dir=str(examples_dir()), version_base=None):
-        cfg = compose(config_name=name, overrides=overrides)
-    data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    assert isinstance(data, dict)
-    return data
+from unirl.config.entry import compose_recipe
 
 
 def run_recipe(name: str, overrides: list[str]) -> int:

@@ -318,7 +318,7 @@ class Spy:
         return None
 sys.meta_path.insert(0, Spy())
 sys.path.insert(0, CONFIG_TESTS)
-from recipe_compose import compose_recipe
+from unirl.config.entry import compose_recipe
 from unirl.config.validate import validate
 import unirl.rollout
 for name in ('sd3_sglang_native_colocate', 'sd3_sglang_full_nccl_separate', 'sd3_vllmomni_full_ipc', 'sd3_vllmomni_lora_separate'):

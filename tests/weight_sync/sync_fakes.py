@@ -89,18 +89,3 @@ def local_sync(sync: Any, backend: Any, engine: Any) -> dict[str, Any]:
 
 
 RECIPE = "diffusion/sd3_tiny_dedicated_separate"
-
-
-def compose_recipe(name: str, overrides: list[str]) -> dict[str, Any]:
-    """Compose ``<domain>/<name>`` as the entrypoints do, resolved to a plain dict."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from unirl.config.entry import examples_dir, register_run_defaults
-
-    register_run_defaults()
-    with initialize_config_dir(config_dir=str(examples_dir()), version_base=None):
-        cfg = compose(config_name=name, overrides=overrides)
-    data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    assert isinstance(data, dict)
-    return data

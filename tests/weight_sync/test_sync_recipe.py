@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from sync_fakes import RECIPE, compose_recipe
+from sync_fakes import RECIPE
+
+from unirl.config.entry import compose_recipe
 
 
 def _run(overrides: list[str]) -> int:

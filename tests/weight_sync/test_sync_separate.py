@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sync_fakes import RECIPE, compose_recipe
+from sync_fakes import RECIPE
 
+from unirl.config.entry import compose_recipe
 from unirl.config.validate import validate
 from unirl.distributed.group import DevicePool
 from unirl.trainer.dedicated import build_dedicated_layout

@@ -58,6 +58,20 @@ def examples_dir() -> Path:
     return EXAMPLES_DIR
 
 
+def compose_recipe(name: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Compose recipe ``<domain>/<name>`` with ``overrides`` exactly as the entrypoints do
+    (same search path and ``unirl_run`` defaults), resolved to a plain dict."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    register_run_defaults()
+    with initialize_config_dir(config_dir=str(examples_dir()), version_base=None):
+        cfg = compose(config_name=name, overrides=list(overrides or []))
+    data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    assert isinstance(data, dict)
+    return data  # type: ignore[return-value]
+
+
 def hydra_entry(
     default_config: str, run: Callable[[dict[str, Any]], int | None]
 ) -> Callable[[], None]:
