@@ -13,6 +13,7 @@ import torch
 
 from unirl.config.precision import parse_dtype
 from unirl.models.sd3.arch import SD3ArchSpec, build_arch_modules
+from unirl.models.sd3.attention import install_fused_attention
 from unirl.models.sd3.conditions import SD3Conditions
 from unirl.models.sd3.config import SD3BundleConfig
 from unirl.models.sd3.presets import resolve_model_source
@@ -131,6 +132,7 @@ class SD3Bundle:
         sdpa_backend: str = "auto",
         decode_chunk_size: int = 8,
         compile_vae: bool = False,
+        fuse_projections: bool = True,
     ) -> None:
         self.config = SD3BundleConfig(
             path=path,
@@ -146,6 +148,7 @@ class SD3Bundle:
             sdpa_backend=sdpa_backend,
             decode_chunk_size=decode_chunk_size,
             compile_vae=compile_vae,
+            fuse_projections=fuse_projections,
         )
         cfg = self.config
         self.device = cfg.resolved_device()
@@ -193,6 +196,8 @@ class SD3Bundle:
             if module is not None:
                 module.requires_grad_(False).eval()
         self.transformer.eval()
+        if cfg.fuse_projections:
+            install_fused_attention(self.transformer)
         if cfg.gradient_checkpointing:
             self.transformer.enable_gradient_checkpointing()
         self._negative_cache: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
