@@ -5,7 +5,10 @@ forward (rollout / reference) and a LoRA forward + backward, then prints the top
 kernels of one of each from ``torch.profiler``.
 
     python examples/benchmarks/profile_transformer.py [--sdpa auto|flash|cudnn]
-        [--json OUT.json] [--rows 25] [--path tiny --device cpu --no-compile]
+        [--json OUT.json] [--rows 25] [--path tiny --device cpu --no-compile] [--no-fuse]
+
+``--no-fuse`` runs diffusers' attention processor (three q / k / v matmuls and peft's separate
+LoRA matmuls) instead of the fused projections (``bundle.fuse_projections``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ def main() -> None:
     parser.add_argument("--path", default="sd3.5-medium-arch")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--no-fuse", action="store_true")
     args = parser.parse_args()
 
     bundle = SD3Bundle(
@@ -53,6 +57,7 @@ def main() -> None:
         skip_t5=True,
         max_sequence_length=128,
         sdpa_backend=args.sdpa,
+        fuse_projections=not args.no_fuse,
     )
     fsdp = {"compile": not args.no_compile}
     backend = FSDPBackend(
@@ -88,6 +93,7 @@ def main() -> None:
     result = {
         "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
         "sdpa": args.sdpa,
+        "fuse_projections": not args.no_fuse,
         "compile_s": compile_s,
         "forward_s": timed(forward),
         "reference_s": timed(reference),
@@ -107,7 +113,9 @@ def main() -> None:
         with profile(activities=[activity]) as prof:
             fn()
             sync()
-        table = prof.key_averages().table(sort_by=key, row_limit=args.rows)
+        table = prof.key_averages().table(
+            sort_by=key, row_limit=args.rows, max_name_column_width=110
+        )
         print(f"== {name} ==\n{table}", flush=True)
         result[f"{name}_table"] = table
     if args.json:

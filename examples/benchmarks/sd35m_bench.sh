@@ -10,8 +10,10 @@
 #      each GPU and RESHARD=false keeping gathered parameters between forwards)
 #   SDPA=cudnn VAE_DTYPE=bf16 bash examples/benchmarks/sd35m_bench.sh compile
 #     (attention kernel and VAE precision; defaults: SDPA=auto, VAE_DTYPE=bf16)
-#   COMPILE_VAE=true ... compiles the VAE decoder too (the GPU recipes do; the figures in
-#     docs/performance.md were measured without it, see the decode benchmark there)
+#   FUSE=false ... runs diffusers' attention processor instead of the fused q / k / v (and
+#     LoRA A) projections (bundle.fuse_projections, default true)
+#   COMPILE_VAE=false ... decodes with the eager VAE (default true, as the GPU recipes; the
+#     second-session figures in docs/performance.md had COMPILE_VAE=false FUSE=false)
 #
 # 1. Flow-GRPO shape: 512x512, 10 steps, CFG 4.5, group 8, LoRA r32, 9 trained steps,
 #    KL reference forward (beta 0.04), T5 length 128, cheap reward (JPEG size).
@@ -28,7 +30,7 @@ common=(
   reward.backend._target_=unirl.reward.local.JpegCompressibility "~reward.backend.engine" "reward.guards=[]"
   stack.num_updates_per_batch=1 algorithm.old_logp_source=rollout
   "++backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}, data_parallel: ${DP:-replicate}}"
-  ++bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-bf16}" ++bundle.compile_vae="${COMPILE_VAE:-false}"
+  ++bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-bf16}" ++bundle.compile_vae="${COMPILE_VAE:-true}" ++bundle.fuse_projections="${FUSE:-true}"
   logging.progress=off
 )
 if [[ "${ONLY:-}" != "fast" ]]; then
