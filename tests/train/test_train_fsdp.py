@@ -2,7 +2,9 @@
 replicate mode (whole module per rank, one gradient all-reduce per step). One data-parallel
 step equals one single-process step on the concatenated batch; clipping, EMA, the base-model
 switch, the frozen "old" adapter and the checkpoint round trip work in every mode (uneven
-shards: LoRA rank 3)."""
+shards: LoRA rank 3). ``shard_frozen_fused`` runs the sharded mode with the fused q / k / v
+attention processor (``bundle.fuse_projections``) against the single-process reference with
+diffusers' processor."""
 
 from __future__ import annotations
 
@@ -29,12 +31,18 @@ MODES = {
     "shard_frozen": FSDPConfig(shard_frozen=True),
     "replicate_frozen": FSDPConfig(shard_frozen=False),
     "replicate_dp": FSDPConfig(data_parallel="replicate"),
+    "shard_frozen_fused": FSDPConfig(shard_frozen=True),
 }
 
 
 def _backend(seed: int = 5, mode: str = "shard_frozen"):
+    bundle = TinyBundle()
+    if mode.endswith("_fused"):
+        from unirl.models.sd3.attention import install_fused_attention
+
+        install_fused_attention(bundle.transformer)
     return make_backend(
-        bundle=TinyBundle(), lora=LORA, ema=EMAConfig(decay=0.5), seed=seed, fsdp=MODES[mode]
+        bundle=bundle, lora=LORA, ema=EMAConfig(decay=0.5), seed=seed, fsdp=MODES[mode]
     )
 
 
@@ -84,7 +92,14 @@ def _worker(rank: int, port: int, out_dir: str, mode: str) -> None:
         else:
             assert backend.is_sharded and isinstance(backend.module, FSDPModule)
             assert all(isinstance(p, DTensor) for p in backend.trainable_parameters())
-            assert all(isinstance(p, DTensor) == (mode == "shard_frozen") for p in frozen)
+            sharded_frozen = mode.startswith("shard_frozen")
+            assert all(isinstance(p, DTensor) == sharded_frozen for p in frozen)
+        if mode.endswith("_fused"):
+            from unirl.models.sd3.attention import FusedJointAttnProcessor
+
+            processors = [m.processor for m in backend.module.modules() if hasattr(m, "processor")]
+            assert processors
+            assert all(isinstance(p, FusedJointAttnProcessor) for p in processors)
         full_batch = transformer_inputs(BATCH, seed=11)
         mine = {k: v[rank * 2 : rank * 2 + 2] for k, v in full_batch.items()}
         with backend.adapter_disabled():
