@@ -87,7 +87,13 @@ class FlowMatchingPipeline:
 
     @torch.no_grad()
     def generate(self, req: RolloutReq) -> RolloutResp:
-        """Sample every request row; returns one track named ``track_name``."""
+        """Sample every request row; returns one track named ``track_name``.
+
+        Every tensor of the track (conditions, trajectory, decoded pixels) is on the
+        pipeline's device: the engine decides what leaves the worker and moves it to CPU
+        then (a trainside engine keeps a training rollout's tensors where they are, so the
+        reward sibling converts the pixels on the device).
+        """
         params: DiffusionSamplingParams = req.sampling_params
         timings: dict[str, float] = {}
         guidance = (
@@ -147,7 +153,7 @@ class FlowMatchingPipeline:
             metadata=list(req.metadata),
             conditions=conditions,
             segment=segment,
-            decoded=Images(pixels=pixels.float().cpu()),
+            decoded=Images(pixels=pixels.float()),
         )
         return RolloutResp(tracks={self.track_name: track}, timings=timings)
 

@@ -9,6 +9,7 @@ its bundle off the GPU and empties the CUDA cache; ``wake_up()`` brings them bac
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import time
@@ -175,7 +176,11 @@ class DedicatedEngine(WeightReceiver):
             raise RuntimeError(
                 "DedicatedEngine.generate while asleep; the driver calls wake_up() first"
             )
-        return self.pipeline.generate(req)
+        resp = self.pipeline.generate(req)
+        for name, track in resp.tracks.items():  # the pixels go to the driver on CPU
+            if track.decoded is not None:
+                resp.tracks[name] = dataclasses.replace(track, decoded=track.decoded.to("cpu"))
+        return resp
 
     @distributed(dispatch=Dispatch.BROADCAST)
     def sleep(self) -> dict[str, float]:
