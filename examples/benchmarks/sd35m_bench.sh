@@ -3,7 +3,8 @@
 # (preset sd3.5-medium-arch: nothing is downloaded).
 #
 #   bash examples/benchmarks/sd35m_bench.sh [eager|compile] [OUT_DIR]
-#   ONLY=flowgrpo|fast runs one shape; TAG=_x suffixes the output names
+#   ONLY=flowgrpo|fast runs one shape; TAG=_x suffixes the output names; NO_FLOPS=1 skips
+#     the FLOP-counting pass (no TFLOP/s figures, about 20 s less per shape)
 #   NUM_DEVICES=2 ONLY=flowgrpo bash examples/benchmarks/sd35m_bench.sh compile
 #     (data parallel over 2 GPUs, whole-module replicas and one gradient all-reduce per step;
 #      DP=shard uses FSDP2 instead, with SHARD_FROZEN=false keeping the frozen base whole on
@@ -25,7 +26,7 @@ compile=false
 [[ "${mode}" == "compile" ]] && compile=true
 export PRETRAINED_MODEL=sd3.5-medium-arch RAY_USAGE_STATS_ENABLED=0
 common=(
-  --warmup "${WARMUP:-1}" --iters "${ITERS:-3}"
+  --warmup "${WARMUP:-1}" --iters "${ITERS:-3}" ${NO_FLOPS:+--no-flops}
   num_devices="${NUM_DEVICES:-1}" device=cuda
   reward.backend._target_=unirl.reward.local.JpegCompressibility "~reward.backend.engine" "reward.guards=[]"
   stack.num_updates_per_batch=1 algorithm.old_logp_source=rollout
