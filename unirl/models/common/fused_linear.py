@@ -122,12 +122,6 @@ def _fused_weight(
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
-def _compute_dtype(x: torch.Tensor, base_dtype: torch.dtype) -> torch.dtype:
-    if torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
-    return base_dtype
-
-
 def fused_projections(x: torch.Tensor, layers: Sequence[nn.Module]) -> list[torch.Tensor]:
     """``[layer(x) for layer in layers]`` computed with one matmul over the concatenated weights.
 
@@ -146,12 +140,13 @@ def fused_projections(x: torch.Tensor, layers: Sequence[nn.Module]) -> list[torc
         bases.append(base)
         adapters.extend(found)
     base_dtype = bases[0].weight.dtype
-    dtype = _compute_dtype(x, base_dtype)
     autocast = torch.is_autocast_enabled(x.device.type)
-    folded = [
-        ad for ad in adapters if ad.dropout is None and (autocast or ad.a.dtype == base_dtype)
-    ]
-    beside = [ad for ad in adapters if not any(ad is f for f in folded)]
+    dtype = torch.get_autocast_dtype(x.device.type) if autocast else base_dtype
+    folded: list[_Adapter] = []
+    beside: list[_Adapter] = []
+    for ad in adapters:
+        foldable = ad.dropout is None and (autocast or ad.a.dtype == base_dtype)
+        (folded if foldable else beside).append(ad)
 
     frozen = [base.weight for base in bases]
     a = None

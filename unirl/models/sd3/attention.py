@@ -73,18 +73,15 @@ class FusedJointAttnProcessor:
         return attn.to_out[1](attn.to_out[0](image)), text_out
 
 
-def install_fused_attention(transformer: nn.Module) -> int:
-    """Give every attention module of an SD3 transformer the fused processor; returns how many."""
+def install_fused_attention(transformer: nn.Module) -> None:
+    """Give every attention module of an SD3 transformer the fused processor."""
     from diffusers.models.attention_processor import Attention
 
-    count = 0
-    for module in transformer.modules():
-        if isinstance(module, Attention):
-            module.set_processor(FusedJointAttnProcessor())
-            count += 1
-    if count == 0:
+    attentions = [m for m in transformer.modules() if isinstance(m, Attention)]
+    for module in attentions:
+        module.set_processor(FusedJointAttnProcessor())
+    if not attentions:
         raise ValueError(
             f"{type(transformer).__name__} has no diffusers Attention modules to fuse; "
             "set bundle.fuse_projections=false"
         )
-    return count
