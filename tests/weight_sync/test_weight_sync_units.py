@@ -294,9 +294,9 @@ def test_wrong_name_remap_fails_before_any_byte_moves() -> None:
 
 
 def test_sync_kind_must_match_the_backend() -> None:
-    with pytest.raises(ConfigError, match=r"backend.lora is null; use FullSync"):
+    with pytest.raises(ConfigError, match=r"backend.lora is null; use sync._target_=.*FullSync"):
         local_sync(LoraSync(), trainer(lora=False), ToyEngine())
-    with pytest.raises(ConfigError, match=r"use LoraSync"):
+    with pytest.raises(ConfigError, match=r"use sync._target_=.*LoraSync"):
         local_sync(FullSync(), trainer(lora=True), ToyEngine())
 
 

@@ -50,7 +50,7 @@ class StageAlgorithm(ABC):
         self.kl_controller: KLController | None = None
 
     @classmethod
-    def check_config(cls, block: dict[str, Any]) -> None:
+    def check_config(cls, block: dict[str, Any], recipe: Any = None) -> None:
         """Validate the recipe's algorithm block before anything is built (called by
         ``dry_run`` and the driver's validators): here the reference-policy (KL) knobs."""
         if not any(k in block for k in ("kl_control", "kl_target", "kl_horizon")):

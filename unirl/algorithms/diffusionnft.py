@@ -31,6 +31,7 @@ from torch import Tensor
 from unirl.algorithms.base import StageAlgorithm, StepResult
 from unirl.algorithms.kl import KLController, kl_metrics
 from unirl.config.require import require
+from unirl.config.typecheck import NonNegativeFloat, PositiveFloat, PositiveInt
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import Conditions, LatentSegment
 
@@ -229,18 +230,18 @@ class DiffusionNFT(StageAlgorithm):
         self,
         *,
         pipeline: Any,
-        beta: float = 1.0,
-        adv_clip_max: float = 5.0,
-        num_train_timesteps: int = 9,
+        beta: PositiveFloat = 1.0,
+        adv_clip_max: PositiveFloat = 5.0,
+        num_train_timesteps: PositiveInt = 9,
         timestep_sampling: Literal["schedule", "uniform"] = "schedule",
         t_min: float = 0.0,
         t_max: float = 1.0,
         old_adapter: str = "old",
         ema: OldAdapterEMA | Mapping[str, Any] | str = "linear",
-        kl_beta: float = 0.0,
+        kl_beta: NonNegativeFloat = 0.0,
         kl_control: Literal["fixed", "adaptive"] = "fixed",
         kl_target: float | None = None,
-        kl_horizon: float = 10.0,
+        kl_horizon: PositiveFloat = 10.0,
         seed: int = 0,
         params: Any = None,
     ) -> None:

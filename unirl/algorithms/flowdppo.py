@@ -25,6 +25,7 @@ from unirl.algorithms.flowgrpo import (
 from unirl.algorithms.kl import KLController, kl_metrics
 from unirl.algorithms.losses import flow_dppo_loss
 from unirl.config.require import require
+from unirl.config.typecheck import NonNegativeFloat, PositiveFloat
 from unirl.models.common.denoise import StepRecord
 from unirl.types import Conditions, LatentSegment
 
@@ -52,12 +53,12 @@ class FlowDPPO(StageAlgorithm):
         self,
         *,
         pipeline: Any,
-        kl_threshold: float = 1e-5,
-        kl_beta: float = 0.0,
+        kl_threshold: PositiveFloat = 1e-5,
+        kl_beta: NonNegativeFloat = 0.0,
         kl_form: Literal["gaussian", "reference"] = "gaussian",
         kl_control: Literal["fixed", "adaptive"] = "fixed",
         kl_target: float | None = None,
-        kl_horizon: float = 10.0,
+        kl_horizon: PositiveFloat = 10.0,
         old_logp_source: Literal["replay", "rollout"] = "replay",
         params: Any = None,
     ) -> None:

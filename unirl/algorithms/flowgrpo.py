@@ -25,6 +25,7 @@ from unirl.algorithms.base import StageAlgorithm, StepResult
 from unirl.algorithms.kl import KLController, kl_metrics
 from unirl.algorithms.losses import clipped_surrogate, grpo_guard_log_ratio
 from unirl.config.require import require
+from unirl.config.typecheck import NonNegativeFloat, PositiveFloat
 from unirl.models.common.denoise import StepRecord, sigma_max_of
 from unirl.types import Conditions, LatentSegment, host_to_device
 
@@ -188,12 +189,12 @@ class FlowGRPO(StageAlgorithm):
         self,
         *,
         pipeline: Any,
-        clip_range: float = 1e-4,
-        kl_beta: float = 0.0,
+        clip_range: PositiveFloat = 1e-4,
+        kl_beta: NonNegativeFloat = 0.0,
         kl_form: Literal["gaussian", "reference"] = "gaussian",
         kl_control: Literal["fixed", "adaptive"] = "fixed",
         kl_target: float | None = None,
-        kl_horizon: float = 10.0,
+        kl_horizon: PositiveFloat = 10.0,
         old_logp_source: Literal["replay", "rollout"] = "replay",
         ratio_norm: Literal["none", "grpo_guard"] = "none",
         params: Any = None,

@@ -7,6 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from unirl.config.require import ConfigError, require
+from unirl.config.typecheck import (
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    check_fields,
+)
 
 COMPONENT_BLOCKS = (
     "bundle",
@@ -96,8 +102,8 @@ class EvalConfig:
     """Periodic evaluation on fixed prompts (ODE sampling, EMA weights when present)."""
 
     prompts_path: str | None = None
-    num_prompts: int = 8
-    samples_per_prompt: int = 1
+    num_prompts: PositiveInt = 8
+    samples_per_prompt: PositiveInt = 1
     seed: int = 1234
     use_ema: bool = True
 
@@ -113,8 +119,8 @@ class LoggingConfig:
     trackers: list[str] = field(default_factory=lambda: ["local"])
     wandb_project: str | None = None
     wandb_run_name: str | None = None
-    gallery_interval: int = 1
-    gallery_max_images: int = 16
+    gallery_interval: NonNegativeInt = 1
+    gallery_max_images: PositiveInt = 16
     progress: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
@@ -136,22 +142,22 @@ class RunConfig:
     """Run-level facts: devices, batch geometry, cadence, outputs. Component blocks stay as
     ``_target_`` configs (validated by signature in ``unirl.config.validate``)."""
 
-    num_devices: int = 1
-    devices_per_node: int | None = None
+    num_devices: PositiveInt = 1
+    devices_per_node: PositiveInt | None = None
     device: Literal["cpu", "cuda"] = "cpu"
-    cpus_per_worker: int = 1
-    batch_size: int = 8
+    cpus_per_worker: PositiveInt = 1
+    batch_size: PositiveInt = 8
     layout: Literal["colocate", "separate"] = "colocate"
     train_fraction: float = 1.0
-    num_rollouts: int = 100
-    save_interval: int = 0
-    eval_interval: int = 0
-    sync_interval: int = 1
+    num_rollouts: PositiveInt = 100
+    save_interval: NonNegativeInt = 0
+    eval_interval: NonNegativeInt = 0
+    sync_interval: NonNegativeInt = 1
     output_dir: str = "outputs/run"
     resume: str | None = None
     seed: int = 0
     dry_run: bool = False
-    call_timeout_s: float | None = 1800.0
+    call_timeout_s: PositiveFloat | None = 1800.0
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -185,6 +191,11 @@ class RunConfig:
         )
         require(0.0 < self.train_fraction <= 1.0, "train_fraction must be in (0, 1]")
         require(self.num_rollouts >= 1, "num_rollouts must be >= 1")
+        require(
+            isinstance(self.output_dir, str) and self.output_dir.strip() != "",
+            "output_dir is empty; give the folder the run writes to (output_dir=outputs/<name> "
+            "or OUTPUT_DIR=...)",
+        )
         for name in ("save_interval", "eval_interval", "sync_interval"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0 (0 disables it)")
         require(
@@ -204,7 +215,7 @@ class RunConfig:
                 "(check the spelling, or put component settings inside their block)"
             )
         nested = {"advantage": AdvantageConfig, "eval": EvalConfig, "logging": LoggingConfig}
-        kwargs = dict(data)
+        kwargs = check_fields(data, cls, "")
         for name, klass in nested.items():
             block = kwargs.get(name)
             if block is None:
@@ -220,11 +231,13 @@ class RunConfig:
 
 
 def _typed_block(klass: type, block: dict[str, Any], name: str) -> Any:
+    if not isinstance(block, dict):
+        raise ConfigError(f"{name} must be a mapping of its keys, got {block!r}")
     known = {f.name for f in dataclasses.fields(klass)}
     unknown = sorted(set(block) - known)
     if unknown:
         raise ConfigError(f"{name}: unknown key(s) {unknown}; known keys are {sorted(known)}")
-    return klass(**block)
+    return klass(**check_fields(block, klass, name))
 
 
 def _get(block: Any, key: str, default: Any = None) -> Any:

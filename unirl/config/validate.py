@@ -18,6 +18,7 @@ from typing import Any
 from unirl.config.precision import canonical_precision
 from unirl.config.require import ConfigError, require
 from unirl.config.run import COMPONENT_BLOCKS, RunConfig
+from unirl.config.typecheck import check_fields
 
 REQUIRED_BLOCKS = tuple(b for b in COMPONENT_BLOCKS if b != "sync")  # sync: dedicated engines only
 PRECISION_KEYS = (
@@ -97,6 +98,10 @@ def check_block(block: Any, where: str, *, instantiate_dataclasses: bool) -> Any
         raise ConfigError(
             f"{where}: unknown key(s) {unknown} for {block['_target_']}; accepted keys are {sorted(accepted)}"
         )
+    plain = {k: v for k, v in block.items() if not k.startswith("_")}
+    for key, value in check_fields(plain, target, where).items():
+        if type(value) is not type(plain[key]):  # an int given where a float is expected
+            children[key] = value
     if instantiate_dataclasses and dataclasses.is_dataclass(target):
         kwargs = {k: v for k, v in children.items() if not k.startswith("_")}
         try:
@@ -229,24 +234,20 @@ def check_strategy_and_algorithm(cfg: RunConfig, objs: dict[str, Any]) -> None:
             max(chosen) < sampling.num_inference_steps,
             f"sampling.sde_steps selects step {max(chosen)} but num_inference_steps={sampling.num_inference_steps}",
         )
-    if sampling is not None and needs_logp and cfg.advantage.scope == "group":
+    if sampling is not None and "group" in (cfg.advantage.scope, cfg.advantage.std):
+        which = "advantage.scope" if cfg.advantage.scope == "group" else "advantage.std"
         require(
             sampling.samples_per_prompt >= 2,
-            "group advantages need sampling.samples_per_prompt >= 2 (a group of one has zero advantage)",
+            f"{which}=group needs sampling.samples_per_prompt >= 2: a group of one sample has "
+            "zero advantage (scope=group) or zero std, which blows every advantage up to the "
+            "clip (std=group); raise samples_per_prompt or set advantage.scope=global "
+            "advantage.std=batch",
         )
 
 
 def check_reference_policy(cfg: RunConfig, objs: dict[str, Any]) -> None:
     algo = cfg.algorithm or {}
     kl_beta = float(algo.get("kl_beta", 0.0) or 0.0)
-    target = _target(cfg, "algorithm")
-    algorithm_cls = locate(target, "algorithm") if target else None
-    check_config = getattr(algorithm_cls, "check_config", None)
-    if check_config is not None:  # the algorithm validates its own knobs without being built
-        try:
-            check_config(algo)
-        except ConfigError as exc:
-            raise ConfigError(f"algorithm: {exc}") from exc
     if kl_beta > 0:
         backend = cfg.backend or {}
         require(
@@ -276,12 +277,38 @@ def check_old_adapter_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
     )
 
 
+def check_component_hooks(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    """Each component class may judge its own block before anything is built, with the whole
+    recipe in view: ``check_config(block, recipe)`` (a classmethod; reads configs and files,
+    never weights). The bundle checks its model path and image sizes, the backend its LoRA
+    targets, a sync what the backend trains, an algorithm its knobs."""
+    for name in COMPONENT_BLOCKS:
+        block = getattr(cfg, name)
+        if not isinstance(block, dict) or "_target_" not in block:
+            continue
+        hook = getattr(locate(str(block["_target_"]), name), "check_config", None)
+        if callable(hook):
+            hook(block, cfg)
+
+
 def check_data(cfg: RunConfig, objs: dict[str, Any]) -> None:
     path = (cfg.data_source or {}).get("path")
     if path:
         require(
             os.path.isfile(str(path)),
             f"data_source.path: prompt file {path!r} does not exist (set DATA_PATH or data_source.path)",
+        )
+    if cfg.eval.prompts_path:
+        require(
+            os.path.isfile(cfg.eval.prompts_path),
+            f"eval.prompts_path: prompt file {cfg.eval.prompts_path!r} does not exist (give an "
+            "existing file, or null to evaluate on the first prompts of data_source.path)",
+        )
+    if cfg.resume not in (None, "", "auto", "none", "null"):
+        require(
+            os.path.isdir(str(cfg.resume)),
+            f"resume: checkpoint folder {cfg.resume!r} does not exist (use resume=auto, or a "
+            "checkpoints/step_XXXXXX folder of an earlier run)",
         )
 
 
@@ -301,6 +328,7 @@ CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
     check_strategy_and_algorithm,
     check_reference_policy,
     check_old_adapter_rollout,
+    check_component_hooks,
     check_data,
     check_device,
 )

@@ -39,6 +39,7 @@ from unirl.train.lora import (
     cast_parameters,
     copy_adapter,
     inject_lora,
+    validate_targets,
 )
 from unirl.train.optim import (
     LRScheduleConfig,
@@ -210,6 +211,27 @@ class FSDPBackend:
         )
         self.step = 0
         self.moved_bytes: dict[str, int] = {"offload": 0, "onload": 0}
+
+    @classmethod
+    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+        """Before anything is built: every LoRA target names a layer of the model (read from
+        its config on the meta device when the bundle can say so)."""
+        lora = block.get("lora")
+        if not isinstance(lora, Mapping):
+            return
+        bundle_block = getattr(recipe, "bundle", None)
+        if not isinstance(bundle_block, Mapping) or "_target_" not in bundle_block:
+            return
+        from unirl.config.validate import locate
+
+        bundle_cls = locate(str(bundle_block["_target_"]), "bundle")
+        on_meta = getattr(bundle_cls, "trainable_on_meta", None)
+        module = on_meta(dict(bundle_block)) if on_meta is not None else None
+        if module is None:
+            return  # checked when the bundle loads (inject_lora), before any rollout
+        targets = lora.get("targets") or getattr(bundle_cls, "lora_default_targets", None)
+        if targets:
+            validate_targets(module, [str(t) for t in targets], where="backend.lora.targets")
 
     # -- construction helpers ------------------------------------------------------------------
 

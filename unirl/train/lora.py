@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from unirl.config import require
+from unirl.config.typecheck import NonNegativeFloat, PositiveFloat, PositiveInt
 from unirl.train.parallel import local_tensor
 
 _ADAPTER_DICT_NAMES = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
@@ -35,9 +36,9 @@ class LoraConfig:
     before FSDP wrapping (DiffusionNFT's ``"old"`` policy).
     """
 
-    rank: int = 32
-    alpha: float = 64.0
-    dropout: float = 0.0
+    rank: PositiveInt = 32
+    alpha: PositiveFloat = 64.0
+    dropout: NonNegativeFloat = 0.0
     targets: list[str] | None = None
     init_lora_weights: str | bool = "gaussian"
     adapter_name: str = "default"
@@ -87,28 +88,36 @@ def _matches(name: str, target: str) -> bool:
     return name == target or name.endswith("." + target)
 
 
-def validate_targets(module: nn.Module, targets: Sequence[str]) -> None:
-    """Every target must match at least one module name (as peft matches list targets).
+_LORA_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding)
 
-    Raises ``ConfigError`` naming the unmatched targets and some available layer names.
+
+def _target_suffix(name: str) -> str:
+    parts = name.split(".")
+    return ".".join(parts[-2:]) if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
+
+
+def validate_targets(
+    module: nn.Module, targets: Sequence[str], *, where: str = "lora.targets"
+) -> None:
+    """Every target must match at least one layer LoRA can adapt (``Linear``, ``Conv``,
+    ``Embedding``), as peft matches list targets; a target that names only containers (an
+    attention block, a ``ModuleList``) or nothing is refused before an adapter is built.
+
+    Raises ``ConfigError`` naming the unmatched targets and the layer names available.
     """
-    names = [n for n, _ in module.named_modules() if n]
-    unmatched = [t for t in targets if not any(_matches(n, t) for n in names)]
+    layers = [n for n, m in module.named_modules() if n and isinstance(m, _LORA_LAYERS)]
+    unmatched = [t for t in targets if not any(_matches(n, t) for n in layers)]
     if unmatched:
-        leaf_kinds = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Embedding)
         available: list[str] = []
-        for n, m in module.named_modules():
-            if isinstance(m, leaf_kinds):
-                parts = n.split(".")
-                suffix = (
-                    ".".join(parts[-2:]) if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
-                )
-                if suffix not in available:
-                    available.append(suffix)
+        for n in layers:
+            suffix = _target_suffix(n)
+            if suffix not in available:
+                available.append(suffix)
         require(
             False,
-            f"lora.targets {unmatched} match no module of {type(module).__name__}; "
-            f"layer names available as targets: {available[:40]}",
+            f"{where}: {unmatched} match no Linear / Conv / Embedding layer of "
+            f"{type(module).__name__}, so the adapter would train nothing there; layer names "
+            f"available as targets: {available[:40]}",
         )
 
 
@@ -138,7 +147,7 @@ def inject_lora(module: nn.Module, cfg: LoraConfig, targets: Sequence[str], *, s
     """
     from peft.functional import inject_adapter_in_model
 
-    validate_targets(module, targets)
+    validate_targets(module, targets, where="backend.lora.targets")
     module.requires_grad_(False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

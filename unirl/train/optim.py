@@ -11,6 +11,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from unirl.config import require
+from unirl.config.typecheck import NonNegativeFloat, PositiveFloat
 
 LR_SCHEDULES = ("constant", "warmup_constant", "cosine")
 
@@ -19,10 +20,10 @@ LR_SCHEDULES = ("constant", "warmup_constant", "cosine")
 class OptimizerConfig:
     """AdamW (decoupled weight decay) hyper-parameters."""
 
-    lr: float = 1e-4
+    lr: PositiveFloat = 1e-4
     betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 1e-4
+    eps: PositiveFloat = 1e-8
+    weight_decay: NonNegativeFloat = 1e-4
 
     def __post_init__(self) -> None:
         require(self.lr > 0, f"optimizer.lr must be > 0, got {self.lr}")

@@ -22,6 +22,7 @@ import torch
 
 from unirl.algorithms.base import StageAlgorithm
 from unirl.config.require import require
+from unirl.config.typecheck import PositiveFloat, PositiveInt
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import RolloutTrack
 from unirl.types.resident import RESIDENT, TRAIN_FIELDS, unpark
@@ -47,11 +48,11 @@ class TrainStack:
         *,
         backend: Any,
         algorithm: StageAlgorithm,
-        micro_batch_size: int = 1,
-        num_updates_per_batch: int = 1,
-        max_grad_norm: float | None = 1.0,
+        micro_batch_size: PositiveInt = 1,
+        num_updates_per_batch: PositiveInt = 1,
+        max_grad_norm: PositiveFloat | None = 1.0,
         shuffle: bool = True,
-        max_nonfinite_in_row: int = 3,
+        max_nonfinite_in_row: PositiveInt = 3,
         seed: int = 0,
     ) -> None:
         require(micro_batch_size >= 1, "stack.micro_batch_size must be >= 1")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from unirl.config.require import require
+from unirl.config.typecheck import NonNegativeFloat, PositiveInt
 
 
 @dataclass(kw_only=True)
@@ -16,17 +17,17 @@ class DiffusionSamplingParams:
     schedule object (``unirl.sde.AllSteps`` …) choosing which steps are stochastic and trained.
     """
 
-    num_inference_steps: int = 10
-    guidance_scale: float = 4.5
-    height: int = 512
-    width: int = 512
-    eta: float = 0.7
-    samples_per_prompt: int = 8
+    num_inference_steps: PositiveInt = 10
+    guidance_scale: NonNegativeFloat = 4.5
+    height: PositiveInt = 512
+    width: PositiveInt = 512
+    eta: NonNegativeFloat = 0.7
+    samples_per_prompt: PositiveInt = 8
     sde_steps: Any = None
-    max_sequence_length: int = 256
+    max_sequence_length: PositiveInt = 256
     negative_prompt: str = ""
-    eval_num_inference_steps: int = 40
-    eval_guidance_scale: float | None = None
+    eval_num_inference_steps: PositiveInt = 40
+    eval_guidance_scale: NonNegativeFloat | None = None
 
     def __post_init__(self) -> None:
         require(self.num_inference_steps >= 1, "sampling.num_inference_steps must be >= 1")
@@ -42,6 +43,17 @@ class DiffusionSamplingParams:
         require(
             self.eval_num_inference_steps >= 1, "sampling.eval_num_inference_steps must be >= 1"
         )
+        require(
+            self.eval_guidance_scale is None or self.eval_guidance_scale >= 0,
+            "sampling.eval_guidance_scale must be >= 0 or null (null: the training guidance_scale)",
+        )
+
+    def guidance_for(self, mode: str) -> float:
+        """The CFG scale of a ``train`` or ``eval`` request: ``eval_guidance_scale`` when set
+        (0 included: it disables CFG), else ``guidance_scale``."""
+        if mode == "eval" and self.eval_guidance_scale is not None:
+            return self.eval_guidance_scale
+        return self.guidance_scale
 
     @property
     def do_cfg(self) -> bool:

@@ -8,12 +8,13 @@ and on the driver (``WeightSyncDriver`` orchestrates with it); it holds no tenso
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
 from unirl.config.precision import parse_dtype
 from unirl.config.require import require
+from unirl.config.typecheck import PositiveFloat, PositiveInt
 from unirl.distributed.weight_sync.manifest import SyncManifest, TensorMeta, WeightSyncError
 from unirl.distributed.weight_sync.remap import NameRemap, RemapRule, canonical_name
 
@@ -48,19 +49,20 @@ class WeightSync:
     """
 
     kind: ClassVar[str] = "full"
+    fixed_kind: ClassVar[bool] = True  # False: the kind is resolved against the backend
     default_transport: ClassVar[dict[str, str]] = {"colocate": "local", "separate": "collective"}
     allowed_transports: ClassVar[tuple[str, ...]] = ("local", "object_store", "collective")
 
     def __init__(
         self,
         *,
-        interval: int | None = None,
+        interval: PositiveInt | None = None,
         name_remap: Sequence[RemapRule | Mapping[str, str]] | None = None,
         merged_lora: bool = False,
         wire_dtype: str | None = None,
-        transport: str = "auto",
-        bucket_mb: float = 512.0,
-        timeout_s: float = 600.0,
+        transport: Literal["auto", "local", "object_store", "collective", "cuda_ipc"] = "auto",
+        bucket_mb: PositiveFloat = 512.0,
+        timeout_s: PositiveFloat = 600.0,
     ) -> None:
         require(
             interval is None or interval >= 1, f"sync.interval must be >= 1 or null, got {interval}"
@@ -108,20 +110,36 @@ class WeightSync:
 
     # -- trainer side ------------------------------------------------------------------------------
 
-    def check_backend(self, backend: Any) -> None:
-        """Raise ``ConfigError`` when this sync cannot move what ``backend`` trains."""
-        has_lora = bool(getattr(backend, "has_lora", False))
-        if self.kind == "lora":
+    @staticmethod
+    def check_trained(kind: str, sync_name: str, has_lora: bool) -> None:
+        """Raise ``ConfigError`` when a ``kind`` (``lora`` | ``full``) sync cannot move what
+        the backend trains."""
+        if kind == "lora":
             require(
                 has_lora,
-                f"{type(self).__name__} moves LoRA adapters but backend.lora is null; use FullSync",
+                f"sync: {sync_name} moves LoRA adapters but backend.lora is null; use "
+                "sync._target_=unirl.distributed.weight_sync.FullSync",
             )
         else:
             require(
                 not has_lora,
-                f"{type(self).__name__} moves the trainable parameters, but the backend trains a LoRA adapter: "
-                "use LoraSync (with merged_lora=true if the engine should run merged weights)",
+                f"sync: {sync_name} moves the trainable parameters, but the backend trains a "
+                "LoRA adapter: use sync._target_=unirl.distributed.weight_sync.LoraSync (with "
+                "merged_lora=true if the engine should run merged weights)",
             )
+
+    @classmethod
+    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+        """Before anything is built: the sync fits what the recipe's backend trains."""
+        backend = getattr(recipe, "backend", None)
+        if isinstance(backend, Mapping) and cls.fixed_kind:
+            cls.check_trained(cls.kind, cls.__name__, backend.get("lora") is not None)
+
+    def check_backend(self, backend: Any) -> None:
+        """Raise ``ConfigError`` when this sync cannot move what ``backend`` trains."""
+        self.check_trained(
+            self.kind, type(self).__name__, bool(getattr(backend, "has_lora", False))
+        )
 
     def adapter_name(self, backend: Any) -> str:
         lora = getattr(backend, "lora", None)

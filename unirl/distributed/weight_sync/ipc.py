@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -49,6 +50,15 @@ class CudaIpcSync(WeightSync):
             "layout=colocate; use FullSync (collective) or LoraSync (object_store) with layout=separate",
         )
         return "cuda_ipc"
+
+    fixed_kind: ClassVar[bool] = False  # payload=auto follows what the backend trains
+
+    @classmethod
+    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+        backend = getattr(recipe, "backend", None)
+        payload = block.get("payload", "auto")
+        if isinstance(backend, Mapping) and payload in ("lora", "full"):
+            cls.check_trained(payload, cls.__name__, backend.get("lora") is not None)
 
     def check_backend(self, backend: Any) -> None:
         if self.payload == "auto":

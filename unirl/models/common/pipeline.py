@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from unirl.config.precision import parse_dtype
+from unirl.config.typecheck import PositiveInt
 from unirl.models.common.denoise import (
     StepRecord,
     forward_conditions,
@@ -47,8 +48,8 @@ class FlowMatchingPipeline:
         strategy: Any,
         storage_dtype: str = "fp32",
         record_means: bool = False,
-        forward_batch_size: int | None = None,
-        decode_chunk_size: int | None = None,
+        forward_batch_size: PositiveInt | None = None,
+        decode_chunk_size: PositiveInt | None = None,
     ) -> None:
         self.bundle = bundle
         self.strategy = strategy
@@ -96,11 +97,7 @@ class FlowMatchingPipeline:
         """
         params: DiffusionSamplingParams = req.sampling_params
         timings: dict[str, float] = {}
-        guidance = (
-            params.guidance_scale
-            if req.mode == "train"
-            else (params.eval_guidance_scale or params.guidance_scale)
-        )
+        guidance = params.guidance_for(req.mode)
         t0 = time.perf_counter()
         conditions = self.encode(req.prompts, params, guidance).to(self.device)
         timings["text_encode"] = time.perf_counter() - t0

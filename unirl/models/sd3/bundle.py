@@ -12,11 +12,13 @@ from typing import Any, ClassVar
 import torch
 
 from unirl.config.precision import parse_dtype
+from unirl.config.require import ConfigError, require
+from unirl.config.typecheck import PositiveInt
 from unirl.models.sd3.arch import SD3ArchSpec, build_arch_modules
 from unirl.models.sd3.attention import install_fused_attention
 from unirl.models.sd3.conditions import SD3Conditions
 from unirl.models.sd3.config import SD3BundleConfig
-from unirl.models.sd3.presets import resolve_model_source
+from unirl.models.sd3.presets import ModelSourceError, architecture_configs, resolve_model_source
 from unirl.models.sd3.progress import hf_progress_bars_disabled
 from unirl.models.sd3.text_encode import SD3TextStack, encode_sd3_prompts, unique_with_index
 
@@ -116,6 +118,57 @@ class SD3Bundle:
         "to_add_out",
     )
 
+    # -- checks before anything is built (dry_run and the driver's validators) -------------
+
+    @classmethod
+    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+        """Refuse a model path that resolves to nothing and image sizes this architecture
+        cannot take, reading configs only (no weights, no download)."""
+        try:
+            configs = architecture_configs(str(block.get("path", "tiny")))
+        except ModelSourceError as exc:
+            raise ConfigError(f"bundle.path: {exc}") from exc
+        sampling = getattr(recipe, "sampling", None) or {}
+        if configs is None or not isinstance(sampling, dict):
+            return
+        transformer, vae = configs
+        patch = int(transformer.get("patch_size", 2))
+        multiple = 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1) * patch
+        max_patches = transformer.get("pos_embed_max_size")
+        for key in ("height", "width"):
+            size = sampling.get(key)
+            if not isinstance(size, int) or isinstance(size, bool):
+                continue
+            require(
+                size % multiple == 0,
+                f"sampling.{key}={size} is not a multiple of {multiple} (VAE factor x patch size "
+                f"of this SD3 model); use {max(multiple, size // multiple * multiple)} or "
+                f"{(size // multiple + 1) * multiple}",
+            )
+            if max_patches is not None:
+                largest = int(max_patches) * multiple
+                require(
+                    size <= largest,
+                    f"sampling.{key}={size} is larger than this model's position embedding allows "
+                    f"(pos_embed_max_size={max_patches} patches, at most {largest} pixels)",
+                )
+
+    @classmethod
+    def trainable_on_meta(cls, block: dict[str, Any]) -> torch.nn.Module | None:
+        """The trainable transformer built on the meta device from its config (module names
+        for LoRA target checks, no memory); None when the config is not readable here."""
+        try:
+            configs = architecture_configs(str(block.get("path", "tiny")))
+        except ModelSourceError:
+            return None
+        if configs is None:
+            return None
+        from diffusers import SD3Transformer2DModel
+
+        config = {k: v for k, v in configs[0].items() if not k.startswith("_")}
+        with torch.device("meta"):
+            return SD3Transformer2DModel.from_config(config)
+
     def __init__(
         self,
         *,
@@ -124,13 +177,13 @@ class SD3Bundle:
         text_encoder_dtype: str = "bf16",
         vae_dtype: str = "fp32",
         device: str = "auto",
-        max_sequence_length: int = 256,
+        max_sequence_length: PositiveInt = 256,
         skip_t5: bool = False,
         t5_placeholder: str = "zeros",
         negative_prompt: str = "",
         gradient_checkpointing: bool = False,
         sdpa_backend: str = "auto",
-        decode_chunk_size: int = 8,
+        decode_chunk_size: PositiveInt = 8,
         compile_vae: bool = False,
         fuse_projections: bool = True,
     ) -> None:

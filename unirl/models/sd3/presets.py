@@ -166,6 +166,67 @@ def _not_found(path: str, why: str) -> ModelSourceError:
     )
 
 
+def classify_model_source(path_or_preset: str) -> tuple[str, str]:
+    """``(kind, name)`` with kind ``tiny`` | ``arch`` | ``folder`` | ``hub``, without building,
+    loading or downloading anything (what ``dry_run`` checks). Raises
+    :class:`ModelSourceError` for a name that is none of them or a folder that is not a
+    diffusers SD3 layout. A hub id is taken on trust here (the recipes name real checkpoints
+    that a machine without the hub cannot see); loading it fails fast offline."""
+    name = str(path_or_preset).strip()
+    if name == TINY:
+        return "tiny", name
+    if name in ARCH_SPECS:
+        return "arch", name
+    local = Path(name).expanduser()
+    if local.is_dir():
+        if not (local / "model_index.json").is_file() and not (local / "transformer").is_dir():
+            raise _not_found(
+                name,
+                "the folder is not a diffusers SD3 layout (no model_index.json or transformer/)",
+            )
+        return "folder", str(local)
+    if not _HUB_ID.match(name) or name.startswith((".", "/", "~")):
+        raise _not_found(
+            name, "no such local folder, and it is not a hub id of the form 'org/name'"
+        )
+    return "hub", name
+
+
+def _cached_snapshot(name: str) -> Path | None:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    patterns = ["model_index.json", *(f"{c}/*" for c in SD3_COMPONENTS)]
+    try:
+        return Path(snapshot_download(name, allow_patterns=patterns, local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return None
+
+
+def architecture_configs(path_or_preset: str) -> tuple[dict, dict] | None:
+    """``(transformer config, VAE config)`` of a source, read without building weights; None
+    for a hub checkpoint that is not in the local cache (checked when the bundle loads)."""
+    kind, name = classify_model_source(path_or_preset)
+    if kind == "tiny":
+        from unirl.models.sd3.tiny import transformer_config, vae_config
+
+        spec = TinySD3Spec()
+        return transformer_config(spec), vae_config(spec)
+    if kind == "arch":
+        arch = arch_spec(name)
+        return dict(arch.transformer), dict(arch.vae)
+    folder = Path(name) if kind == "folder" else _cached_snapshot(name)
+    if folder is None:
+        return None
+    try:
+        return tuple(  # type: ignore[return-value]
+            json.loads((folder / part / "config.json").read_text())
+            for part in ("transformer", "vae")
+        )
+    except (OSError, ValueError):
+        return None
+
+
 def resolve_model_source(path_or_preset: str) -> Path | SD3ArchSpec:
     """``tiny`` -> cached local folder; ``sd3.5-medium-arch`` -> :class:`SD3ArchSpec`;
     an existing folder -> itself; ``org/name`` -> a hub snapshot (local cache first).
@@ -174,36 +235,24 @@ def resolve_model_source(path_or_preset: str) -> Path | SD3ArchSpec:
     ``HF_HUB_OFFLINE=1`` or the hub is unreachable; the message names the presets and
     ``PRETRAINED_MODEL``.
     """
-    name = str(path_or_preset).strip()
-    if name == TINY:
+    kind, name = classify_model_source(path_or_preset)
+    if kind == "tiny":
         return tiny_preset_path()
-    if name in ARCH_SPECS:
+    if kind == "arch":
         return arch_spec(name)
-    local = Path(name).expanduser()
-    if local.is_dir():
-        if not (local / "model_index.json").is_file() and not (local / "transformer").is_dir():
-            raise _not_found(
-                name,
-                "the folder is not a diffusers SD3 layout (no model_index.json or transformer/)",
-            )
-        return local
-    if not _HUB_ID.match(name) or name.startswith((".", "/", "~")):
+    if kind == "folder":
+        return Path(name)
+    cached = _cached_snapshot(name)
+    if cached is not None:
+        return cached
+    if _offline():
         raise _not_found(
-            name, "no such local folder, and it is not a hub id of the form 'org/name'"
+            name, "no such local folder, not in the local Hugging Face cache, and HF_HUB_OFFLINE=1"
         )
 
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
 
     patterns = ["model_index.json", *(f"{c}/*" for c in SD3_COMPONENTS)]
-    try:
-        return Path(snapshot_download(name, allow_patterns=patterns, local_files_only=True))
-    except LocalEntryNotFoundError:
-        if _offline():
-            raise _not_found(
-                name,
-                "no such local folder, not in the local Hugging Face cache, and HF_HUB_OFFLINE=1",
-            ) from None
     try:
         return Path(snapshot_download(name, allow_patterns=patterns))
     except Exception as exc:  # network, auth (gated repo) or missing repo: all mean "not here"

@@ -14,13 +14,14 @@ import functools
 import gc
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from unirl.config.precision import canonical_precision
 from unirl.config.require import require
+from unirl.config.typecheck import PositiveInt
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.distributed.weight_sync.receiver import ModuleReceiver, WeightReceiver
 from unirl.types import RolloutReq, RolloutResp
@@ -111,9 +112,9 @@ class DedicatedEngine(WeightReceiver):
         bundle: Any,
         pipeline: Any,
         dtype: str | None = None,
-        device: str | None = None,
+        device: Literal["cpu", "cuda", "auto"] | None = None,
         compile: bool = False,
-        forward_batch_size: int | None = None,
+        forward_batch_size: PositiveInt | None = None,
         trainable_attr: str = "transformer",
     ) -> None:
         require(

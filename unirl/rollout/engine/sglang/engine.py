@@ -139,11 +139,7 @@ class SGLangEngine(WeightReceiver):
     def _payload(self, req: RolloutReq, rows: list[int]) -> dict[str, Any]:
         params = req.sampling_params
         assert req.sde_indices is not None
-        guidance = (
-            params.guidance_scale
-            if req.mode == "train"
-            else (params.eval_guidance_scale or params.guidance_scale)
-        )
+        guidance = params.guidance_for(req.mode)
         return {
             "prompt": req.prompts[rows[0]],
             "negative_prompt": params.negative_prompt,
@@ -195,7 +191,7 @@ class SGLangEngine(WeightReceiver):
             log_probs=torch.stack(
                 [torch.as_tensor(o["rollout_log_probs"]).reshape(-1) for o in outputs]
             ),
-            guidance_scale=params.guidance_scale,
+            guidance_scale=params.guidance_for(req.mode),
             strategy=f"sglang:{self.sde_type}",
             storage_dtype=self.storage_dtype,
             init_noise=self.init_noise,

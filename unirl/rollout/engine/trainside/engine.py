@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from unirl.config.require import require
+from unirl.config.typecheck import PositiveInt
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import RolloutReq, RolloutResp, RolloutTrack
 from unirl.types.resident import park, unpark
@@ -27,7 +28,7 @@ class TrainsideEngine:
     engine_kind = "trainside"
 
     def __init__(
-        self, *, pipeline: Any, forward_batch_size: int | None = None, resident: bool = True
+        self, *, pipeline: Any, forward_batch_size: PositiveInt | None = None, resident: bool = True
     ) -> None:
         require(
             forward_batch_size is None or forward_batch_size >= 1,

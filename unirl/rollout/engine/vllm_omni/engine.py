@@ -85,11 +85,7 @@ class VllmOmniEngine(WeightReceiver):
                 "VllmOmniEngine.generate while asleep; the driver calls wake_up() first"
             )
         params = req.sampling_params
-        guidance = (
-            params.guidance_scale
-            if req.mode == "train"
-            else (params.eval_guidance_scale or params.guidance_scale)
-        )
+        guidance = params.guidance_for(req.mode)
         t0 = time.perf_counter()
         conditions = self.encoder.encode_prompts(
             req.prompts, negative=guidance > 1.0, negative_prompt=params.negative_prompt
