@@ -27,7 +27,7 @@ TOL = 1e-6
 
 
 def _std_independent(strategy, sigma: float, sigma_next: float, sigma_max: float) -> float:
-    """Each kernel's step std written out from MATH.md (not through the strategy object)."""
+    """Each kernel's step std written out from docs/math.md (not through the strategy object)."""
     if isinstance(strategy, FlowSDE):
         denom = sigma_max if sigma == 1.0 else sigma
         return strategy.eta * math.sqrt(sigma / (1 - denom)) * math.sqrt(sigma - sigma_next)

@@ -159,7 +159,7 @@ def test_ranks_average_the_kl_and_agree_on_beta(tmp_path) -> None:
 
 
 def _independent_slot_kls(pipeline, conditions, segment) -> torch.Tensor:
-    """``KL[N, S]``: policy vs reference means of every slot, the Gaussian form of MATH.md."""
+    """``KL[N, S]``: policy vs reference means of every slot, the Gaussian form of docs/math.md."""
     sigmas = segment.sigmas.double()
     cols = []
     for k in range(segment.num_sde_steps):

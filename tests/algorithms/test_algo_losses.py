@@ -1,5 +1,5 @@
 """The pure losses of ``unirl.algorithms.losses`` vs independent float64 loop implementations
-of MATH.md (tolerance 1e-6), their edge cases and their gradients."""
+of docs/math.md (tolerance 1e-6), their edge cases and their gradients."""
 
 from __future__ import annotations
 

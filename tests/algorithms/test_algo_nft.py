@@ -1,4 +1,4 @@
-"""DiffusionNFT: the loss vs an independent float64 implementation of MATH.md (1e-6), the
+"""DiffusionNFT: the loss vs an independent float64 implementation of docs/math.md (1e-6), the
 clamp of the adaptive weights, the old-adapter EMA schedules, seeded noise, and adapter
 switching / EMA / gradients with the real FSDPBackend on a tiny SD3 transformer."""
 
@@ -29,7 +29,7 @@ LATENT = (TINY_CONFIG["in_channels"], TINY_CONFIG["sample_size"], TINY_CONFIG["s
 
 
 def reference_nft(v_theta, v_old, x_t, x0, t, adv, beta, c):
-    """MATH.md written out per sample in float64 with Python loops over samples."""
+    """docs/math.md written out per sample in float64 with Python loops over samples."""
     total = 0.0
     pos_terms, neg_terms, w_pos, w_neg = [], [], [], []
     for i in range(x0.shape[0]):

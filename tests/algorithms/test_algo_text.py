@@ -93,7 +93,7 @@ def _shifted(policy: torch.nn.Module):
 def _independent_loss(
     kind: str, mode: str, policy: TinyLM, prepared, kl_beta: float, reference
 ) -> torch.Tensor:
-    """Per-token loops over the formulas of MATH.md; differentiable (sums of scalars)."""
+    """Per-token loops over the formulas of docs/math.md; differentiable (sums of scalars)."""
     n = sum(len(a) for _, _, a in prepared)
     total = torch.zeros(())
     for cond, seg, adv in prepared:

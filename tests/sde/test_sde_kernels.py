@@ -1,4 +1,4 @@
-"""Kernels vs independent float64 implementations of MATH.md, replay exactness, ODE vs diffusers."""
+"""Kernels vs independent float64 implementations of docs/math.md, replay exactness, ODE vs diffusers."""
 
 from __future__ import annotations
 

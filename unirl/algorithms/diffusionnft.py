@@ -1,4 +1,4 @@
-"""DiffusionNFT: likelihood-free RL on the forward process (MATH.md, "DiffusionNFT").
+"""DiffusionNFT: likelihood-free RL on the forward process (docs/math.md, "DiffusionNFT").
 
 Rollout with a frozen "old" LoRA adapter and the deterministic ODE sampler; keep the clean
 latents x₀ and the rewards. Training re-noises x₀ and regresses the x₀-prediction of two

@@ -1,4 +1,4 @@
-"""Flow-DPPO: a KL mask in place of PPO's ratio clip (MATH.md, "Flow-DPPO").
+"""Flow-DPPO: a KL mask in place of PPO's ratio clip (docs/math.md, "Flow-DPPO").
 
     D = mean (μ_θ − μ_old)² / (2σ_t²)         σ_t = the step std of the strategy in use
     drop (i, t) when D ≥ τ and ((r > 1 ∧ A > 0) ∨ (r < 1 ∧ A < 0))

@@ -1,4 +1,4 @@
-"""Token-level GRPO for autoregressive text tracks (MATH.md, "AR GRPO and DRPO").
+"""Token-level GRPO for autoregressive text tracks (docs/math.md, "AR GRPO and DRPO").
 
     r_t = exp(log π_θ(y_t) − log π_old(y_t)),  ℓ_t = max(−A·r_t, −A·clip(r_t, 1 − ε_low, 1 + ε_high))
     L = aggregate(ℓ + β·k3(π_θ, π_ref), loss_mask, mode)

@@ -1,4 +1,4 @@
-"""Pure tensor-level loss functions shared by the algorithm classes (formulas: MATH.md).
+"""Pure tensor-level loss functions shared by the algorithm classes (formulas: docs/math.md).
 
 Nothing here knows about pipelines, segments or backward passes: every function maps tensors
 to tensors, so each one is tested against an independent float64 implementation. Shapes are

@@ -2,7 +2,7 @@
 
 Every kernel maps (v, x, σ, σ') to a Gaussian step x' ~ N(μ, std²·I) (``ODE``: std = 0) and,
 for the stochastic ones, the log-density of x' as a **mean** over the non-batch elements.
-All step math runs in fp32 whatever the input dtypes. Formulas: ``design/MATH.md``,
+All step math runs in fp32 whatever the input dtypes. Formulas: ``docs/math.md``,
 section "Per-step kernels".
 """
 
@@ -193,7 +193,7 @@ class SDEStrategy:
     def step_std(
         self, sigma: SigmaLike, sigma_next: SigmaLike, *, sigma_max: float | None = None
     ) -> Tensor:
-        """The Gaussian std of the step (σ_t of MATH.md's KL / Flow-DPPO). Shape: broadcast of
+        """The Gaussian std of the step (σ_t of docs/math.md's KL / Flow-DPPO). Shape: broadcast of
         the sigma inputs (0-d for python floats), fp32."""
         device = next((t.device for t in (sigma, sigma_next) if isinstance(t, Tensor)), None)
         return self._std(_as_tensor(sigma, device), _as_tensor(sigma_next, device), sigma_max)
@@ -255,7 +255,7 @@ def _check_eta(cls_name: str, eta: float, upper: float | None = None) -> None:
 
 @dataclass(kw_only=True)
 class FlowSDE(SDEStrategy):
-    """Flow-GRPO SDE. ``eta`` is the noise level a of MATH.md.
+    """Flow-GRPO SDE. ``eta`` is the noise level a of docs/math.md.
 
     s = a·sqrt(σ / (1 − σ̃)) with σ̃ = ``sigma_max`` where σ = 1, else σ̃ = σ (the numerator
     keeps σ = 1, as the Flow-GRPO reference does); μ = x + [v + s²/(2σ)·(x + (1 − σ)v)]·Δ;

@@ -51,7 +51,7 @@ def levenshtein(a: str, b: str) -> int:
 
 
 def ocr_score(recognized: str, target: str) -> float:
-    """``1 - d / len(target)`` with both sides normalised (see MATH.md, OCR reward).
+    """``1 - d / len(target)`` with both sides normalised (see docs/math.md, OCR reward).
 
     ``d = 0`` if the target is a substring of the recognised text, else
     ``min(levenshtein(recognized, target), len(target))``. Returns a value in [0, 1].
