@@ -31,7 +31,11 @@ from unirl.types import DiffusionSamplingParams
         (0.0, PositiveFloat, r"x must be a finite number > 0, got 0.0"),
         (math.nan, NonNegativeFloat, r"x must be a finite number >= 0, got nan"),
         (math.inf, PositiveFloat, r"got inf"),
-        ("gpu", Literal["cpu", "cuda"] | None, r"x must be one of 'cpu', 'cuda' or null, got 'gpu'"),
+        (
+            "gpu",
+            Literal["cpu", "cuda"] | None,
+            r"x must be one of 'cpu', 'cuda' or null, got 'gpu'",
+        ),
         ([1, "a"], list[int], r"x must be a list, got \[1, 'a'\]"),
         ({"a": "b"}, dict[str, float], r"x must be a dict"),
     ],
