@@ -250,6 +250,16 @@ def test_batches_of_batch_size_in_order_with_png_that_round_trips():
     assert result.errors["mean"] == [None] * 5
 
 
+def test_requests_stay_within_the_server_pixel_budget(monkeypatch):
+    # 4x4 images and a budget of 40 pixels per request: at most 2 images per request.
+    monkeypatch.setitem(REWARDS["limits"], "max_request_pixels", 40)
+    with stub_server(score_means_handler) as (url, stub):
+        client = RemoteRewardBackend(url=url, reward="mean", batch_size=4)
+        result = client.score(IMAGES, PROMPTS, META)
+    assert [len(b["images"]) for b in posts(stub)] == [2, 2, 1]
+    assert result.errors["mean"] == [None] * 5
+
+
 def test_jpeg_format_sends_jpeg():
     with stub_server(score_means_handler) as (url, stub):
         RemoteRewardBackend(url=url, reward="mean", image_format="jpeg").score(

@@ -63,7 +63,8 @@ def test_yaml_config_round_trip(tmp_path):
     assert overridden.server.max_batch_size == 64
 
 
-def test_shipped_example_config_builds():
+def test_shipped_example_config_builds(monkeypatch):
+    monkeypatch.setenv("UNIRL_REWARD_TOKEN", "example-token")
     path = Path(__file__).resolve().parents[1] / "configs" / "example.yaml"
     app = create_app(load_config(path))
     try:
@@ -85,23 +86,26 @@ def test_shipped_example_config_builds():
         "stats/color_entropy",
         "stats/edge_density",
     ]
-    assert info.auth is False
+    assert info.auth is True  # the shipped config reads its token from UNIRL_REWARD_TOKEN
 
 
 def test_config_errors_name_the_field():
-    base = {"rewards": {"jpeg": {"_target_": "unirl.reward.local.JpegCompressibility"}}}
+    base = {
+        "server": {"require_auth": False},
+        "rewards": {"jpeg": {"_target_": "unirl.reward.local.JpegCompressibility"}},
+    }
     with pytest.raises(ConfigError, match=r"unknown top-level keys \['serve'\]"):
         parse_config({**base, "serve": {}})
     with pytest.raises(ConfigError, match=r"server: unknown keys \['max_bytes'\]"):
         parse_config({**base, "server": {"max_bytes": 1}})
     with pytest.raises(ConfigError, match=r"rewards\.jpeg\.replicas must be >= 1"):
-        parse_config({"rewards": {"jpeg": {**base["rewards"]["jpeg"], "replicas": 0}}})
+        parse_config({**base, "rewards": {"jpeg": {**base["rewards"]["jpeg"], "replicas": 0}}})
     with pytest.raises(
         ConfigError, match=r"rewards\.jpeg: give the scorer as a block with _target_"
     ):
-        parse_config({"rewards": {"jpeg": {"quality": 90}}})
+        parse_config({**base, "rewards": {"jpeg": {"quality": 90}}})
     with pytest.raises(ConfigError, match="may only use letters"):
-        parse_config({"rewards": {"a b": base["rewards"]["jpeg"]}})
+        parse_config({**base, "rewards": {"a b": base["rewards"]["jpeg"]}})
     with pytest.raises(ConfigError, match="give auth_token or auth_token_env, not both"):
         parse_config({**base, "server": {"auth_token": "a", "auth_token_env": "B"}})
     with pytest.raises(ConfigError, match="cannot import 'no_such_module'"):
@@ -109,11 +113,11 @@ def test_config_errors_name_the_field():
     with pytest.raises(ConfigError, match="has no callable 'Nope'"):
         instantiate({"_target_": "unirl.reward.local.Nope"})
     with pytest.raises(ConfigError, match=r"not a unirl\.reward\.RewardBackend"):
-        create_app({"rewards": {"x": {"_target_": "collections.OrderedDict"}}})
+        create_app({**base, "rewards": {"x": {"_target_": "collections.OrderedDict"}}})
     with pytest.raises(ConfigError, match="scores generated texts"):
-        create_app({"rewards": {"x": {"_target_": "unirl.reward.local.ExactMatch"}}})
+        create_app({**base, "rewards": {"x": {"_target_": "unirl.reward.local.ExactMatch"}}})
     with pytest.raises(ConfigError, match="quality must be in"):
-        create_app({"rewards": {"x": {**base["rewards"]["jpeg"], "quality": 0}}})
+        create_app({**base, "rewards": {"x": {**base["rewards"]["jpeg"], "quality": 0}}})
 
 
 def test_token_env_must_be_set(monkeypatch):
@@ -134,7 +138,10 @@ def _free_port() -> int:
 
 def test_console_script_serves_on_loopback(tmp_path):
     path = tmp_path / "service.yaml"
-    path.write_text("rewards:\n  jpeg: {_target_: unirl.reward.local.JpegCompressibility}\n")
+    path.write_text(
+        "server: {require_auth: false}\n"
+        "rewards:\n  jpeg: {_target_: unirl.reward.local.JpegCompressibility}\n"
+    )
     port = _free_port()
     command = [sys.executable, "-m", "unirl_reward_service", "--config", str(path)]
     command += ["--port", str(port), "--log-level", "warning"]

@@ -23,7 +23,12 @@ from unirl_reward_service import create_app  # noqa: E402
 
 TOKEN = "fuzz-token"
 CONFIG = {
-    "server": {"max_request_bytes": 200_000, "max_batch_size": 8, "max_image_pixels": 128 * 128},
+    "server": {
+        "max_request_bytes": 200_000,
+        "max_batch_size": 8,
+        "max_image_pixels": 128 * 128,
+        "require_auth": False,
+    },
     "rewards": {
         "jpeg": {"_target_": "unirl.reward.local.JpegCompressibility", "timeout_s": 10},
         "stats": {"_target_": "unirl.reward.local.ImageStats", "timeout_s": 10},
@@ -54,7 +59,8 @@ def api_schema(app):
 
 @pytest.fixture(scope="module")
 def secured_schema():
-    app = create_app({**CONFIG, "server": {**CONFIG["server"], "auth_token": TOKEN}})
+    server = {**CONFIG["server"], "auth_token": TOKEN, "require_auth": True}
+    app = create_app({**CONFIG, "server": server})
     yield schemathesis.openapi.from_asgi("/openapi.json", app)
     app.state.reward_server.close()
 
@@ -89,8 +95,8 @@ def test_no_server_errors_with_auth_on(case):
 def test_schema_documents_every_answer(app):
     spec = app.openapi()
     score = spec["paths"]["/score"]["post"]
-    assert set(score["responses"]) == {"200", "400", "404", "413", "422", "503"}
-    for code in ("400", "404", "413", "422", "503"):
+    assert set(score["responses"]) == {"200", "400", "404", "408", "413", "422", "503"}
+    for code in ("400", "404", "408", "413", "422", "503"):
         ref = score["responses"][code]["content"]["application/json"]["schema"]["$ref"]
         assert ref.endswith("/ErrorResponse")
     request = spec["components"]["schemas"]["ScoreRequest"]

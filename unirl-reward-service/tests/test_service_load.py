@@ -37,7 +37,7 @@ def request_images(client: int, index: int) -> torch.Tensor:
 
 def test_concurrent_clients_get_every_result_back():
     config = {
-        "server": {"batch_wait_ms": 2},
+        "server": {"batch_wait_ms": 2, "require_auth": False},
         "rewards": {
             "jpeg": {
                 "_target_": "unirl.reward.local.JpegCompressibility",

@@ -32,7 +32,7 @@ from unirl_reward_service.testing import serve_in_thread
 
 STATS = ("dark_fraction", "color_entropy", "edge_density")
 CONFIG = {
-    "server": {"batch_wait_ms": 2},
+    "server": {"batch_wait_ms": 2, "require_auth": False},
     "rewards": {
         "jpeg": {"_target_": "unirl.reward.local.JpegCompressibility", "replicas": 2},
         "jpeg_incompressibility": {"_target_": "unirl.reward.local.JpegIncompressibility"},
@@ -260,7 +260,12 @@ def test_ocr_through_the_service_equals_in_process():
     images = torch.stack([_render("LIGHTHOUSE"), _render("OPEN LATE"), torch.ones(3, 96, 320)])
     prompts = ['A sign that says "LIGHTHOUSE"', 'A sign that says "LIGHTHOUSX"', 'blank "HELLO"']
     metadata = [{}, {"target_text": "open late"}, {}]
-    app = create_app({"rewards": {"ocr": {"_target_": "unirl.reward.local.OCRScorer"}}})
+    app = create_app(
+        {
+            "server": {"require_auth": False},
+            "rewards": {"ocr": {"_target_": "unirl.reward.local.OCRScorer"}},
+        }
+    )
     with serve_in_thread(app) as url:
         remote = RemoteRewardBackend(url=url, reward="ocr").score(images, prompts, metadata)
     local = OCRScorer().score(images, prompts, metadata)

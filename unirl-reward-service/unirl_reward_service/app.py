@@ -1,10 +1,13 @@
 """The FastAPI app: ``GET /health``, ``GET /rewards``, ``POST /score``.
 
 Client mistakes are answered with an :class:`~unirl_reward_service.schemas.ErrorResponse`:
-400 unparseable body (not UTF-8), 401 missing/wrong bearer token, 404 unknown reward, 413 body over ``max_request_bytes`` or
-more samples / frames / pixels than the limits, 422 malformed body, bad base64 or an
-undecodable image (the message names the index). Scorer failures and timeouts are not HTTP
-errors: they come back as per-sample ``error`` entries of that reward only.
+400 unparseable body (not UTF-8) or a query string, 401 missing/wrong bearer token (checked
+from the headers, before the body is read), 404 unknown reward, 408 body too slow, 413 body
+over ``max_request_bytes`` or more samples / frames / pixels than the limits (pixels are read
+from the image and mp4 headers before anything is decoded), 422 malformed body, bad base64
+or an undecodable image (the message names the index), 503 busy or shutting down. Scorer
+failures and timeouts are not HTTP errors: they come back as per-sample ``error`` entries
+of that reward only.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import asyncio
 import hmac
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -23,11 +26,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from unirl_reward_service import __version__
-from unirl_reward_service.codec import DecodeError, TooLarge, decode_image, decode_mp4
+from unirl_reward_service.codec import (
+    DecodeError,
+    Payload,
+    TooLarge,
+    decode_payload,
+    probe_image,
+    probe_mp4,
+)
 from unirl_reward_service.config import ServiceConfig, parse_config
+from unirl_reward_service.middleware import BodyLimit, RequestGuard
 from unirl_reward_service.pool import RewardPool, Sample, SampleResult, describe
 from unirl_reward_service.schemas import (
     ErrorResponse,
@@ -51,6 +61,7 @@ class RewardServer:
         self.config = config
         self.token = config.server.resolve_token()
         self.started = time.monotonic()
+        self.inflight = PixelBudget(config.server.max_inflight_pixels)
         self.pools: dict[str, RewardPool] = {}
         try:
             for name, reward in config.rewards.items():
@@ -84,16 +95,19 @@ class RewardServer:
             max_batch_size=server.max_batch_size,
             max_frames=server.max_frames,
             max_image_pixels=server.max_image_pixels,
+            max_sample_pixels=server.max_sample_pixels,
+            max_request_pixels=server.max_request_pixels,
         )
         return RewardsResponse(rewards=rewards, limits=limits, auth=self.token is not None)
 
-    def health(self) -> HealthResponse:
+    def health(self, authorized: bool) -> HealthResponse:
+        """Status for everyone; the per-reward pools (and so the names) only with the token."""
         states = {name: PoolState(**pool.state()) for name, pool in self.pools.items()}
         degraded = any(s.replicas == 0 or s.abandoned > 0 for s in states.values())
         return HealthResponse(
             status="degraded" if degraded else "ok",
             uptime_s=time.monotonic() - self.started,
-            rewards=states,
+            rewards=states if authorized else None,
         )
 
     def reward_names(self, request: ScoreRequest) -> list[str]:
@@ -110,8 +124,12 @@ class RewardServer:
             )
         return names
 
-    def decode(self, request: ScoreRequest) -> tuple[str, list[list[Sample]]]:
-        """Per sample the list of images to score (one image, or a video's frames)."""
+    def probe(self, request: ScoreRequest) -> tuple[str, list[list[Payload]]]:
+        """Per sample its payloads (one image, a video's frames, or one mp4), headers only.
+
+        Every limit is checked here, before any pixel is decoded: samples per request,
+        frames per video, and the ``H·W`` / sample / request pixel budgets (413 above each).
+        """
         server = self.config.server
         if (request.images is None) == (request.videos is None):
             raise _error(422, "give exactly one of 'images' and 'videos'")
@@ -124,35 +142,63 @@ class RewardServer:
                 f"{n} {kind} in one request; this server accepts at most "
                 f"{server.max_batch_size} (server.max_batch_size): split the batch",
             )
-        prompts = request.prompts if request.prompts is not None else [""] * n
-        metadata = request.metadata if request.metadata is not None else [{} for _ in range(n)]
-        for key, values in (("prompts", prompts), ("metadata", metadata)):
-            if len(values) != n:
+        for key, values in (("prompts", request.prompts), ("metadata", request.metadata)):
+            if values is not None and len(values) != n:
                 raise _error(422, f"'{key}' has {len(values)} entries for {n} {kind}")
-        samples: list[list[Sample]] = []
+        per_sample: list[list[Payload]] = []
+        total = 0
         try:
             for i, item in enumerate(items):
                 where = f"{kind}[{i}]"
                 if kind == "images":
-                    frames = [decode_image(item, where, server.max_image_pixels)]
+                    payloads = [probe_image(item, where, server.max_image_pixels)]
                 elif isinstance(item, str):
-                    frames = decode_mp4(item, where, server.max_frames, server.max_image_pixels)
+                    payloads = [probe_mp4(item, where, server.max_frames, server.max_image_pixels)]
                 else:
                     if len(item) > server.max_frames:
                         raise TooLarge(
                             f"{where}: {len(item)} frames; this server accepts at most "
                             f"{server.max_frames} per video (server.max_frames)"
                         )
-                    frames = [
-                        decode_image(frame, f"{where}[{j}]", server.max_image_pixels)
+                    payloads = [
+                        probe_image(frame, f"{where}[{j}]", server.max_image_pixels)
                         for j, frame in enumerate(item)
                     ]
+                pixels = sum(p.pixels for p in payloads)
+                if pixels > server.max_sample_pixels:
+                    raise TooLarge(
+                        f"{where}: decodes to {pixels} pixels; this server accepts at most "
+                        f"{server.max_sample_pixels} per sample (server.max_sample_pixels)"
+                    )
+                total += pixels
+                if total > server.max_request_pixels:
+                    raise TooLarge(
+                        f"{kind}[0..{i}] decode to {total} pixels; this server accepts at most "
+                        f"{server.max_request_pixels} per request (server.max_request_pixels): "
+                        "send fewer or smaller images per request"
+                    )
+                per_sample.append(payloads)
+        except DecodeError as exc:
+            raise _error(422, str(exc)) from exc
+        except TooLarge as exc:
+            raise _error(413, str(exc)) from exc
+        return kind, per_sample
+
+    def decode(self, request: ScoreRequest, per_sample: list[list[Payload]]) -> list[list[Sample]]:
+        """Decode probed payloads into per-sample lists of images (a video's frames)."""
+        n = len(per_sample)
+        prompts = request.prompts if request.prompts is not None else [""] * n
+        metadata = request.metadata if request.metadata is not None else [{} for _ in range(n)]
+        samples: list[list[Sample]] = []
+        try:
+            for i, payloads in enumerate(per_sample):
+                frames = [f for p in payloads for f in decode_payload(p)]
                 samples.append([Sample(f, prompts[i], metadata[i]) for f in frames])
         except DecodeError as exc:
             raise _error(422, str(exc)) from exc
         except TooLarge as exc:
             raise _error(413, str(exc)) from exc
-        return kind, samples
+        return samples
 
     async def score_one(self, name: str, per_sample: list[list[Sample]]) -> RewardResult:
         """Run one reward on every image of the request and fold frames back into samples."""
@@ -209,10 +255,17 @@ def create_app(config: ServiceConfig | Mapping[str, Any]) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.reward_server = server
-    app.add_middleware(BodyLimit, max_bytes=config.server.max_request_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=config.server.max_request_bytes,
+        timeout_s=config.server.body_timeout_s,
+    )
+    app.add_middleware(RequestGuard, token=server.token)  # outermost: runs before BodyLimit
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
 
+    # RequestGuard has already refused requests without the token (before their body was
+    # read); this dependency repeats the check and publishes the scheme in the OpenAPI doc.
     bearer = HTTPBearer(auto_error=False)
 
     def check_token(
@@ -229,7 +282,7 @@ def create_app(config: ServiceConfig | Mapping[str, Any]) -> FastAPI:
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
-    examples = _examples(config)
+    examples = _examples(config, hide_names=server.token is not None)
     secured = [Depends(check_token)] if server.token is not None else []
     auth_responses: dict[int | str, dict[str, Any]] = (
         {401: {"model": ErrorResponse, "description": "Missing or wrong bearer token"}}
@@ -238,8 +291,8 @@ def create_app(config: ServiceConfig | Mapping[str, Any]) -> FastAPI:
     )
 
     @app.get("/health", response_model=HealthResponse, summary="Liveness and per-reward pools")
-    async def health() -> HealthResponse:
-        return server.health()
+    async def health(request: Request) -> HealthResponse:
+        return server.health(getattr(request.state, "authorized", server.token is None))
 
     @app.get(
         "/rewards",
@@ -257,18 +310,25 @@ def create_app(config: ServiceConfig | Mapping[str, Any]) -> FastAPI:
         dependencies=secured,
         responses={
             **auth_responses,
-            400: {"model": ErrorResponse, "description": "Body is not parseable (e.g. not UTF-8)"},
+            400: {
+                "model": ErrorResponse,
+                "description": "Body is not parseable (e.g. not UTF-8), or a query string",
+            },
             404: {"model": ErrorResponse, "description": "Unknown reward name"},
+            408: {"model": ErrorResponse, "description": "Body not received in body_timeout_s"},
             413: {
                 "model": ErrorResponse,
                 "description": "Body over max_request_bytes, or more samples, frames or "
-                "pixels than the server's limits",
+                "decoded pixels (read from the headers) than the server's limits",
             },
             422: {
                 "model": ErrorResponse,
                 "description": "Malformed body, bad base64 or an undecodable image",
             },
-            503: {"model": ErrorResponse, "description": "The server is shutting down"},
+            503: {
+                "model": ErrorResponse,
+                "description": "Busy (pixels in flight, connections) or shutting down",
+            },
         },
         summary="Score images or videos with one or several rewards",
     )
@@ -276,8 +336,13 @@ def create_app(config: ServiceConfig | Mapping[str, Any]) -> FastAPI:
         request: ScoreRequest = Body(openapi_examples=examples),  # noqa: B008 (FastAPI idiom)
     ) -> ScoreResponse:
         names = server.reward_names(request)
-        kind, per_sample = await run_in_threadpool(server.decode, request)
-        results = await asyncio.gather(*(server.score_one(n, per_sample) for n in names))
+        kind, payloads = await run_in_threadpool(server.probe, request)
+        pixels = sum(p.pixels for sample in payloads for p in sample)
+        wait_s = max(server.pools[n].config.timeout_s for n in names)
+        async with server.inflight.hold(pixels, wait_s):
+            per_sample = await run_in_threadpool(server.decode, request, payloads)
+            del payloads  # the encoded bytes are no longer needed
+            results = await asyncio.gather(*(server.score_one(n, per_sample) for n in names))
         return ScoreResponse(
             kind=kind,  # type: ignore[arg-type]
             num_samples=len(per_sample),
@@ -291,8 +356,10 @@ def create_app(config: ServiceConfig | Mapping[str, Any]) -> FastAPI:
 _EXAMPLE_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGM8ISfHwMDAxMDAwMDAAAANBAEIfXHKZgAAAABJRU5ErkJggg=="
 
 
-def _examples(config: ServiceConfig) -> dict[str, Any]:
-    names = list(config.rewards)
+def _examples(config: ServiceConfig, hide_names: bool) -> dict[str, Any]:
+    """Published request examples; with auth on they name no reward (the OpenAPI document
+    is served without a token), so ``<reward>`` stands for a name from ``GET /rewards``."""
+    names = ["<reward>"] if hide_names else list(config.rewards)
     return {
         "images": {
             "summary": "Two PNG images, one reward",
@@ -310,8 +377,49 @@ def _examples(config: ServiceConfig) -> dict[str, Any]:
     }
 
 
-def _error(status: int, detail: str) -> HTTPException:
-    return HTTPException(status_code=status, detail=detail)
+def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> HTTPException:
+    return HTTPException(status_code=status, detail=detail, headers=headers)
+
+
+class PixelBudget:
+    """Decoded pixels held by the requests in flight, at most ``capacity`` together.
+
+    A request reserves its header-declared pixels before decoding and releases them when
+    its answer is ready; one that does not fit waits (503 with ``Retry-After`` after
+    ``timeout_s``). Server-wide bound on decoded images: ``3 · capacity`` bytes.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.held = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed = asyncio.Condition()
+
+    @asynccontextmanager
+    async def hold(self, pixels: int, timeout_s: float) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a condition binds to the loop it first waits on
+            self._loop, self._changed = loop, asyncio.Condition()
+        changed = self._changed
+        async with changed:
+            try:
+                await asyncio.wait_for(
+                    changed.wait_for(lambda: self.held + pixels <= self.capacity), timeout_s
+                )
+            except TimeoutError:
+                raise _error(
+                    503,
+                    f"server busy: {self.held} decoded pixels in flight and this request needs "
+                    f"{pixels} (server.max_inflight_pixels={self.capacity}); retry",
+                    {"Retry-After": "1"},
+                ) from None
+            self.held += pixels
+        try:
+            yield
+        finally:
+            async with changed:
+                self.held -= pixels
+                changed.notify_all()
 
 
 def _consume(future: asyncio.Future) -> None:
@@ -405,72 +513,3 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     body = ErrorResponse(detail=str(exc.detail))
     return JSONResponse(status_code=exc.status_code, content=body.model_dump(), headers=exc.headers)
-
-
-class BodyLimit:
-    """ASGI middleware: 413 when ``Content-Length`` or the received body exceeds ``max_bytes``.
-
-    The body is read here (at most ``max_bytes``) and replayed to the app.
-    """
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        for key, value in scope.get("headers", []):
-            if key == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    await _send_error(send, 400, "Content-Length is not an integer")
-                    return
-                if declared > self.max_bytes:
-                    await _send_error(send, 413, self._too_large(declared))
-                    return
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if len(body) > self.max_bytes:
-                await _send_error(send, 413, self._too_large(len(body)))
-                return
-            if not message.get("more_body", False):
-                break
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    def _too_large(self, size: int) -> str:
-        return (
-            f"request body of {size} bytes exceeds server.max_request_bytes={self.max_bytes}; "
-            "send fewer or smaller images per request"
-        )
-
-
-async def _send_error(send: Send, status: int, detail: str) -> None:
-    body = ErrorResponse(detail=detail).model_dump_json().encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})

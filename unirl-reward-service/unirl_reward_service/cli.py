@@ -7,6 +7,8 @@ import ipaddress
 import sys
 from dataclasses import replace
 
+from unirl.config import ConfigError
+
 from unirl_reward_service.config import ServiceConfig, load_config
 
 
@@ -48,18 +50,26 @@ def _is_loopback(host: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    config = resolve_config(args)
     import uvicorn
 
     from unirl_reward_service.app import create_app
+    from unirl_reward_service.connections import ensure_fd_limit, uvicorn_config
 
-    app = create_app(config)
+    try:
+        config = resolve_config(args)
+        app = create_app(config)
+    except ConfigError as exc:  # one line naming the field and the fix, no traceback
+        print(f"unirl-reward-service: config error: {exc}", file=sys.stderr)
+        return 2
     server = config.server
+    ensure_fd_limit(server.max_connections)
     if not _is_loopback(server.host) and app.state.reward_server.token is None:
         print(
-            f"unirl-reward-service: WARNING: binding {server.host} without auth; anyone who can "
-            "reach this port can use the scorers (set server.auth_token_env)",
+            f"unirl-reward-service: WARNING: binding {server.host} with server.require_auth: "
+            "false; anyone who can reach this port can use the scorers "
+            "(set server.auth_token_env instead)",
             file=sys.stderr,
         )
-    uvicorn.run(app, host=server.host, port=server.port, log_level=args.log_level)
-    return 0
+    runner = uvicorn.Server(uvicorn_config(app, server, log_level=args.log_level))
+    runner.run()
+    return 0 if runner.started else 3

@@ -34,10 +34,26 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 class ServerConfig:
     """HTTP-level settings and limits shared by every reward.
 
-    ``max_batch_size`` counts samples (images or videos) in one request; ``max_frames``
-    frames in one video; ``max_image_pixels`` ``H·W`` of one decoded image or frame.
-    ``batch_wait_ms`` is how long a free replica waits for more requests to fill a batch.
+    Request limits (413 above each): ``max_request_bytes`` of body; ``max_batch_size``
+    samples (images or videos) per request; ``max_frames`` frames per video. Decoded-pixel
+    budgets, checked from the image and mp4 headers before any pixel is decoded (413 above
+    each): ``max_image_pixels`` ``H·W`` of one image or frame, ``max_sample_pixels`` of one
+    sample (a video's frames together), ``max_request_pixels`` of one request. Requests in
+    flight hold at most ``max_inflight_pixels`` decoded pixels together; a request that
+    would go over waits its turn (503 when a reward's ``timeout_s`` passes first). A pixel is
+    held as 3 bytes (``uint8`` RGB) plus 12 (``float32``) while a scorer runs on it, so the
+    default in-flight budget bounds decoded images to 0.4 GB, 2 GB while all are scored.
+
+    Connections: at most ``max_connections`` open at once (a new one over the limit closes
+    the longest-idle connection without a request in progress, or is answered 503 when none
+    has been idle for ``min(1 s, header_timeout_s / 10)``); a connection must deliver a
+    request's headers within ``header_timeout_s`` of opening (or of its previous answer),
+    its body within ``body_timeout_s`` (408 after); an idle keep-alive connection closes
+    after ``keep_alive_s``.
+
     The bearer token is ``auth_token`` or the value of env var ``auth_token_env`` (not both).
+    Without either the service refuses to start unless ``require_auth`` is false.
+    ``batch_wait_ms`` is how long a free replica waits for more requests to fill a batch.
     """
 
     host: str = "127.0.0.1"
@@ -46,9 +62,17 @@ class ServerConfig:
     max_batch_size: int = 256
     max_frames: int = 64
     max_image_pixels: int = 4096 * 4096
+    max_sample_pixels: int = 2**26
+    max_request_pixels: int = 2**26
+    max_inflight_pixels: int = 2**27
+    max_connections: int = 64
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keep_alive_s: float = 5.0
     batch_wait_ms: float = 5.0
     auth_token: str | None = None
     auth_token_env: str | None = None
+    require_auth: bool = True
 
     def __post_init__(self) -> None:
         require(bool(self.host), "server.host must be a non-empty address (e.g. 127.0.0.1)")
@@ -56,11 +80,32 @@ class ServerConfig:
         require(self.max_request_bytes > 0, "server.max_request_bytes must be > 0")
         require(self.max_batch_size >= 1, "server.max_batch_size must be >= 1")
         require(self.max_frames >= 1, "server.max_frames must be >= 1")
-        require(self.max_image_pixels >= 1, "server.max_image_pixels must be >= 1")
+        for name in ("max_image_pixels", "max_sample_pixels", "max_request_pixels"):
+            require(getattr(self, name) >= 1, f"server.{name} must be >= 1")
+        require(
+            self.max_inflight_pixels >= self.max_request_pixels,
+            f"server.max_inflight_pixels={self.max_inflight_pixels} must be >= "
+            f"server.max_request_pixels={self.max_request_pixels} (or no request could run)",
+        )
+        require(self.max_connections >= 1, "server.max_connections must be >= 1")
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
+            require(getattr(self, name) > 0, f"server.{name} must be > 0")
         require(self.batch_wait_ms >= 0.0, "server.batch_wait_ms must be >= 0")
         require(
             not (self.auth_token and self.auth_token_env),
             "server: give auth_token or auth_token_env, not both",
+        )
+        has_token = bool(self.auth_token or self.auth_token_env)
+        require(
+            has_token or not self.require_auth,
+            "server.auth_token and server.auth_token_env are both empty: set "
+            "server.auth_token_env: UNIRL_REWARD_TOKEN (and export a token in it), or set "
+            "server.require_auth: false to serve without auth",
+        )
+        require(
+            not (has_token and not self.require_auth),
+            "server.require_auth is false but a token is configured: remove "
+            "server.auth_token / server.auth_token_env, or drop require_auth: false",
         )
 
     def resolve_token(self) -> str | None:

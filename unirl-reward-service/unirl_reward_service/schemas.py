@@ -87,7 +87,9 @@ class Limits(BaseModel):
     max_request_bytes: int
     max_batch_size: int = Field(description="Most samples (images or videos) per request.")
     max_frames: int
-    max_image_pixels: int
+    max_image_pixels: int = Field(description="Most H*W of one image or frame.")
+    max_sample_pixels: int = Field(description="Most frames*H*W of one sample (a video).")
+    max_request_pixels: int = Field(description="Most decoded pixels of one request.")
 
 
 class RewardsResponse(BaseModel):
@@ -113,7 +115,9 @@ class HealthResponse(BaseModel):
         description="degraded while a pool has no live replica or abandoned calls running."
     )
     uptime_s: float
-    rewards: dict[str, PoolState]
+    rewards: dict[str, PoolState] | None = Field(
+        description="Per-reward pools; null without the bearer token when auth is on."
+    )
 
 
 class FieldError(BaseModel):

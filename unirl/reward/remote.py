@@ -55,7 +55,8 @@ class RemoteRewardBackend(RewardBackend):
     server's total (for a combining reward, e.g. a ``WeightedRewardBackend``), so several
     components can feed ``RewardService`` directly. Images go as base64 PNG (lossless for
     ``uint8``) or JPEG, ``batch_size`` per request (capped at the server's
-    ``max_batch_size``). Timeouts, connection errors, 429 and 5xx
+    ``max_batch_size``, and so that a request's ``N·H·W`` stays within its
+    ``max_request_pixels``). Timeouts, connection errors, 429 and 5xx
     are retried ``max_retries`` times with backoff ``backoff_s · 2^k`` (capped at
     ``max_backoff_s``; a numeric ``Retry-After`` wins); other 4xx raise at once with the
     server's message. A per-sample server error becomes NaN plus ``errors[name][i]``, so the
@@ -79,6 +80,7 @@ class RemoteRewardBackend(RewardBackend):
     _client: Any = field(init=False, repr=False, compare=False, default=None)
     _info: dict[str, Any] | None = field(init=False, repr=False, compare=False, default=None)
     _request_size: int = field(init=False, repr=False, compare=False, default=0)
+    _request_pixels: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         self.url = str(self.url).rstrip("/")
@@ -141,9 +143,12 @@ class RemoteRewardBackend(RewardBackend):
                 f"RemoteRewardBackend.use_total=true but reward '{self.reward}' on {self.url} "
                 "has no total (it is not a combining backend)"
             )
-        # Requests never carry more samples than the server accepts (it would answer 413).
-        limit = int(body.get("limits", {}).get("max_batch_size", self.batch_size))
+        # Requests never carry more samples or pixels than the server accepts (it would
+        # answer 413); a server without a pixel budget (older versions) gives 0 here.
+        limits = body.get("limits", {})
+        limit = int(limits.get("max_batch_size", self.batch_size))
         self._request_size = max(1, min(self.batch_size, limit))
+        self._request_pixels = int(limits.get("max_request_pixels", 0))
         server_timeout = float(info.get("timeout_s", 0.0))
         if server_timeout >= self.timeout_s:
             raise ConfigError(
@@ -183,12 +188,16 @@ class RemoteRewardBackend(RewardBackend):
         if self._info is None:
             self.check()
         pixels = images_to_uint8(images)
+        per_request = self._request_size
+        if self._request_pixels:
+            height, width = images.shape[-2:]
+            per_request = max(1, min(per_request, self._request_pixels // (height * width)))
         values: dict[str, list[float]] = {name: [] for name in self.names}
         errors: dict[str, list[str | None]] = {name: [] for name in self.names}
         totals: list[float] = []
         retries = 0
-        for start in range(0, n, self._request_size):
-            stop = min(start + self._request_size, n)
+        for start in range(0, n, per_request):
+            stop = min(start + per_request, n)
             payload = {
                 "reward": self.reward,
                 "images": [self._encode(p) for p in pixels[start:stop]],
