@@ -1,0 +1,71 @@
+"""Stages: reward propagation through lineage, per-track advantages, stage ordering."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from unirl.trainer.stage import Stage, order_stages, propagate_rewards
+from unirl.types import STATUS_DROPPED, RolloutTrack
+
+
+def _two_tracks() -> tuple[RolloutTrack, RolloutTrack]:
+    """A parent text track of 4 rewrites (2 prompts x 2) and a child image track of 8
+    images (2 per rewrite), as a prompt enhancer's response carries them."""
+    parent = RolloutTrack(
+        sample_ids=torch.tensor([10, 11, 12, 13]),
+        group_ids=torch.tensor([0, 0, 1, 1]),
+    )
+    child = RolloutTrack(
+        sample_ids=torch.arange(100, 108),
+        group_ids=torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]),
+        parent_ids=torch.tensor([10, 10, 11, 11, 12, 12, 13, 13]),
+        parent_track="text",
+        rewards=torch.tensor([1.0, 3.0, 0.0, 2.0, 5.0, 5.0, 4.0, 8.0]),
+        component_rewards={"ocr": torch.tensor([0.1, 0.3, 0.0, 0.2, 0.5, 0.5, 0.4, 0.8])},
+        status=torch.tensor([0, 0, 0, 0, 0, 0, 0, 1]),  # the last image was dropped
+    )
+    return parent, child
+
+
+def test_mean_and_max_propagation_skip_dropped_children() -> None:
+    parent, child = _two_tracks()
+    mean = propagate_rewards(child, parent, "mean")
+    assert mean.rewards.tolist() == [2.0, 1.0, 5.0, 4.0]
+    assert torch.allclose(mean.component_rewards["ocr"], torch.tensor([0.2, 0.1, 0.5, 0.4]))
+    assert propagate_rewards(child, parent, "max").rewards.tolist() == [3.0, 2.0, 5.0, 4.0]
+    assert mean.status.tolist() == [0, 0, 0, 0]
+
+
+def test_parent_without_kept_children_is_dropped_and_advantages_are_per_track() -> None:
+    parent, child = _two_tracks()
+    child.status[6] = STATUS_DROPPED  # sample 13 now has no kept child
+    scored_parent = propagate_rewards(child, parent, "mean")
+    assert scored_parent.status.tolist() == [0, 0, 0, STATUS_DROPPED]
+    parent_adv, _ = scored_parent.compute_advantages(scope="group", std="none", clip=None)
+    # group 0: rewards 2 and 1 -> +0.5 / -0.5; group 1: only sample 12 kept -> 0; dropped -> 0
+    assert parent_adv.advantages.tolist() == [0.5, -0.5, 0.0, 0.0]
+    child_adv, _ = child.compute_advantages(scope="group", std="none", clip=None)
+    assert child_adv.advantages.tolist() == [-1.0, 1.0, -1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_unknown_parent_is_refused() -> None:
+    parent, child = _two_tracks()
+    child.parent_ids[0] = 99
+    with pytest.raises(ValueError, match=r"not in the parent track: \[99\]"):
+        propagate_rewards(child, parent)
+
+
+def test_children_come_before_parents_and_cycles_are_refused() -> None:
+    stages = [
+        Stage(track="text"),
+        Stage(track="image", parent="text"),
+        Stage(track="up", parent="image"),
+    ]
+    assert [s.track for s in order_stages(stages)] == ["up", "image", "text"]
+    with pytest.raises(ValueError, match="cycle"):
+        order_stages([Stage(track="a", parent="b"), Stage(track="b", parent="a")])
+    with pytest.raises(ValueError, match="which is no stage"):
+        order_stages([Stage(track="a", parent="zz")])
+    assert Stage(track="text", prefix="text").key("reward/mean") == "text/reward/mean"
+    assert Stage(track="diffusion").key("reward/mean") == "reward/mean"

@@ -1,0 +1,122 @@
+"""The stage: the unit of the loop.
+
+A stage is one track of a ``RolloutResp`` (``diffusion``, ``text``, …) with what acts on it:
+the roles that score it, train it and sync its weights. A diffusion recipe has one stage; a
+prompt enhancer has two (the AR parent track and the diffusion child track it feeds); a
+unified model has two that share a backend. The loop in :mod:`unirl.trainer.base` walks the
+stages of every response in the same order for every domain:
+
+    rollout -> reward on scored tracks -> propagate to parents -> advantages -> train -> sync
+
+Only rewards cross stages, through lineage: a child track's samples name their parent
+sample (``parent_ids``) and the parent's reward is the mean (or max) of its kept children's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import torch
+
+from unirl.types import STATUS_DROPPED, RolloutTrack
+
+
+@dataclass(kw_only=True)
+class Stage:
+    """One track and the driver-side handles that act on it.
+
+    ``reward``: scores the track's media (a ``RewardWorker`` handle), or ``None`` when the
+    track takes its reward from its children. ``stack`` / ``algorithm`` / ``ops``: train it
+    (``None`` for a frozen stage). ``sync``: a dedicated engine's cadence
+    (``after_train(k) -> sync/* metrics``). ``parent``: the track this one's samples descend
+    from. ``prefix``: metric prefix (empty for a recipe's only or main stage, so single-stage
+    metric names stay ``reward/mean``, ``train/loss``, …).
+    """
+
+    track: str
+    reward: Any = None
+    stack: Any = None
+    algorithm: Any = None
+    ops: Any = None
+    sync: Any = None
+    parent: str | None = None
+    reward_from_children: Literal["mean", "max"] = "mean"
+    train_ranks: int = 1
+    rollout_ranks: int = 1
+    prefix: str = ""
+
+    @property
+    def trains(self) -> bool:
+        return self.stack is not None
+
+    def key(self, name: str) -> str:
+        """A metric name of this stage (``reward/mean`` or ``text/reward/mean``)."""
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+
+def propagate_rewards(
+    child: RolloutTrack, parent: RolloutTrack, how: Literal["mean", "max"] = "mean"
+) -> RolloutTrack:
+    """``parent`` with rewards aggregated from its kept children (``child.parent_ids`` name
+    parent ``sample_ids``). A parent left without a kept child is dropped; the children's
+    reward components are aggregated the same way."""
+    if child.parent_ids is None or child.rewards is None:
+        raise ValueError(
+            f"reward propagation needs a child track with parent_ids and rewards "
+            f"(parent_track={child.parent_track!r})"
+        )
+    kept = child.kept
+    parent_index = {int(s): i for i, s in enumerate(parent.sample_ids.tolist())}
+    unknown = sorted({int(p) for p in child.parent_ids.tolist()} - set(parent_index))
+    if unknown:
+        raise ValueError(
+            f"child samples name parents that are not in the parent track: {unknown[:8]}"
+        )
+    rows = torch.tensor([parent_index[int(p)] for p in child.parent_ids.tolist()], dtype=torch.long)
+    n = len(parent)
+
+    def reduce(values: torch.Tensor) -> torch.Tensor:
+        out = torch.full((n,), math.nan, dtype=torch.float32)
+        for i in range(n):
+            mine = values.float()[(rows == i) & kept]
+            if mine.numel():
+                out[i] = mine.mean() if how == "mean" else mine.max()
+        return out
+
+    rewards = reduce(child.rewards)
+    components = (
+        {k: reduce(v) for k, v in child.component_rewards.items()}
+        if child.component_rewards
+        else None
+    )
+    assert parent.status is not None
+    status = torch.where(
+        torch.isnan(rewards), torch.full_like(parent.status, STATUS_DROPPED), parent.status
+    )
+    rewards = torch.nan_to_num(rewards, nan=0.0)
+    return replace(parent, rewards=rewards, component_rewards=components, status=status)
+
+
+def order_stages(stages: list[Stage]) -> list[Stage]:
+    """Stages with every child before its parent (rewards flow child -> parent); refuses a
+    parent that names no stage and a cycle."""
+    by_track = {s.track: s for s in stages}
+    if len(by_track) != len(stages):
+        raise ValueError(f"two stages share a track name: {[s.track for s in stages]}")
+    for s in stages:
+        if s.parent is not None and s.parent not in by_track:
+            raise ValueError(f"stage {s.track!r} names parent {s.parent!r}, which is no stage")
+    depth: dict[str, int] = {}
+
+    def level(s: Stage, seen: tuple[str, ...] = ()) -> int:
+        if s.track in seen:
+            raise ValueError(f"stage lineage has a cycle: {' -> '.join((*seen, s.track))}")
+        if s.track not in depth:
+            depth[s.track] = (
+                0 if s.parent is None else level(by_track[s.parent], (*seen, s.track)) + 1
+            )
+        return depth[s.track]
+
+    return sorted(stages, key=lambda s: -level(s))
