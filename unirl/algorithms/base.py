@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -166,7 +165,3 @@ class StageAlgorithm(ABC):
     @abstractmethod
     def summarize(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
         """Metrics from the concatenated terms of every micro-batch of one optimizer step."""
-
-
-def no_reference() -> AbstractContextManager[None]:
-    return contextlib.nullcontext()

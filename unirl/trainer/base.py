@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-import torch
 
 from unirl.config.run import RunConfig
 from unirl.logging import build_trackers
@@ -74,14 +70,6 @@ def resolve_resume(cfg: RunConfig, out: OutputDir) -> Path | None:
             "use resume=auto or a checkpoints/step_XXXXXX folder"
         )
     return path
-
-
-def driver_rng_state() -> dict[str, Any]:
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ Field kinds (declared with :func:`batch_field`):
   and copied unchanged on split.
 
 From these kinds alone ``Batch`` derives ``concat``, ``split``, ``chunk``, ``select``,
-``repeat_interleave``, ``to`` and ``pin`` for every subclass.
+``repeat_interleave`` and ``to`` for every subclass.
 """
 
 from __future__ import annotations
@@ -343,9 +343,3 @@ class Batch:
             if name not in self.host_fields
         }
         return dataclasses.replace(self, **kwargs)
-
-    def pin(self) -> Self:
-        """Page-locked copies of CPU tensors (for async host-to-device copies); no-op without CUDA."""
-        if not torch.cuda.is_available():
-            return self
-        return self._map(lambda t: t.pin_memory() if t.device.type == "cpu" else t)

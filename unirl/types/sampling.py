@@ -55,11 +55,6 @@ class DiffusionSamplingParams:
             return self.eval_guidance_scale
         return self.guidance_scale
 
-    @property
-    def do_cfg(self) -> bool:
-        """Classifier-free guidance runs when the scale is above 1."""
-        return self.guidance_scale > 1.0
-
 
 @dataclass(kw_only=True)
 class ARSamplingParams:
