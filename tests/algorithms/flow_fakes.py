@@ -115,8 +115,7 @@ def update(algorithm, prepared: list[tuple]) -> tuple[float, dict[str, torch.Ten
     """Loss + backward per micro-batch; returns the summed loss and the concatenated terms."""
     n = sum(len(adv) for _, _, adv in prepared)
     results = [
-        algorithm.compute_loss_and_backward(c, s, a, 0.0, loss_scale=len(a) / n)
-        for c, s, a in prepared
+        algorithm.compute_loss_and_backward(c, s, a, loss_scale=len(a) / n) for c, s, a in prepared
     ]
     terms = {k: torch.cat([r.terms[k] for r in results]) for k in results[0].terms}
     return sum(r.loss for r in results), terms

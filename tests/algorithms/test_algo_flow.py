@@ -248,8 +248,8 @@ def test_grpo_guard_ratio_and_step_weight() -> None:
     pipeline = make_pipeline()
     conditions, segment = sample(pipeline)
     algo = FlowGRPO(pipeline=pipeline, ratio_norm="grpo_guard", clip_range=1.0)
-    assert algo.anchor_fields == ("sde_logp", "sde_means")
     prepared = anchor(algo, conditions, segment, 2, ADV)
+    assert all(seg.sde_means is not None for _, seg, _ in prepared)  # GRPO-Guard anchors μ_old
     update(algo, prepared)
     sgd_step(pipeline.bundle, lr=0.05)
     loss, terms = update(algo, prepared)
@@ -284,4 +284,5 @@ def test_grpo_guard_validation() -> None:
         FlowGRPO(
             pipeline=pipeline, ratio_norm="grpo_guard", old_logp_source="rollout"
         ).prepare_segment(conditions, segment)
-    assert FlowGRPO(pipeline=pipeline).anchor_fields == ("sde_logp",)
+    plain = anchor(FlowGRPO(pipeline=pipeline), conditions, segment, 2, ADV)
+    assert all(seg.sde_means is None for _, seg, _ in plain)  # plain Flow-GRPO: log-probs only

@@ -199,7 +199,7 @@ def test_per_step_kl_metrics_and_adaptive_beta_in_the_next_loss(cls) -> None:
 
     zero_grad(pipeline.bundle)
     prepared = algo.prepare_segment(conditions, segment)
-    result = algo.compute_loss_and_backward(conditions, prepared, ADV, 0.0, loss_scale=1.0)
+    result = algo.compute_loss_and_backward(conditions, prepared, ADV, loss_scale=1.0)
     assert algo.summarize(result.terms)["kl/beta"] == out["kl/beta_next"]
     if cls is FlowGRPO:  # loss = mean_k (mean policy_k + β·mean KL_k), with the new β
         policy = result.terms["policy_loss"].double().reshape(steps, 4).mean(1)

@@ -333,7 +333,7 @@ def test_loss_matches_an_independent_computation_and_trains_only_the_default_ada
     cond, segment, adv = _batch()
     algo.begin_rollout(2, "train")
     algo.end_rollout(2, "train")
-    result = algo.compute_loss_and_backward(cond, segment, adv, 0.0, loss_scale=1.0)
+    result = algo.compute_loss_and_backward(cond, segment, adv, loss_scale=1.0)
 
     x0 = segment.final_latents.double()
     eps, u, _ = draw_training_noise(
@@ -393,12 +393,12 @@ def test_schedule_times_are_distinct_schedule_sigmas_and_micro_batching_does_not
     )
     assert torch.equal(times, segment.sigmas.float()[slots])
     assert all(len(set(row)) == 4 for row in times.tolist()) and float(times.min()) > 0.0
-    whole = algo.compute_loss_and_backward(cond, segment, adv, 0.0, loss_scale=1.0)
+    whole = algo.compute_loss_and_backward(cond, segment, adv, loss_scale=1.0)
     backend.zero_grad()
     perm = torch.tensor([3, 1, 0, 2])
     halves = [
         algo.compute_loss_and_backward(
-            cond.select(idx), segment.select(idx), adv[idx], 0.0, loss_scale=0.5
+            cond.select(idx), segment.select(idx), adv[idx], loss_scale=0.5
         )
         for idx in (perm[:2], perm[2:])
     ]
@@ -463,6 +463,6 @@ def test_wiring_errors_name_the_fix() -> None:
     fresh.bind_backend(backend)
     cond, segment, adv = _batch()
     with pytest.raises(RuntimeError, match="begin_rollout"):
-        fresh.compute_loss_and_backward(cond, segment, adv, 0.0, loss_scale=1.0)
+        fresh.compute_loss_and_backward(cond, segment, adv, loss_scale=1.0)
     assert DiffusionNFT.requires_log_prob is False and DiffusionNFT.supports_multi_update is False
     assert DiffusionNFT.requires_ema_rollout is True

@@ -72,12 +72,12 @@ def test_first_update_ratio_is_exactly_one(
     track = pipeline.generate(req).tracks["diffusion"]
     track = dataclasses.replace(track, rewards=torch.arange(n).float())
     track, _ = track.compute_advantages()
-    out = stack.train_track(track, 0, 0.0)
+    out = stack.train_track(track, 0)
     step = out["steps"][0]
     assert step["ratio/min"] == 1.0 and step["ratio/max"] == 1.0, step
     assert step["approx_kl"] == 0.0
     assert step["old_logp/rollout_vs_replay_max"] == 0.0
     assert step["grad_norm"] > 0  # the update is real
     if old_logp_source == "rollout":  # the same data after the step is off-policy: weights moved
-        again = stack.train_track(track, 1, 0.0)["steps"][0]
+        again = stack.train_track(track, 1)["steps"][0]
         assert again["ratio/min"] != 1.0 or again["ratio/max"] != 1.0

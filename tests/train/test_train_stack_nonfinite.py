@@ -21,7 +21,7 @@ class ScriptedLoss(StageAlgorithm):
         super().__init__()
         self.script = list(script)
 
-    def compute_loss_and_backward(self, conditions, segment, advantages, progress, loss_scale):
+    def compute_loss_and_backward(self, conditions, segment, advantages, loss_scale):
         p = self.backend.trainable_parameters()[0]
         value = self.script.pop(0)
         loss = (p.float().sum() * 0 + value) + p.float().square().sum() * 1e-3

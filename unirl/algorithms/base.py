@@ -32,7 +32,6 @@ class StageAlgorithm(ABC):
     - ``supports_multi_update``: may take several optimizer steps per rollout.
     - ``requires_log_prob``: needs per-step log-probs from the SDE strategy (ratio losses).
     - ``requires_ema_rollout``: rollout must run with the EMA / old weights (NFT).
-    - ``anchor_fields``: segment fields frozen as π_old by :meth:`prepare_segment`.
 
     Losses with a KL to the frozen reference set ``kl_controller`` (a :class:`KLController`);
     the base then updates it in :meth:`after_train` and carries it in :meth:`state_dict`.
@@ -41,7 +40,6 @@ class StageAlgorithm(ABC):
     supports_multi_update: ClassVar[bool] = True
     requires_log_prob: ClassVar[bool] = True
     requires_ema_rollout: ClassVar[bool] = False
-    anchor_fields: ClassVar[tuple[str, ...]] = ("sde_logp",)
 
     def __init__(self) -> None:
         self._reference: Callable[[], AbstractContextManager[Any]] | None = None
@@ -157,7 +155,6 @@ class StageAlgorithm(ABC):
         conditions: Conditions,
         segment: LatentSegment,
         advantages: torch.Tensor,
-        progress: float,
         loss_scale: float,
     ) -> StepResult:
         """Loss of one micro-batch times ``loss_scale``, backpropagated; returns its terms."""

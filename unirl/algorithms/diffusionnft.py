@@ -224,7 +224,6 @@ class DiffusionNFT(StageAlgorithm):
     supports_multi_update: ClassVar[bool] = False
     requires_log_prob: ClassVar[bool] = False
     requires_ema_rollout: ClassVar[bool] = True
-    anchor_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -243,7 +242,6 @@ class DiffusionNFT(StageAlgorithm):
         kl_target: float | None = None,
         kl_horizon: PositiveFloat = 10.0,
         seed: int = 0,
-        params: Any = None,
     ) -> None:
         super().__init__()
         require(beta > 0, f"algorithm.beta must be > 0 (the loss is scaled by c/β), got {beta}")
@@ -278,7 +276,6 @@ class DiffusionNFT(StageAlgorithm):
             beta=self.kl_beta, control=kl_control, target=kl_target, horizon=kl_horizon
         )
         self.seed = int(seed)
-        self.params = params
         self.trained_adapter = "default"
         self.rollout_index: int | None = None
         self._rollout_ctx: contextlib.ExitStack | None = None
@@ -381,7 +378,6 @@ class DiffusionNFT(StageAlgorithm):
         conditions: Conditions,
         segment: LatentSegment,
         advantages: Tensor,
-        progress: float,
         loss_scale: float,
     ) -> StepResult:
         times, noise = self.training_times(segment)

@@ -33,7 +33,6 @@ class DRPO(TokenPolicyLoss):
         norm_length: int | None = None,
         kl_beta: float = 0.0,
         old_logp_source: str = "replay",
-        params: Any = None,
     ) -> None:
         require(epsilon > 0, f"algorithm.epsilon must be > 0, got {epsilon}")
         super().__init__(
@@ -42,7 +41,6 @@ class DRPO(TokenPolicyLoss):
             norm_length=norm_length,
             kl_beta=kl_beta,
             old_logp_source=old_logp_source,
-            params=params,
         )
         self.epsilon = epsilon
         self.token_adaptive = token_adaptive

@@ -10,7 +10,7 @@ moving the way its advantage pushes it; moving back toward π_old is always allo
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import torch
 
@@ -47,8 +47,6 @@ class FlowDPPO(StageAlgorithm):
     not known when an earlier step backpropagates).
     """
 
-    anchor_fields: ClassVar[tuple[str, ...]] = ("sde_logp", "sde_means")
-
     def __init__(
         self,
         *,
@@ -60,7 +58,6 @@ class FlowDPPO(StageAlgorithm):
         kl_target: float | None = None,
         kl_horizon: PositiveFloat = 10.0,
         old_logp_source: Literal["replay", "rollout"] = "replay",
-        params: Any = None,
     ) -> None:
         super().__init__()
         require(
@@ -76,7 +73,6 @@ class FlowDPPO(StageAlgorithm):
         self.kl_beta = kl_beta
         self.kl_form = kl_form
         self.old_logp_source = old_logp_source
-        self.params = params
 
     @torch.no_grad()
     def prepare_segment(self, conditions: Conditions, segment: LatentSegment) -> LatentSegment:
@@ -94,7 +90,6 @@ class FlowDPPO(StageAlgorithm):
         conditions: Conditions,
         segment: LatentSegment,
         advantages: torch.Tensor,
-        progress: float,
         loss_scale: float,
     ) -> StepResult:
         if segment.sde_logp is None or segment.sde_means is None:

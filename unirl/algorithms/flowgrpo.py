@@ -197,7 +197,6 @@ class FlowGRPO(StageAlgorithm):
         kl_horizon: PositiveFloat = 10.0,
         old_logp_source: Literal["replay", "rollout"] = "replay",
         ratio_norm: Literal["none", "grpo_guard"] = "none",
-        params: Any = None,
     ) -> None:
         super().__init__()
         require(clip_range > 0, "algorithm.clip_range must be > 0")
@@ -217,14 +216,12 @@ class FlowGRPO(StageAlgorithm):
                 f"strategy uses log_prob_form={form!r}; set pipeline.strategy.log_prob_form=gaussian "
                 "or ratio_norm=none",
             )
-            self.anchor_fields = ("sde_logp", "sde_means")  # type: ignore[misc]  # per instance: depends on ratio_norm
         self.pipeline = pipeline
         self.clip_range = clip_range
         self.kl_beta = kl_beta
         self.kl_form = kl_form
         self.old_logp_source = old_logp_source
         self.ratio_norm = ratio_norm
-        self.params = params
 
     @torch.no_grad()
     def prepare_segment(self, conditions: Conditions, segment: LatentSegment) -> LatentSegment:
@@ -245,7 +242,6 @@ class FlowGRPO(StageAlgorithm):
         conditions: Conditions,
         segment: LatentSegment,
         advantages: torch.Tensor,
-        progress: float,
         loss_scale: float,
     ) -> StepResult:
         assert segment.sde_logp is not None

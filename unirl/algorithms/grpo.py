@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import abstractmethod
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -44,8 +44,6 @@ class TokenPolicyLoss(StageAlgorithm):
     Advantages are per sample (``[B]``), broadcast to every token of the sample.
     """
 
-    anchor_fields: ClassVar[tuple[str, ...]] = ("log_probs",)
-
     def __init__(
         self,
         *,
@@ -54,7 +52,6 @@ class TokenPolicyLoss(StageAlgorithm):
         norm_length: int | None = None,
         kl_beta: float = 0.0,
         old_logp_source: str = "replay",
-        params: Any = None,
     ) -> None:
         super().__init__()
         require(
@@ -80,7 +77,6 @@ class TokenPolicyLoss(StageAlgorithm):
         self.norm_length = norm_length
         self.kl_beta = kl_beta
         self.old_logp_source = old_logp_source
-        self.params = params
 
     # -- per-token loss: the one thing subclasses define -------------------------------------
 
@@ -120,7 +116,6 @@ class TokenPolicyLoss(StageAlgorithm):
         conditions: Conditions,
         segment: TextSegment,
         advantages: torch.Tensor,
-        progress: float,
         loss_scale: float,
     ) -> StepResult:
         if segment.log_probs is None:
@@ -202,7 +197,6 @@ class GRPO(TokenPolicyLoss):
         norm_length: int | None = None,
         kl_beta: float = 0.0,
         old_logp_source: str = "replay",
-        params: Any = None,
     ) -> None:
         require(0 < clip_low < 1, f"algorithm.clip_low must be in (0, 1), got {clip_low}")
         require(clip_high > 0, f"algorithm.clip_high must be > 0, got {clip_high}")
@@ -212,7 +206,6 @@ class GRPO(TokenPolicyLoss):
             norm_length=norm_length,
             kl_beta=kl_beta,
             old_logp_source=old_logp_source,
-            params=params,
         )
         self.clip_low = clip_low
         self.clip_high = clip_high

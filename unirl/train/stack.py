@@ -90,7 +90,8 @@ class TrainStack:
         self, track: RolloutTrack, rollout_index: int = 0, progress: float = 0.0
     ) -> dict[str, Any]:
         """Train on this rank's shard of ``track`` (advantages attached); returns
-        ``{"steps": [metrics of each optimizer step]}``."""
+        ``{"steps": [metrics of each optimizer step]}``. ``progress`` (fraction of the run done)
+        is not read: the trainers still pass it, and it goes with their calls."""
         resident_key = track.resident_key
         track = unpark(track, TRAIN_FIELDS)  # parked on this worker by the engine
         if track.advantages is None or track.segment is None or track.conditions is None:
@@ -133,7 +134,7 @@ class TrainStack:
             losses, terms = [], []
             for cond_mb, seg_mb, adv_mb in micro[update * per_mini : (update + 1) * per_mini]:
                 result = self.algorithm.compute_loss_and_backward(
-                    cond_mb, seg_mb, adv_mb, progress, loss_scale=len(adv_mb) / mini
+                    cond_mb, seg_mb, adv_mb, loss_scale=len(adv_mb) / mini
                 )
                 losses.append(result.loss)
                 terms.append(result.terms)
