@@ -28,29 +28,46 @@ def _clean(metrics: dict[str, Any]) -> dict[str, float]:
 
 class LocalTracker:
     """``metrics.jsonl`` (one object per step, appended) and ``metrics.csv`` (rewritten with
-    the union of columns, so a metric that appears late still gets a column)."""
+    the union of columns, so a metric that appears late still gets a column).
+
+    An existing ``metrics.jsonl`` is read back (resume keeps history). A torn last line — a
+    run killed or out of disk space mid-append — is dropped and the file rewritten, with one
+    line saying so; an unreadable line before the last is an error naming file and line."""
 
     def __init__(self, output_dir: str | Path, *, prefix: str = "metrics") -> None:
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = self.dir / f"{prefix}.jsonl"
         self.csv = self.dir / f"{prefix}.csv"
-        self.rows: list[dict[str, float]] = []
+        self.rows: list[dict[str, Any]] = []
         if self.jsonl.exists():  # resume: keep history, the CSV is rebuilt from it
-            with self.jsonl.open() as f:
-                self.rows = [json.loads(line) for line in f if line.strip()]
+            self.rows, repair = read_jsonl_rows(self.jsonl)
+            if repair is not None:
+                print(f"[unirl] {self.jsonl}: {repair}; repaired", flush=True)
+                self._rewrite()
 
-    def truncate_after(self, step: int) -> None:
+    def truncate_after(self, step: int) -> int:
         """Drop rows past ``step`` (a resumed run rewrites what the killed run logged after
-        its last checkpoint)."""
-        self.rows = [r for r in self.rows if r.get("step", -1) <= step]
-        with self.jsonl.open("w") as f:
+        its last checkpoint); returns how many were dropped. The rewrite is atomic."""
+        kept = [r for r in self.rows if r.get("step", -1) <= step]
+        dropped = len(self.rows) - len(kept)
+        if dropped:
+            self.rows = kept
+            self._rewrite()
+        return dropped
+
+    def _rewrite(self) -> None:
+        tmp = self.jsonl.with_suffix(".jsonl.tmp")
+        with tmp.open("w") as f:
             for row in self.rows:
                 f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.jsonl)
         self._write_csv()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        row = {"step": step, **_clean(metrics)}
+        row: dict[str, Any] = {"step": step, **_clean(metrics)}
         row = {
             k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in row.items()
@@ -73,6 +90,38 @@ class LocalTracker:
 
     def close(self) -> None:
         pass
+
+
+def read_jsonl_rows(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The rows of a metrics ``.jsonl`` and, when its end needs repair, what was wrong: a
+    torn (unparsable) last line, or a last line without its newline. Raises ``ValueError``
+    naming file and line for an unparsable line before the last."""
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    rows: list[dict[str, Any]] = []
+    repair = None
+    for k, (number, line) in enumerate(numbered):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError(f"a {type(row).__name__}, not an object")
+        except ValueError as exc:
+            if k < len(numbered) - 1:
+                raise ValueError(
+                    f"{path}:{number} is not a JSON object ({exc}); only a torn last line is "
+                    "repaired: fix or delete that line"
+                ) from exc
+            shown = line if len(line) <= 60 else line[:60] + "..."
+            repair = (
+                f"dropped a torn last line (line {number}, {len(line)} characters: {shown!r}) left by "
+                "a run stopped mid-write (killed, or the disk was full)"
+            )
+            break
+        rows.append(row)
+    if repair is None and text.strip() and not text.endswith("\n"):
+        repair = "added the newline missing after the last line"
+    return rows, repair
 
 
 class TensorBoardTracker:

@@ -2,7 +2,8 @@
 
 Layout of ``<dir>`` (written by rank 0 alone; the other ranks send their RNG states to it):
 
-    trainer_state.json       format, kind ("adapter" | "full"), step, adapters, world size, files
+    trainer_state.json       format, kind ("adapter" | "full"), step, adapters, world size, files,
+                             manifest ({file: {"bytes", "sha256"}})
     model.safetensors        adapter parameters (every adapter, peft names) or the full state dict
     ema.safetensors          EMA of the trainable parameters (when EMA is on)
     optimizer.pt             {"optimizer": full optimizer state (FQN keys), "scheduler": ...}
@@ -10,16 +11,23 @@ Layout of ``<dir>`` (written by rank 0 alone; the other ranks send their RNG sta
     rng/rank_00000.pt        torch / CUDA / numpy / python RNG states, one file per rank
 
 The directory is built as ``<dir>.tmp-<pid>`` and renamed into place; ``trainer_state.json`` is
-the last file written, so a directory under the final name is always complete.
+the last file written, so a directory under the final name is always complete. Every file is
+fsynced and read back once: ``trainer_state.json`` carries a ``manifest`` (bytes and sha256 of
+each file) that :func:`verify_checkpoint` checks, so a truncated or corrupt file is named
+before anything loads it. A failed write (a full disk included) leaves nothing under the final
+name and raises :class:`CheckpointError` naming the file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import os
 import random
 import shutil
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -130,35 +138,132 @@ def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))
 
 
+def _save_torch(obj: Any, path: Path) -> None:
+    # a Python file object, so a failed write surfaces as the OSError (ENOSPC) behind torch's
+    # RuntimeError instead of "unexpected pos"
+    with path.open("wb") as f:
+        torch.save(obj, f)
+
+
+def _seal(path: Path) -> dict[str, Any]:
+    """fsync ``path`` and read it back once: its manifest entry ``{"bytes", "sha256"}``."""
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as f:
+        os.fsync(f.fileno())
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+            size += len(chunk)
+    if path.suffix == ".safetensors":
+        problem = _safetensors_length_problem(path, size)
+        if problem is not None:
+            raise OSError(errno.EIO, f"{problem}: the write stopped short", str(path))
+    return {"bytes": size, "sha256": digest.hexdigest()}
+
+
+def _safetensors_length_problem(path: Path, size: int) -> str | None:
+    """``None`` when ``path`` is as long as its header says; else what is wrong."""
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"{path} is {size} bytes, shorter than a safetensors header"
+        (n,) = struct.unpack("<Q", head)
+        try:
+            header = json.loads(f.read(n))
+            end = max(
+                (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
+                default=0,
+            )
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            return f"{path} has an unreadable safetensors header ({exc})"
+    if size != 8 + n + end:
+        return f"{path} is {size} bytes, its safetensors header describes {8 + n + end}"
+    return None
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or an exception behind it) is ENOSPC / EDQUOT."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def write_failure(target: str | Path, file: str | Path, exc: BaseException) -> CheckpointError:
+    """The error for a failed checkpoint write of ``file``: a full disk is said in words."""
+    target = Path(target)
+    if disk_full(exc):
+        return CheckpointError(
+            f"checkpoint {target}: the disk is full (no space left on device) while writing "
+            f"{file}; the partial write was removed. Free space under {target.parent} "
+            "(older checkpoints can go) and rerun with resume=auto"
+        )
+    return CheckpointError(
+        f"checkpoint {target}: writing {file} failed ({type(exc).__name__}: {exc}); "
+        "the partial write was removed"
+    )
+
+
+FAULT_ENV = "UNIRL_FAULT"
+
+
+def fault_point(point: str, step: int) -> None:
+    """Test hook: with ``UNIRL_FAULT=<point>:<step>`` the process ends here with status 137,
+    as a SIGKILL would leave it (no cleanup, no ``finally``)."""
+    if os.environ.get(FAULT_ENV) == f"{point}:{step}":
+        print(f"[unirl] {FAULT_ENV}={point}:{step}: exiting with status 137", flush=True)
+        os._exit(137)
+
+
 def write_checkpoint(final: str | Path, payload: dict[str, Any]) -> Path:
     """Write ``payload`` (see :meth:`FSDPBackend.state_dict_for_checkpoint` plus ``extra`` and
     ``rng``: a list of per-rank states) atomically to ``final``. Rank 0 only."""
     final = Path(final)
-    with atomic_directory(final) as tmp:
-        _save_tensors(payload["model"], tmp / MODEL_FILE)
-        files = [MODEL_FILE, OPTIMIZER_FILE, EXTRA_FILE]
-        if payload.get("ema") is not None:
-            _save_tensors(payload["ema"], tmp / EMA_FILE)
-            files.append(EMA_FILE)
-        torch.save(
-            {"optimizer": payload["optimizer"], "scheduler": payload["scheduler"]},
-            tmp / OPTIMIZER_FILE,
-        )
-        torch.save(payload.get("extra") or {}, tmp / EXTRA_FILE)
-        (tmp / RNG_DIR).mkdir()
-        for rank, state in enumerate(payload["rng"]):
-            torch.save(state, tmp / rng_file(rank))
-            files.append(rng_file(rank))
-        meta = dict(payload["meta"], format=CHECKPOINT_FORMAT, files=files)
-        (tmp / STATE_FILE).write_text(
-            json.dumps(meta, indent=2, sort_keys=True)
-        )  # last: the marker
+    current = ""  # the file being written, for the error
+    manifest: dict[str, dict[str, Any]] = {}
+    try:
+        with atomic_directory(final) as tmp:
+
+            def put(name: str, write: Any, obj: Any) -> None:
+                nonlocal current
+                current = name
+                write(obj, tmp / name)
+                manifest[name] = _seal(tmp / name)
+
+            put(MODEL_FILE, _save_tensors, payload["model"])
+            files = [MODEL_FILE, OPTIMIZER_FILE, EXTRA_FILE]
+            if payload.get("ema") is not None:
+                put(EMA_FILE, _save_tensors, payload["ema"])
+                files.append(EMA_FILE)
+            put(
+                OPTIMIZER_FILE,
+                _save_torch,
+                {"optimizer": payload["optimizer"], "scheduler": payload["scheduler"]},
+            )
+            put(EXTRA_FILE, _save_torch, payload.get("extra") or {})
+            (tmp / RNG_DIR).mkdir()
+            for rank, state in enumerate(payload["rng"]):
+                put(rng_file(rank), _save_torch, state)
+                files.append(rng_file(rank))
+            meta = dict(payload["meta"], format=CHECKPOINT_FORMAT, files=files, manifest=manifest)
+            current = STATE_FILE
+            with (tmp / STATE_FILE).open("w") as f:  # last: the marker
+                f.write(json.dumps(meta, indent=2, sort_keys=True))
+                f.flush()
+                os.fsync(f.fileno())
+    except Exception as exc:
+        raise write_failure(final, final / current if current else final, exc) from exc
     return final
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
     """The ``trainer_state.json`` of a checkpoint; raises :class:`CheckpointError` naming the
-    problem (missing, interrupted replace, other format)."""
+    problem (missing, interrupted replace, truncated, other format)."""
     path = Path(path)
     marker = path / STATE_FILE
     if not marker.is_file():
@@ -173,33 +278,85 @@ def read_meta(path: str | Path) -> dict[str, Any]:
             else ""
         )
         raise CheckpointError(f"no checkpoint at {path} ({STATE_FILE} missing){hint}")
-    meta = json.loads(marker.read_text())
-    if meta.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(
-            f"{marker}: format {meta.get('format')!r}, expected {CHECKPOINT_FORMAT!r}"
-        )
+    try:
+        meta = json.loads(marker.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{marker} is not valid JSON (truncated or corrupt: {exc})") from exc
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise CheckpointError(f"{marker}: format {found!r}, expected {CHECKPOINT_FORMAT!r}")
     return meta
 
 
+def verify_checkpoint(path: str | Path, *, hashes: bool = True) -> dict[str, Any]:
+    """Check a checkpoint against the manifest in its ``trainer_state.json``: every file
+    present, of the recorded size and (``hashes``) sha256. Returns the meta; raises
+    :class:`CheckpointError` naming the first bad file. A checkpoint written before manifests
+    existed is checked for presence and safetensors lengths only."""
+    path = Path(path)
+    meta = read_meta(path)
+    manifest: dict[str, dict[str, Any]] = meta.get("manifest") or {}
+    for name in meta.get("files", []):
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint {path} lacks {name} ({file} missing)")
+        size = file.stat().st_size
+        entry = manifest.get(name)
+        if entry is None:
+            if file.suffix == ".safetensors":
+                problem = _safetensors_length_problem(file, size)
+                if problem is not None:
+                    raise CheckpointError(f"{problem} (truncated)")
+            continue
+        if size != int(entry["bytes"]):
+            raise CheckpointError(
+                f"{file} is {size} bytes, the checkpoint manifest says {entry['bytes']} "
+                "(truncated or overwritten)"
+            )
+        if hashes:
+            digest = hashlib.sha256()
+            with file.open("rb") as f:
+                while chunk := f.read(1 << 24):
+                    digest.update(chunk)
+            if digest.hexdigest() != entry["sha256"]:
+                raise CheckpointError(
+                    f"{file}: sha256 differs from the checkpoint manifest (corrupt)"
+                )
+    return meta
+
+
+def _load(path: Path, name: str, loader: Any) -> Any:
+    try:
+        return loader(path / name)
+    except Exception as exc:
+        raise CheckpointError(
+            f"{path / name} cannot be read ({type(exc).__name__}: {exc}); the checkpoint is "
+            "corrupt: resume=auto falls back to the newest checkpoint that verifies"
+        ) from exc
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Everything :func:`write_checkpoint` wrote, on CPU. Rank 0 only."""
+    """Everything :func:`write_checkpoint` wrote, on CPU. Rank 0 only. Checks presence and
+    sizes against the manifest (hashes are the driver's job: :func:`verify_checkpoint`); a file
+    that fails to load is named in the :class:`CheckpointError`."""
     from safetensors.torch import load_file
 
     path = Path(path)
-    meta = read_meta(path)
-    for name in meta["files"]:
-        if not (path / name).is_file():
-            raise CheckpointError(f"checkpoint {path} lacks {name}")
-    opt = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+    meta = verify_checkpoint(path, hashes=False)
+
+    def tensors(file: Path) -> dict[str, torch.Tensor]:
+        return load_file(str(file))
+
+    def torch_file(file: Path) -> Any:
+        return torch.load(file, map_location="cpu", weights_only=True)
+
+    opt = _load(path, OPTIMIZER_FILE, torch_file)
     return {
         "meta": meta,
-        "model": load_file(str(path / MODEL_FILE)),
-        "ema": load_file(str(path / EMA_FILE)) if EMA_FILE in meta["files"] else None,
+        "model": _load(path, MODEL_FILE, tensors),
+        "ema": _load(path, EMA_FILE, tensors) if EMA_FILE in meta["files"] else None,
         "optimizer": opt["optimizer"],
         "scheduler": opt["scheduler"],
-        "extra": torch.load(path / EXTRA_FILE, map_location="cpu", weights_only=True),
-        "rng": [
-            torch.load(path / rng_file(r), map_location="cpu", weights_only=True)
-            for r in range(int(meta["world_size"]))
-        ],
+        "extra": _load(path, EXTRA_FILE, torch_file),
+        "rng": [_load(path, rng_file(r), torch_file) for r in range(int(meta["world_size"]))],
     }

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from unirl.config.run import RunConfig
 from unirl.logging import build_trackers
+from unirl.train.checkpoint import CheckpointError, verify_checkpoint
 
 CHECKPOINT_PREFIX = "step_"
+CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}\d{{6,}}")
+DRIVER_STATE = "driver_state.json"  # written last into a checkpoint folder: marks it complete
 
 
 class OutputDir:
@@ -29,15 +33,19 @@ class OutputDir:
     def checkpoint(self, rollout_index: int) -> Path:
         return self.checkpoints / f"{CHECKPOINT_PREFIX}{rollout_index:06d}"
 
-    def latest_checkpoint(self) -> Path | None:
+    def checkpoint_folders(self) -> list[Path]:
+        """``checkpoints/step_<k>`` folders, complete or not, oldest first; the leftovers of an
+        interrupted write (``.tmp-<pid>``, ``.old-<pid>``) are not among them."""
         if not self.checkpoints.is_dir():
-            return None
-        done = sorted(
-            p
-            for p in self.checkpoints.iterdir()
-            if p.is_dir() and (p / "driver_state.json").is_file()
+            return []
+        return sorted(
+            (
+                p
+                for p in self.checkpoints.iterdir()
+                if p.is_dir() and CHECKPOINT_NAME.fullmatch(p.name)
+            ),
+            key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]),
         )
-        return done[-1] if done else None
 
     def write_config(self, data: dict[str, Any]) -> None:
         from omegaconf import OmegaConf
@@ -56,26 +64,63 @@ class OutputDir:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def checkpoint_problem(path: Path) -> str | None:
+    """Why ``path`` is not a complete, loadable checkpoint (naming the file), or ``None``.
+
+    Complete: ``driver_state.json`` (written last) parses and the backend's files match the
+    manifest in ``trainer_state.json`` (sizes and sha256), all checked here on the driver."""
+    state = path / DRIVER_STATE
+    if not state.is_file():
+        return f"incomplete: {state} missing (the run stopped while writing this checkpoint)"
+    try:
+        json.loads(state.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        return f"{state} is not valid JSON (truncated or corrupt: {exc})"
+    try:
+        verify_checkpoint(path)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
+
+
 def resolve_resume(cfg: RunConfig, out: OutputDir) -> Path | None:
-    """``resume``: null (fresh run), ``auto`` (latest complete checkpoint in output_dir, if any)
-    or a checkpoint folder (must exist)."""
+    """``resume``: null (fresh run), ``auto`` (the newest complete, loadable checkpoint in
+    output_dir, if any; each newer one skipped is named with why, in one line) or a checkpoint
+    folder (refused, naming the file, unless complete and loadable). Runs on the driver before
+    any Ray work."""
     if cfg.resume in (None, "", "none", "null"):
         return None
     if cfg.resume == "auto":
-        return out.latest_checkpoint()
+        for path in reversed(out.checkpoint_folders()):
+            problem = checkpoint_problem(path)
+            if problem is None:
+                return path
+            print(f"[unirl] resume=auto: skipping {path.name}: {problem}", flush=True)
+        return None
     path = Path(cfg.resume)
-    if not (path / "driver_state.json").is_file():
-        raise FileNotFoundError(
-            f"resume={cfg.resume!r} is not a complete checkpoint folder (no driver_state.json); "
-            "use resume=auto or a checkpoints/step_XXXXXX folder"
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise CheckpointError(
+            f"resume={cfg.resume!r} is not a complete, loadable checkpoint: {problem}. "
+            "Use resume=auto (the newest checkpoint that verifies) or another "
+            "checkpoints/step_XXXXXX folder"
         )
     return path
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write ``path`` whole or not at all (tmp file, fsync, rename); a failed write (a full
+    disk) removes the tmp file and raises."""
     tmp = path.with_suffix(path.suffix + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w") as f:
+            f.write(json.dumps(data, indent=2, default=str))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def make_trackers(cfg: RunConfig, out: OutputDir, data: dict[str, Any]) -> Any:

@@ -10,7 +10,9 @@ SDE-step recipes, advantages, logging, eval and checkpoint cadence.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import shutil
 import time
 import zlib
 from pathlib import Path
@@ -23,11 +25,13 @@ from unirl.algorithms.advantages import advantages_for
 from unirl.config.run import RunConfig
 from unirl.config.validate import engine_kind, locate
 from unirl.distributed.group import DevicePool, placement, remote
-from unirl.logging import contact_sheet
+from unirl.logging import LocalTracker, contact_sheet
 from unirl.logging.progress import progress_bar
 from unirl.sde import sigmas_from_scheduler_config
 from unirl.sde.sde_steps import AllSteps
+from unirl.train.checkpoint import fault_point, write_failure
 from unirl.trainer.base import (
+    DRIVER_STATE,
     OutputDir,
     make_trackers,
     mean_over_ranks,
@@ -80,6 +84,7 @@ class DiffusionTrainer:
         self.data_source = instantiate(cfg.data_source, _convert_="object")
         self.data_source.set_prompts_per_rollout(cfg.batch_size)
         self.start_rollout = 0
+        self.eval_tracker: LocalTracker | None = None  # opened by run(), after resume discovery
         # ratio losses train recorded SDE steps; likelihood-free ones (NFT) sample with the ODE
         algorithm_cls = locate(str(cfg.algorithm["_target_"]), "algorithm")
         self.trains_sde_steps = bool(getattr(algorithm_cls, "requires_log_prob", True))
@@ -139,8 +144,9 @@ class DiffusionTrainer:
         """The whole run; ``after_loop(trainer, ops)`` (the benchmark) runs before shutdown."""
         cfg = self.cfg
         self.out.write_config(self.data)
-        resume_from = resolve_resume(cfg, self.out)
+        resume_from = resolve_resume(cfg, self.out)  # verified here, before any Ray work
         trackers = make_trackers(cfg, self.out, self.data)
+        self.eval_tracker = LocalTracker(self.out.root, prefix="eval_metrics")
         pool = DevicePool(
             cfg.num_devices,
             devices_per_node=cfg.devices_per_node,
@@ -183,7 +189,8 @@ class DiffusionTrainer:
             )
 
             if resume_from is not None:
-                self._resume(resume_from, ops, stack, trackers)
+                self._resume(resume_from, ops, stack)
+            self._trim_history(trackers.local, resume_from)
             bar = progress_bar(
                 cfg.num_rollouts,
                 initial=self.start_rollout,
@@ -368,9 +375,9 @@ class DiffusionTrainer:
         scored = reward.score(light_track(resp.tracks[TRACK]))
         metrics = {f"eval/{k}": v for k, v in self._reward_metrics(scored).items()}
         metrics["eval/used_ema"] = float(bool(used_ema))
-        from unirl.logging import LocalTracker
-
-        LocalTracker(self.out.root, prefix="eval_metrics").log(done, metrics)
+        if self.eval_tracker is None:  # _evaluate driven without run() (tests, tools)
+            self.eval_tracker = LocalTracker(self.out.root, prefix="eval_metrics")
+        self.eval_tracker.log(done, metrics)
         track = resp.tracks[TRACK]
         track = dataclasses.replace(track, rewards=scored.rewards)
         self._gallery(self.out.root / "eval" / f"step_{done:06d}.png", track, 64)
@@ -380,9 +387,12 @@ class DiffusionTrainer:
         )
 
     def _save(self, done: int, ops: Any, stack: Any) -> None:
+        """The backend writes its files (atomically, with a manifest); ``driver_state.json``
+        goes in last and marks the folder complete. A failed write removes the folder."""
         path = self.out.checkpoint(done)
         extra = {"rollout_index": done}
         ops.save_checkpoint(str(path), extra)
+        fault_point("kill_during_checkpoint", done)  # test hook: UNIRL_FAULT
         state = {
             "next_rollout": done,
             "data": self.data_source.state_dict(),
@@ -390,22 +400,47 @@ class DiffusionTrainer:
             "algorithm": self.algorithm.algorithm_state(),
             "seed": self.cfg.seed,
         }
-        write_json_atomic(path / "driver_state.json", state)  # written last: marks completion
+        try:
+            write_json_atomic(path / DRIVER_STATE, state)  # written last: marks completion
+        except Exception as exc:
+            shutil.rmtree(path, ignore_errors=True)
+            raise write_failure(path, path / DRIVER_STATE, exc) from exc
         print(f"[unirl] checkpoint {path}", flush=True)
 
-    def _resume(self, path: Path, ops: Any, stack: Any, trackers: Any) -> None:
-        import json
-
-        state = json.loads((path / "driver_state.json").read_text())
+    def _resume(self, path: Path, ops: Any, stack: Any) -> None:
+        state = json.loads((path / DRIVER_STATE).read_text())
         ops.load_checkpoint(str(path))
         self.data_source.load_state_dict(state["data"])
         stack.load_state(state["stack"])
         self.algorithm.load_algorithm_state(state.get("algorithm", {}))
         self.start_rollout = int(state["next_rollout"])
-        local = trackers.local
-        if local is not None:
-            local.truncate_after(self.start_rollout - 1)
-        print(f"[unirl] resumed from {path} at rollout {self.start_rollout}", flush=True)
+
+    def _trim_history(self, local: LocalTracker | None, resume_from: Path | None) -> None:
+        """Keep the history the run continues from: train rows of rollouts before
+        ``start_rollout``, eval rows up to it (the eval at a checkpoint's step is logged before
+        the checkpoint). A fresh start drops everything an earlier run left in output_dir."""
+        start = self.start_rollout
+        dropped = local.truncate_after(start - 1) if local is not None else 0
+        assert self.eval_tracker is not None
+        dropped_eval = self.eval_tracker.truncate_after(start)
+        rows = f"metrics.jsonl rows: {dropped}, eval_metrics.jsonl rows: {dropped_eval}"
+        if resume_from is not None:
+            print(
+                f"[unirl] resumed from {resume_from} at rollout {start}; dropped what was "
+                f"logged after it ({rows})",
+                flush=True,
+            )
+        elif dropped or dropped_eval:
+            why = (
+                f"resume=auto found no complete checkpoint in {self.out.checkpoints}"
+                if self.cfg.resume == "auto"
+                else "a fresh run (resume=null) into an output_dir with history"
+            )
+            print(
+                f"[unirl] {why}: starting from rollout 0; dropped what an earlier run logged "
+                f"({rows})",
+                flush=True,
+            )
 
 
 def run_diffusion(cfg: RunConfig, data: dict[str, Any]) -> int:
