@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from unirl.config.run import RunConfig
+from unirl.config.secrets import redact_secrets
 from unirl.logging import build_trackers
 from unirl.train.checkpoint import CheckpointError, verify_checkpoint
 
@@ -48,9 +49,16 @@ class OutputDir:
         )
 
     def write_config(self, data: dict[str, Any]) -> None:
+        """``config.yaml``: the resolved recipe with credentials redacted, readable by the
+        owner only (it names hosts and paths of the deployment)."""
         from omegaconf import OmegaConf
 
-        OmegaConf.save(OmegaConf.create(data), self.root / "config.yaml")
+        path = self.root / "config.yaml"
+        text = OmegaConf.to_yaml(OmegaConf.create(redact_secrets(data)))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(path, 0o600)  # an existing file keeps its mode through O_TRUNC
 
     def prune_checkpoints(self, keep: int) -> None:
         if keep <= 0 or not self.checkpoints.is_dir():
@@ -127,7 +135,7 @@ def make_trackers(cfg: RunConfig, out: OutputDir, data: dict[str, Any]) -> Any:
     return build_trackers(
         cfg.logging.trackers,
         out.root,
-        config=data,
+        config=redact_secrets(data),
         wandb_project=cfg.logging.wandb_project,
         wandb_run_name=cfg.logging.wandb_run_name,
     )
