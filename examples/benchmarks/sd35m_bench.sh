@@ -44,4 +44,4 @@ fi
 python -m unirl.tools.bench --config-name=diffusion/sd3_fast "${common[@]}" \
   --json "${out}/fast_${mode}${TAG:-}.json" output_dir="${out}/fast_${mode}${TAG:-}" \
   batch_size="$((2 * ${NUM_DEVICES:-1}))" sampling.samples_per_prompt=8 stack.micro_batch_size=16 \
-  pipeline.forward_batch_size=16 algorithm.kl_beta=0.0
+  pipeline.forward_batch_size=16 algorithm.kl.beta=0.0

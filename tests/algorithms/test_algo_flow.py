@@ -18,7 +18,7 @@ from flow_fakes import (
     zero_grad,
 )
 
-from unirl.algorithms import FlowDPPO, FlowGRPO
+from unirl.algorithms import FlowDPPO, FlowGRPO, KLConfig
 from unirl.config import ConfigError
 from unirl.sde import CPS, DanceSDE, FlowSDE
 
@@ -173,7 +173,7 @@ def test_flowdppo_masks_and_loss_after_an_update() -> None:
 def test_flowdppo_kl_to_reference() -> None:
     pipeline = make_pipeline()
     conditions, segment = sample(pipeline)
-    algo = FlowDPPO(pipeline=pipeline, kl_beta=0.1)
+    algo = FlowDPPO(pipeline=pipeline, kl=KLConfig(beta=0.1))
     with pytest.raises(RuntimeError, match="reference"):
         run_update(algo, conditions, segment, 2, ADV)
     zero_grad(pipeline.bundle)
@@ -226,7 +226,7 @@ def _original_flowgrpo(
 def test_flowgrpo_default_is_bit_for_bit_the_plain_loss(kl_beta: float) -> None:
     pipeline = make_pipeline()
     conditions, segment = sample(pipeline)
-    algo = FlowGRPO(pipeline=pipeline, clip_range=3e-4, kl_beta=kl_beta)
+    algo = FlowGRPO(pipeline=pipeline, clip_range=3e-4, kl=KLConfig(beta=kl_beta))
     algo.bind_reference(lambda: perturbed(pipeline.bundle))
     prepared = anchor(algo, conditions, segment, 2, ADV)
     update(algo, prepared)

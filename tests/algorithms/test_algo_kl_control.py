@@ -12,8 +12,8 @@ import torch
 import torch.multiprocessing as mp
 from flow_fakes import make_pipeline, perturbed, run_update, sample, zero_grad
 
-from unirl.algorithms import DiffusionNFT, FlowDPPO, FlowGRPO
-from unirl.algorithms.kl import KLController, adaptive_beta
+from unirl.algorithms import DRPO, GRPO, DiffusionNFT, FlowDPPO, FlowGRPO
+from unirl.algorithms.kl import KLConfig, KLController, adaptive_beta
 from unirl.config import ConfigError
 from unirl.sde import ODE
 
@@ -31,7 +31,7 @@ def _observe_rollout(ctrl: KLController, kl: float) -> dict[str, float]:
 
 def test_adaptive_rule_gives_the_hand_computed_beta_sequence() -> None:
     # β0 = 0.1, target 0.01, horizon 2: e = clip(KL/0.01 − 1, ±0.2), β ← β·(1 + e/2)
-    ctrl = KLController(beta=0.1, control="adaptive", target=0.01, horizon=2)
+    ctrl = KLController(KLConfig(beta=0.1, control="adaptive", target=0.01, horizon=2))
     kls = [0.02, 0.005, 0.011, 0.01, 0.0, 0.0108]
     expected = [
         0.1 * 1.1,  # e = +1.0 clipped to +0.2
@@ -48,8 +48,8 @@ def test_adaptive_rule_gives_the_hand_computed_beta_sequence() -> None:
 
 
 def test_adaptive_beta_rises_above_target_and_falls_below() -> None:
-    up = KLController(beta=0.04, control="adaptive", target=1e-3, horizon=5)
-    down = KLController(beta=0.04, control="adaptive", target=1e-3, horizon=5)
+    up = KLController(KLConfig(beta=0.04, control="adaptive", target=1e-3, horizon=5))
+    down = KLController(KLConfig(beta=0.04, control="adaptive", target=1e-3, horizon=5))
     ups = [_observe_rollout(up, 2e-3)["kl/beta_next"] for _ in range(5)]
     downs = [_observe_rollout(down, 5e-4)["kl/beta_next"] for _ in range(5)]
     assert all(b > a for a, b in zip([0.04, *ups], ups))
@@ -59,7 +59,7 @@ def test_adaptive_beta_rises_above_target_and_falls_below() -> None:
 
 
 def test_step_averages_every_observed_value_and_skips_nonfinite() -> None:
-    ctrl = KLController(beta=0.1, control="adaptive", target=2.0, horizon=1)
+    ctrl = KLController(KLConfig(beta=0.1, control="adaptive", target=2.0, horizon=1))
     ctrl.observe(torch.tensor([1.0, 2.0]))
     ctrl.observe(torch.tensor([[6.0, float("nan")]]))  # NaN not counted
     out = ctrl.step()
@@ -70,40 +70,77 @@ def test_step_averages_every_observed_value_and_skips_nonfinite() -> None:
 
 
 def test_fixed_and_disabled_controllers() -> None:
-    fixed = KLController(beta=0.04)
+    fixed = KLController(KLConfig(beta=0.04))
     assert _observe_rollout(fixed, 5.0) == {"kl/rollout_mean": 5.0, "kl/beta_next": 0.04}
     assert fixed.beta == 0.04 and fixed.updates == 0
-    off = KLController(beta=0.0)
+    off = KLController(KLConfig(beta=0.0))
     off.observe(torch.ones(2))
     assert not off.enabled and off.step() == {}
 
 
-def test_controller_validation() -> None:
-    with pytest.raises(ConfigError, match="kl_control must be 'fixed' or 'adaptive'"):
-        KLController(beta=0.1, control="pid")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="kl_beta must be > 0"):
-        KLController(beta=0.0, control="adaptive", target=0.1)
-    with pytest.raises(ConfigError, match="kl_target must be a KL > 0"):
-        KLController(beta=0.1, control="adaptive")
-    with pytest.raises(ConfigError, match="kl_horizon must be >= 1"):
-        KLController(beta=0.1, control="adaptive", target=0.1, horizon=0.5)
-    with pytest.raises(ConfigError, match="kl_target is used only by kl_control=adaptive"):
-        KLController(beta=0.1, target=0.1)
-    with pytest.raises(ConfigError, match="kl_beta must be >= 0"):
-        KLController(beta=-0.1)
+def test_config_validation() -> None:
+    with pytest.raises(ConfigError, match=r"algorithm\.kl\.control must be 'fixed' or 'adaptive'"):
+        KLConfig(beta=0.1, control="pid")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"algorithm\.kl\.beta must be > 0 \(the initial β\)"):
+        KLConfig(beta=0.0, control="adaptive", target=0.1)
+    with pytest.raises(ConfigError, match=r"algorithm\.kl\.target must be a KL > 0"):
+        KLConfig(beta=0.1, control="adaptive")
+    with pytest.raises(ConfigError, match=r"algorithm\.kl\.horizon must be >= 1"):
+        KLConfig(beta=0.1, control="adaptive", target=0.1, horizon=0.5)
+    with pytest.raises(
+        ConfigError, match=r"algorithm\.kl\.target is used only by kl\.control=adapt"
+    ):
+        KLConfig(beta=0.1, target=0.1)
+    with pytest.raises(ConfigError, match=r"algorithm\.kl\.beta must be >= 0"):
+        KLConfig(beta=-0.1)
     pipeline = make_pipeline()
-    with pytest.raises(ConfigError, match="kl_target"):
-        FlowGRPO(pipeline=pipeline, kl_beta=0.1, kl_control="adaptive")
-    with pytest.raises(ConfigError, match="kl_control"):
-        FlowDPPO(pipeline=pipeline, kl_beta=0.1, kl_control="auto")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"kl\.target"):
+        FlowGRPO(pipeline=pipeline, kl=KLConfig(beta=0.1, control="adaptive"))
+    with pytest.raises(ConfigError, match=r"kl\.control"):  # a Hydra mapping, not the dataclass
+        FlowDPPO(pipeline=pipeline, kl={"beta": 0.1, "control": "auto"})
+    with pytest.raises(ConfigError, match=r"algorithm\.kl must be a KLConfig block"):
+        FlowGRPO(pipeline=pipeline, kl=0.1)  # type: ignore[arg-type]
+
+
+def test_every_loss_takes_the_same_kl_block() -> None:
+    """One ``algorithm.kl`` surface: the dataclass, a mapping (with or without ``_target_``)
+    or nothing (KL off) configure the same controller in every loss."""
+    policy = SimpleNamespace(token_log_probs=lambda conditions, segment: None)
+    pipeline = make_pipeline()
+    block = {
+        "_target_": "unirl.algorithms.KLConfig",
+        "beta": 0.1,
+        "control": "adaptive",
+        "target": 0.5,
+        "horizon": 4,
+    }
+    algos = [
+        FlowGRPO(pipeline=pipeline, kl=block),
+        FlowDPPO(
+            pipeline=pipeline, kl=KLConfig(beta=0.1, control="adaptive", target=0.5, horizon=4)
+        ),
+        DiffusionNFT(pipeline=SimpleNamespace(strategy=ODE()), kl=block),
+        GRPO(policy=policy, kl=block),
+        DRPO(policy=policy, kl=block),
+    ]
+    for algo in algos:
+        ctrl = algo.kl_controller
+        assert (ctrl.enabled, ctrl.control, ctrl.beta, ctrl.target, ctrl.horizon) == (
+            True,
+            "adaptive",
+            0.1,
+            0.5,
+            4.0,
+        )
+    assert not FlowGRPO(pipeline=pipeline).kl_controller.enabled
 
 
 def test_state_round_trip() -> None:
-    ctrl = KLController(beta=0.1, control="adaptive", target=0.01, horizon=3)
+    ctrl = KLController(KLConfig(beta=0.1, control="adaptive", target=0.01, horizon=3))
     for kl in (0.05, 0.02, 0.001):
         _observe_rollout(ctrl, kl)
     state = ctrl.state_dict()
-    fresh = KLController(beta=0.1, control="adaptive", target=0.01, horizon=3)
+    fresh = KLController(KLConfig(beta=0.1, control="adaptive", target=0.01, horizon=3))
     fresh.load_state_dict(state)
     assert (fresh.beta, fresh.updates) == (ctrl.beta, ctrl.updates) and fresh.beta != 0.1
     # both continue identically
@@ -111,7 +148,7 @@ def test_state_round_trip() -> None:
 
     # through the algorithm: state_dict / load_state_dict (what algorithm_state carries)
     pipeline = make_pipeline()
-    kwargs = dict(pipeline=pipeline, kl_beta=0.1, kl_control="adaptive", kl_target=0.01)
+    kwargs = dict(pipeline=pipeline, kl=KLConfig(beta=0.1, control="adaptive", target=0.01))
     algo = FlowGRPO(**kwargs)
     algo.kl_controller.observe(torch.tensor([0.5]))
     algo.after_train(0)
@@ -125,8 +162,8 @@ def test_state_round_trip() -> None:
         FlowGRPO(**kwargs).load_state_dict({})
     with pytest.raises(ValueError, match="unknown algorithm state"):
         FlowGRPO(**kwargs).load_state_dict({**saved, "extra": 1})
-    # a fixed β is the configuration: resuming with another kl_beta takes the new one
-    fixed = FlowGRPO(pipeline=pipeline, kl_beta=0.02)
+    # a fixed β is the configuration: resuming with another kl.beta takes the new one
+    fixed = FlowGRPO(pipeline=pipeline, kl=KLConfig(beta=0.02))
     fixed.load_state_dict({"kl_controller": {"control": "fixed", "beta": 0.04, "updates": 0}})
     assert fixed.kl_controller.beta == 0.02
     off = {"kl_controller": {"control": "fixed", "beta": 0.0, "updates": 0}}
@@ -136,7 +173,7 @@ def test_state_round_trip() -> None:
 def _rank_worker(rank: int, world: int, init: str, results: dict) -> None:
     torch.distributed.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        ctrl = KLController(beta=0.1, control="adaptive", target=1.0, horizon=1)
+        ctrl = KLController(KLConfig(beta=0.1, control="adaptive", target=1.0, horizon=1))
         ctrl.observe(torch.full((1 + rank,), 0.5 + rank))  # rank 0: [0.5]; rank 1: [1.5, 1.5]
         results[rank] = ctrl.step()
     finally:
@@ -180,7 +217,7 @@ def _independent_slot_kls(pipeline, conditions, segment) -> torch.Tensor:
 def test_per_step_kl_metrics_and_adaptive_beta_in_the_next_loss(cls) -> None:
     pipeline = make_pipeline()
     conditions, segment = sample(pipeline)
-    algo = cls(pipeline=pipeline, kl_beta=0.05, kl_control="adaptive", kl_target=1e-9)
+    algo = cls(pipeline=pipeline, kl=KLConfig(beta=0.05, control="adaptive", target=1e-9))
     algo.bind_reference(lambda: perturbed(pipeline.bundle))
     terms = run_update(algo, conditions, segment, 4, ADV)
     metrics = algo.summarize(terms)
@@ -227,10 +264,7 @@ def test_nft_after_train_merges_ema_and_kl_controller() -> None:
     algo = DiffusionNFT(
         pipeline=SimpleNamespace(strategy=ODE()),
         ema="copy",
-        kl_beta=0.2,
-        kl_control="adaptive",
-        kl_target=0.5,
-        kl_horizon=4,
+        kl=KLConfig(beta=0.2, control="adaptive", target=0.5, horizon=4),
     )
     algo.backend = backend
     algo.kl_controller.observe(torch.tensor([0.25, 0.25]))  # e = −0.5 → −0.2

@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from train_fakes import TARGETS, TINY_CONFIG, TinyBundle
 
-from unirl.algorithms import DiffusionNFT, OldAdapterEMA, nft_loss
+from unirl.algorithms import DiffusionNFT, KLConfig, OldAdapterEMA, nft_loss
 from unirl.algorithms.diffusionnft import draw_training_noise
 from unirl.config import ConfigError
 from unirl.sde import ODE, FlowSDE, flow_match_sigmas
@@ -327,7 +327,7 @@ def test_loss_matches_an_independent_computation_and_trains_only_the_default_ada
         timestep_sampling="uniform",
         t_min=0.05,
         t_max=0.95,
-        kl_beta=kl_beta,
+        kl=KLConfig(beta=kl_beta),
         seed=4,
     )
     cond, segment, adv = _batch()
@@ -444,7 +444,7 @@ def test_wiring_errors_name_the_fix() -> None:
         ({"num_train_timesteps": 0}, "algorithm.num_train_timesteps"),
         ({"timestep_sampling": "logit_normal"}, "algorithm.timestep_sampling"),
         ({"t_min": 0.5, "t_max": 0.5}, "algorithm.t_min"),
-        ({"kl_beta": -1.0}, "algorithm.kl_beta"),
+        ({"kl": {"beta": -1.0}}, r"algorithm\.kl\.beta"),
         ({"ema": {"kind": "linear", "end": 2.0}}, "algorithm.ema.end"),
     ):
         with pytest.raises(ConfigError, match=message):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from flow_fakes import anchor, run_update, update
 
-from unirl.algorithms import DRPO, GRPO, TokenPolicy
+from unirl.algorithms import DRPO, GRPO, KLConfig, TokenPolicy
 from unirl.config import ConfigError
 from unirl.types import Packed, TextEmbedConditions, TextSegment
 
@@ -156,7 +156,7 @@ def test_first_ratio_is_exactly_one(kind: str, mode: str) -> None:
 def test_loss_and_grad_match_independent_loops(kind: str, mode: str, kl_beta: float) -> None:
     policy = TinyLM()
     conditions, segment = _batch()
-    algo = _make(kind, policy, mode, kl_beta=kl_beta)
+    algo = _make(kind, policy, mode, kl=KLConfig(beta=kl_beta))
     algo.bind_reference(lambda: _shifted(policy))
     prepared = anchor(algo, conditions, segment, 2, ADV)
     update(algo, prepared)
@@ -174,6 +174,21 @@ def test_loss_and_grad_match_independent_loops(kind: str, mode: str, kl_beta: fl
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     if kl_beta > 0:
         assert float(terms["kl"].max()) > 0 and "kl_loss" in algo.summarize(terms)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_token_losses_feed_their_kl_to_an_adaptive_beta(kind: str) -> None:
+    policy = TinyLM()
+    conditions, segment = _batch()
+    kl = KLConfig(beta=0.1, control="adaptive", target=1e-6, horizon=2)
+    algo = _make(kind, policy, "token-mean", kl=kl)
+    algo.bind_reference(lambda: _shifted(policy))
+    terms = run_update(algo, conditions, segment, 2, ADV)
+    assert algo.summarize(terms)["kl/beta"] == 0.1
+    out = algo.after_train(0)  # the mean k3 of every loss token of the rollout
+    assert out["kl/rollout_mean"] == pytest.approx(float(terms["kl"].double().mean()), rel=1e-6)
+    assert out["kl/beta_next"] == pytest.approx(0.1 * 1.1, rel=1e-12)  # KL ≫ target: e = +0.2
+    assert algo.state_dict()["kl_controller"]["beta"] == out["kl/beta_next"]
 
 
 def test_grpo_clipfrac_metrics_use_asymmetric_bounds() -> None:
@@ -242,7 +257,7 @@ def test_garbage_log_probs_at_masked_positions_do_not_poison_gradients(kind: str
         loss_mask=segment.loss_mask,
         log_probs=Packed(values=recorded, offsets=segment.tokens.offsets),
     )
-    algo = _make(kind, policy, "token-mean", kl_beta=0.1, old_logp_source="rollout")
+    algo = _make(kind, policy, "token-mean", kl=KLConfig(beta=0.1), old_logp_source="rollout")
     algo.bind_reference(lambda: _shifted(policy))
     terms = run_update(algo, conditions, seg, 4, ADV)
     assert torch.equal(terms["ratio"], torch.ones_like(terms["ratio"]))

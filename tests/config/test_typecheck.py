@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import pytest
 
@@ -15,6 +16,7 @@ from unirl.config.typecheck import (
     annotations_of,
     check_fields,
     check_value,
+    config_class,
 )
 from unirl.types import DiffusionSamplingParams
 
@@ -59,15 +61,33 @@ def test_accepted_values_and_the_one_coercion() -> None:
 
 
 def test_annotations_of_components_resolve_literals_and_bounds() -> None:
-    from unirl.algorithms import FlowGRPO
+    from unirl.algorithms import FlowGRPO, KLConfig
     from unirl.train import TrainStack
 
     hints = annotations_of(FlowGRPO)
-    assert hints["clip_range"] == PositiveFloat and hints["kl_beta"] == NonNegativeFloat
+    assert hints["clip_range"] == PositiveFloat and config_class(hints["kl"]) is KLConfig
+    assert annotations_of(KLConfig)["beta"] == NonNegativeFloat
     assert "pipeline" in hints
     assert annotations_of(TrainStack)["micro_batch_size"] == PositiveInt
     out = check_fields({"clip_range": 1, "unknown": "kept"}, FlowGRPO, "algorithm")
     assert out == {"clip_range": 1.0, "unknown": "kept"}
+
+
+def test_a_mapping_for_a_config_dataclass_is_checked_key_by_key() -> None:
+    """``algorithm.kl={beta: ...}`` without ``_target_`` keeps the typed check of KLConfig."""
+    from unirl.algorithms import KLConfig
+
+    annotation = KLConfig | Mapping[str, Any] | None
+    assert config_class(annotation) is KLConfig and config_class(Mapping[str, Any]) is None
+    assert check_value({"beta": 1}, annotation, "algorithm.kl") == {"beta": 1.0}
+    with pytest.raises(
+        ConfigError, match=r"^algorithm\.kl\.beta must be a finite number >= 0, got -1$"
+    ):
+        check_value({"beta": -1}, annotation, "algorithm.kl")
+    with pytest.raises(
+        ConfigError, match=r"^algorithm\.kl: unknown key\(s\) \['betta'\] for KLConfig"
+    ):
+        check_value({"betta": 0.1}, annotation, "algorithm.kl")
 
 
 def test_eval_guidance_scale_zero_is_honoured() -> None:

@@ -9,6 +9,7 @@ from unirl.algorithms.drpo import DRPO
 from unirl.algorithms.flowdppo import FlowDPPO
 from unirl.algorithms.flowgrpo import FlowGRPO
 from unirl.algorithms.grpo import GRPO, TokenPolicy, TokenPolicyLoss
+from unirl.algorithms.kl import KLConfig
 
 __all__ = [
     "DRPO",
@@ -16,6 +17,7 @@ __all__ = [
     "DiffusionNFT",
     "FlowDPPO",
     "FlowGRPO",
+    "KLConfig",
     "OldAdapterEMA",
     "StageAlgorithm",
     "StepResult",

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
-from unirl.algorithms.kl import KLController
+from unirl.algorithms.kl import KLConfig, KLController, as_kl_config
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import Conditions, LatentSegment
 
@@ -33,33 +33,19 @@ class StageAlgorithm(ABC):
     - ``requires_log_prob``: needs per-step log-probs from the SDE strategy (ratio losses).
     - ``requires_ema_rollout``: rollout must run with the EMA / old weights (NFT).
 
-    Losses with a KL to the frozen reference set ``kl_controller`` (a :class:`KLController`);
-    the base then updates it in :meth:`after_train` and carries it in :meth:`state_dict`.
+    ``kl`` (the recipe's ``algorithm.kl``, a :class:`KLConfig`; absent: no KL term) configures
+    ``kl_controller``, the β of the KL to the frozen reference; the base updates it in
+    :meth:`after_train` and carries it in :meth:`state_dict`.
     """
 
     supports_multi_update: ClassVar[bool] = True
     requires_log_prob: ClassVar[bool] = True
     requires_ema_rollout: ClassVar[bool] = False
 
-    def __init__(self) -> None:
+    def __init__(self, *, kl: KLConfig | Mapping[str, Any] | None = None) -> None:
         self._reference: Callable[[], AbstractContextManager[Any]] | None = None
         self.backend: Any = None
-        self.kl_controller: KLController | None = None
-
-    @classmethod
-    def check_config(cls, block: dict[str, Any], recipe: Any = None) -> None:
-        """Validate the recipe's algorithm block before anything is built (called by
-        ``dry_run`` and the driver's validators): here the reference-policy (KL) knobs."""
-        if not any(k in block for k in ("kl_control", "kl_target", "kl_horizon")):
-            return
-        from unirl.algorithms.kl import KLController
-
-        KLController(
-            beta=float(block.get("kl_beta", 0.0) or 0.0),
-            control=block.get("kl_control", "fixed"),
-            target=block.get("kl_target"),
-            horizon=block.get("kl_horizon", 10.0),
-        )
+        self.kl_controller = KLController(as_kl_config(kl))
 
     def bind_reference(self, reference: Callable[[], AbstractContextManager[Any]] | None) -> None:
         """Install the context that turns the trained module into the frozen reference
@@ -96,16 +82,12 @@ class StageAlgorithm(ABC):
     def kl_after_train(self) -> dict[str, float]:
         """Close the rollout for the KL controller: rank-averaged mean KL, next β (adaptive).
         A collective when torch.distributed is up, so every rank must run it."""
-        if self.kl_controller is None:
-            return {}
         return self.kl_controller.step(device=getattr(self.backend, "device", None))
 
     # -- resumable state --------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resume needs beyond the weights: ``{"kl_controller": ...}`` when present."""
-        if self.kl_controller is None:
-            return {}
+        """What a resume needs beyond the weights: ``{"kl_controller": ...}``."""
         return {"kl_controller": self.kl_controller.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -114,14 +96,12 @@ class StageAlgorithm(ABC):
         if unknown:
             raise ValueError(f"{type(self).__name__}: unknown algorithm state key(s) {unknown}")
         kl_state = state.get("kl_controller")
-        if self.kl_controller is None:
-            return
         if kl_state is None:
             if self.kl_controller.control == "adaptive":
                 raise ValueError(
                     f"{type(self).__name__}: the checkpoint holds no KL-controller state, so the "
                     "adaptive β cannot be restored; resume from a checkpoint saved with it or "
-                    "set algorithm.kl_control=fixed"
+                    "set algorithm.kl.control=fixed"
                 )
             return
         self.kl_controller.load_state_dict(kl_state)
@@ -139,7 +119,7 @@ class StageAlgorithm(ABC):
     def reference(self) -> AbstractContextManager[Any]:
         if self._reference is None:
             raise RuntimeError(
-                f"{type(self).__name__} needs a reference policy (kl_beta > 0) but none is bound; "
+                f"{type(self).__name__} needs a reference policy (kl.beta > 0) but none is bound; "
                 "the train stack binds the backend's adapter_disabled() when LoRA is on"
             )
         return self._reference()

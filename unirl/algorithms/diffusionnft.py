@@ -29,9 +29,9 @@ import torch
 from torch import Tensor
 
 from unirl.algorithms.base import StageAlgorithm, StepResult
-from unirl.algorithms.kl import KLController, kl_metrics
+from unirl.algorithms.kl import KLConfig, kl_metrics
 from unirl.config.require import require
-from unirl.config.typecheck import NonNegativeFloat, PositiveFloat, PositiveInt
+from unirl.config.typecheck import PositiveFloat, PositiveInt
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import Conditions, LatentSegment
 
@@ -215,10 +215,11 @@ class DiffusionNFT(StageAlgorithm):
     CFG), as DiffusionNFT does — its models sample CFG-free (guidance 1). A rollout with
     guidance > 1 still works (x₀ then comes from CFG sampling) but is not the paper's setup.
 
-    ``kl_beta > 0`` adds ``β · mean ‖v_θ − v_ref‖²`` (v_ref: the base model, all adapters
-    disabled, no gradient); β is fixed (``kl_control="fixed"``, β = ``kl_beta``) or starts at
-    ``kl_beta`` and follows ``kl_target`` (``"adaptive"``, see :mod:`unirl.algorithms.kl`;
-    the target is in the units of that velocity distance, not of a Gaussian KL).
+    ``kl.beta > 0`` (``kl``: a :class:`~unirl.algorithms.kl.KLConfig`) adds
+    ``β · mean ‖v_θ − v_ref‖²`` (v_ref: the base model, all adapters disabled, no gradient);
+    β is fixed (``kl.control="fixed"``, β = ``kl.beta``) or starts at ``kl.beta`` and follows
+    ``kl.target`` (``"adaptive"``, see :mod:`unirl.algorithms.kl`; the target is in the units
+    of that velocity distance, not of a Gaussian KL).
     """
 
     supports_multi_update: ClassVar[bool] = False
@@ -237,13 +238,10 @@ class DiffusionNFT(StageAlgorithm):
         t_max: float = 1.0,
         old_adapter: str = "old",
         ema: OldAdapterEMA | Mapping[str, Any] | str = "linear",
-        kl_beta: NonNegativeFloat = 0.0,
-        kl_control: Literal["fixed", "adaptive"] = "fixed",
-        kl_target: float | None = None,
-        kl_horizon: PositiveFloat = 10.0,
+        kl: KLConfig | Mapping[str, Any] | None = None,
         seed: int = 0,
     ) -> None:
-        super().__init__()
+        super().__init__(kl=kl)
         require(beta > 0, f"algorithm.beta must be > 0 (the loss is scaled by c/β), got {beta}")
         require(adv_clip_max > 0, f"algorithm.adv_clip_max must be > 0, got {adv_clip_max}")
         require(num_train_timesteps >= 1, "algorithm.num_train_timesteps must be >= 1")
@@ -255,7 +253,6 @@ class DiffusionNFT(StageAlgorithm):
             0.0 <= t_min < t_max <= 1.0,
             f"algorithm.t_min/t_max must satisfy 0 <= t_min < t_max <= 1, got {t_min}, {t_max}",
         )
-        require(kl_beta >= 0, "algorithm.kl_beta must be >= 0")
         require(bool(old_adapter), "algorithm.old_adapter must name the frozen adapter (e.g. old)")
         strategy = getattr(pipeline, "strategy", None)
         require(
@@ -271,10 +268,6 @@ class DiffusionNFT(StageAlgorithm):
         self.t_min, self.t_max = float(t_min), float(t_max)
         self.old_adapter = old_adapter
         self.ema = _as_ema(ema)
-        self.kl_beta = float(kl_beta)
-        self.kl_controller = KLController(
-            beta=self.kl_beta, control=kl_control, target=kl_target, horizon=kl_horizon
-        )
         self.seed = int(seed)
         self.trained_adapter = "default"
         self.rollout_index: int | None = None
@@ -437,7 +430,7 @@ class DiffusionNFT(StageAlgorithm):
         """``policy_loss``; ``nft/positive_loss``, ``nft/negative_loss`` (means of
         ‖x̂₀^± − x₀‖²/w^±); ``nft/weight_{pos,neg}/{mean,min,max}`` and
         ``nft/weight_clamped`` (fraction of weights held at the 1e-5 floor); ``nft/r_mean``,
-        ``nft/t_mean``; with ``kl_beta > 0``: ``kl_loss``, ``kl/max``, ``kl/step_<k>`` (k: the
+        ``nft/t_mean``; with ``kl.beta > 0``: ``kl_loss``, ``kl/max``, ``kl/step_<k>`` (k: the
         k-th training time of each sample, a random σ, not a fixed schedule step), ``kl/beta``."""
         out = {
             "policy_loss": float(terms["policy_loss"].float().mean()),

@@ -9,11 +9,13 @@ p_old) gets proportionally more room to move. The gradient never vanishes (no cl
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from unirl.algorithms.grpo import TokenPolicyLoss
+from unirl.algorithms.kl import KLConfig
 from unirl.algorithms.losses import drpo_loss
 from unirl.config.require import require
 
@@ -31,7 +33,7 @@ class DRPO(TokenPolicyLoss):
         token_adaptive: bool = True,
         loss_agg: str = "token-mean",
         norm_length: int | None = None,
-        kl_beta: float = 0.0,
+        kl: KLConfig | Mapping[str, Any] | None = None,
         old_logp_source: str = "replay",
     ) -> None:
         require(epsilon > 0, f"algorithm.epsilon must be > 0, got {epsilon}")
@@ -39,7 +41,7 @@ class DRPO(TokenPolicyLoss):
             policy=policy,
             loss_agg=loss_agg,
             norm_length=norm_length,
-            kl_beta=kl_beta,
+            kl=kl,
             old_logp_source=old_logp_source,
         )
         self.epsilon = epsilon

@@ -10,6 +10,7 @@ moving the way its advantage pushes it; moving back toward π_old is always allo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -22,10 +23,10 @@ from unirl.algorithms.flowgrpo import (
     replay_slot_losses,
     slot_sigmas,
 )
-from unirl.algorithms.kl import KLController, kl_metrics
+from unirl.algorithms.kl import KLConfig, kl_metrics
 from unirl.algorithms.losses import flow_dppo_loss
 from unirl.config.require import require
-from unirl.config.typecheck import NonNegativeFloat, PositiveFloat
+from unirl.config.typecheck import PositiveFloat
 from unirl.models.common.denoise import StepRecord
 from unirl.types import Conditions, LatentSegment
 
@@ -39,8 +40,8 @@ class FlowDPPO(StageAlgorithm):
     step has ratio 1 and D = 0 exactly; ``"rollout"`` uses what sampling recorded (needs
     ``pipeline.record_means=true``). σ_t comes from ``pipeline.strategy.step_std`` for the
     sigmas of each sample's slot, so Flow, Dance and CPS kernels each get their own σ_t.
-    ``kl_beta``/``kl_form``/``kl_control``/``kl_target``/``kl_horizon``: optional KL to the
-    frozen base with a fixed or adaptive β, as in :class:`FlowGRPO`.
+    ``kl`` / ``kl_form``: optional KL to the frozen base with a fixed or adaptive β, as in
+    :class:`FlowGRPO`.
 
     The loss of a micro-batch is the mean over its trained steps of each step's kept-term
     mean (one forward + backward per step keeps memory flat; the kept count of later steps is
@@ -52,25 +53,18 @@ class FlowDPPO(StageAlgorithm):
         *,
         pipeline: Any,
         kl_threshold: PositiveFloat = 1e-5,
-        kl_beta: NonNegativeFloat = 0.0,
+        kl: KLConfig | Mapping[str, Any] | None = None,
         kl_form: Literal["gaussian", "reference"] = "gaussian",
-        kl_control: Literal["fixed", "adaptive"] = "fixed",
-        kl_target: float | None = None,
-        kl_horizon: PositiveFloat = 10.0,
         old_logp_source: Literal["replay", "rollout"] = "replay",
     ) -> None:
-        super().__init__()
+        super().__init__(kl=kl)
         require(
             kl_threshold > 0,
             "algorithm.kl_threshold must be > 0 (D >= 0 always, so 0 would drop every term that moves)",
         )
-        check_flow_knobs(kl_beta, kl_form, old_logp_source)
-        self.kl_controller = KLController(
-            beta=kl_beta, control=kl_control, target=kl_target, horizon=kl_horizon
-        )
+        check_flow_knobs(kl_form, old_logp_source)
         self.pipeline = pipeline
         self.kl_threshold = kl_threshold
-        self.kl_beta = kl_beta
         self.kl_form = kl_form
         self.old_logp_source = old_logp_source
 
@@ -131,7 +125,7 @@ class FlowDPPO(StageAlgorithm):
         """Ratio stats, D mean/max, and the mask: ``mask/dropped`` (all dropped terms), split into
         ``mask/dropped_pos`` (A > 0, r > 1) and ``mask/dropped_neg`` (A < 0, r < 1);
         ``mask/over_threshold`` (D ≥ τ) and ``mask/spared_by_direction`` (D ≥ τ but kept because
-        the ratio moves against the advantage); with ``kl_beta > 0`` the KL metrics of
+        the ratio moves against the advantage); with ``kl.beta > 0`` the KL metrics of
         :func:`~unirl.algorithms.kl.kl_metrics` (``kl_loss``, ``kl/max``, ``kl/step_<k>``,
         ``kl/beta``)."""
         out = ratio_metrics(terms["ratio"], terms["log_ratio"])

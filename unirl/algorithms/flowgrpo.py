@@ -9,32 +9,31 @@ Variants (DanceGRPO, MixGRPO, Flow-GRPO-Fast) are recipes: a strategy and an SDE
 The module also holds the diffusion machinery shared with Flow-DPPO: anchoring π_old by
 replay (:func:`replay_anchors`), the σ of a trained slot (:func:`slot_sigmas`), the
 per-step KL to the frozen reference (:func:`reference_step`, :func:`step_kl`) and the
-per-slot training loop itself (:func:`replay_slot_losses`). β of that KL
-is a :class:`~unirl.algorithms.kl.KLController` (``kl_control``: fixed or adaptive).
+per-slot training loop itself (:func:`replay_slot_losses`). β of that KL is configured by
+``kl`` (a :class:`~unirl.algorithms.kl.KLConfig`: fixed or adaptive).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import torch
 
 from unirl.algorithms.base import StageAlgorithm, StepResult
-from unirl.algorithms.kl import KLController, kl_metrics
+from unirl.algorithms.kl import KLConfig, kl_metrics
 from unirl.algorithms.losses import clipped_surrogate, grpo_guard_log_ratio
 from unirl.config.require import require
-from unirl.config.typecheck import NonNegativeFloat, PositiveFloat
+from unirl.config.typecheck import PositiveFloat
 from unirl.models.common.denoise import StepRecord, sigma_max_of
 from unirl.types import Conditions, LatentSegment, host_to_device
 
 # --------------------------------------------------------------------------- shared machinery
 
 
-def check_flow_knobs(kl_beta: float, kl_form: str, old_logp_source: str) -> None:
+def check_flow_knobs(kl_form: str, old_logp_source: str) -> None:
     """Validate the knobs every replay-based diffusion loss shares."""
-    require(kl_beta >= 0, "algorithm.kl_beta must be >= 0")
     require(
         kl_form in ("gaussian", "reference"), "algorithm.kl_form must be 'gaussian' or 'reference'"
     )
@@ -172,10 +171,11 @@ class FlowGRPO(StageAlgorithm):
     equal-variance Gaussians) or ``reference`` (divides by the noise scale only, as the
     Flow-GRPO code does).
 
-    ``kl_beta`` is the fixed β (``kl_control="fixed"``) or the initial one (``"adaptive"``:
-    steered toward ``kl_target`` with horizon ``kl_horizon`` rollouts, see
-    :mod:`unirl.algorithms.kl`). Metrics with ``kl_beta > 0``: ``kl_loss``, ``kl/max``,
-    ``kl/step_<k>`` (mean KL of trained slot k), ``kl/beta``.
+    ``kl`` (:class:`~unirl.algorithms.kl.KLConfig`): ``kl.beta`` is the fixed β
+    (``kl.control="fixed"``) or the initial one (``"adaptive"``: steered toward ``kl.target``
+    with horizon ``kl.horizon`` rollouts, see :mod:`unirl.algorithms.kl`). Metrics with
+    ``kl.beta > 0``: ``kl_loss``, ``kl/max``, ``kl/step_<k>`` (mean KL of trained slot k),
+    ``kl/beta``.
 
     ``ratio_norm``: ``none`` (plain Flow-GRPO) or ``grpo_guard``: the ratio is
     ``exp((log r + D)·σ_t)`` with D = mean ‖μ_θ − μ_old‖²/(2σ_t²) and σ_t the step std, and
@@ -190,20 +190,14 @@ class FlowGRPO(StageAlgorithm):
         *,
         pipeline: Any,
         clip_range: PositiveFloat = 1e-4,
-        kl_beta: NonNegativeFloat = 0.0,
+        kl: KLConfig | Mapping[str, Any] | None = None,
         kl_form: Literal["gaussian", "reference"] = "gaussian",
-        kl_control: Literal["fixed", "adaptive"] = "fixed",
-        kl_target: float | None = None,
-        kl_horizon: PositiveFloat = 10.0,
         old_logp_source: Literal["replay", "rollout"] = "replay",
         ratio_norm: Literal["none", "grpo_guard"] = "none",
     ) -> None:
-        super().__init__()
+        super().__init__(kl=kl)
         require(clip_range > 0, "algorithm.clip_range must be > 0")
-        check_flow_knobs(kl_beta, kl_form, old_logp_source)
-        self.kl_controller = KLController(
-            beta=kl_beta, control=kl_control, target=kl_target, horizon=kl_horizon
-        )
+        check_flow_knobs(kl_form, old_logp_source)
         require(
             ratio_norm in ("none", "grpo_guard"),
             "algorithm.ratio_norm must be 'none' or 'grpo_guard'",
@@ -218,7 +212,6 @@ class FlowGRPO(StageAlgorithm):
             )
         self.pipeline = pipeline
         self.clip_range = clip_range
-        self.kl_beta = kl_beta
         self.kl_form = kl_form
         self.old_logp_source = old_logp_source
         self.ratio_norm = ratio_norm

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 from abc import abstractmethod
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from unirl.algorithms.base import StageAlgorithm, StepResult
+from unirl.algorithms.kl import KLConfig
 from unirl.algorithms.losses import LOSS_AGG_MODES, aggregate, grpo_clip_loss, k3_kl, pad_packed
 from unirl.config.require import require
 from unirl.types import Conditions, Packed, TextSegment
@@ -40,7 +42,9 @@ class TokenPolicyLoss(StageAlgorithm):
     trusts ``segment.log_probs`` from the engine (vLLM / SGLang numerics differ from the
     trainer's, so ratios start ≠ 1). ``loss_agg``: see :func:`unirl.algorithms.losses.aggregate`;
     ``norm_length`` is the constant divisor of ``seq-mean-token-sum-norm``.
-    ``kl_beta > 0`` adds β·k3 to the frozen reference (the policy under ``reference()``).
+    ``kl.beta > 0`` (``kl``: a :class:`~unirl.algorithms.kl.KLConfig`) adds β·k3 to the frozen
+    reference (the policy under ``reference()``); an adaptive β follows the mean k3 of the
+    loss tokens.
     Advantages are per sample (``[B]``), broadcast to every token of the sample.
     """
 
@@ -50,10 +54,10 @@ class TokenPolicyLoss(StageAlgorithm):
         policy: Any,
         loss_agg: str = "token-mean",
         norm_length: int | None = None,
-        kl_beta: float = 0.0,
+        kl: KLConfig | Mapping[str, Any] | None = None,
         old_logp_source: str = "replay",
     ) -> None:
-        super().__init__()
+        super().__init__(kl=kl)
         require(
             loss_agg in LOSS_AGG_MODES,
             f"algorithm.loss_agg must be one of {list(LOSS_AGG_MODES)}, got {loss_agg!r}",
@@ -63,7 +67,6 @@ class TokenPolicyLoss(StageAlgorithm):
             "algorithm.loss_agg=seq-mean-token-sum-norm needs algorithm.norm_length > 0 "
             "(the constant divisor; use the generation budget max_new_tokens)",
         )
-        require(kl_beta >= 0, "algorithm.kl_beta must be >= 0")
         require(
             old_logp_source in ("replay", "rollout"),
             "algorithm.old_logp_source must be 'replay' or 'rollout'",
@@ -75,7 +78,6 @@ class TokenPolicyLoss(StageAlgorithm):
         self.policy = policy
         self.loss_agg = loss_agg
         self.norm_length = norm_length
-        self.kl_beta = kl_beta
         self.old_logp_source = old_logp_source
 
     # -- per-token loss: the one thing subclasses define -------------------------------------
@@ -143,11 +145,12 @@ class TokenPolicyLoss(StageAlgorithm):
         old_lp = torch.where(mask, old, zero)
         policy_terms, ratio = self.token_terms(lp, old_lp, adv)
         terms, kl = policy_terms, None
-        if self.kl_beta > 0:
+        control = self.kl_controller
+        if control.enabled:
             with torch.no_grad(), self.reference():
                 ref = self._log_probs(conditions, segment).values.float().to(device)
             kl = k3_kl(lp, torch.where(mask, ref, zero))
-            terms = terms + self.kl_beta * kl
+            terms = terms + control.beta * kl
         loss = aggregate(
             pad_packed(terms, offsets),
             pad_packed(mask, offsets, False),
@@ -163,6 +166,7 @@ class TokenPolicyLoss(StageAlgorithm):
         }
         if kl is not None:
             out["kl"] = kl.detach()[mask]
+            control.observe(out["kl"])
         return StepResult(loss=loss.detach() * loss_scale, terms=out)
 
     def summarize(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -180,6 +184,7 @@ class TokenPolicyLoss(StageAlgorithm):
         if "kl" in terms and not empty:
             out["kl_loss"] = float(terms["kl"].float().mean())
             out["kl/max"] = float(terms["kl"].float().max())
+            out["kl/beta"] = float(self.kl_controller.beta)
         return out
 
 
@@ -195,7 +200,7 @@ class GRPO(TokenPolicyLoss):
         clip_high: float = 0.2,
         loss_agg: str = "token-mean",
         norm_length: int | None = None,
-        kl_beta: float = 0.0,
+        kl: KLConfig | Mapping[str, Any] | None = None,
         old_logp_source: str = "replay",
     ) -> None:
         require(0 < clip_low < 1, f"algorithm.clip_low must be in (0, 1), got {clip_low}")
@@ -204,7 +209,7 @@ class GRPO(TokenPolicyLoss):
             policy=policy,
             loss_agg=loss_agg,
             norm_length=norm_length,
-            kl_beta=kl_beta,
+            kl=kl,
             old_logp_source=old_logp_source,
         )
         self.clip_low = clip_low

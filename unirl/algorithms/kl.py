@@ -1,7 +1,8 @@
 """Reference-policy control: the coefficient β of the KL-to-reference term, fixed or adaptive.
 
-Every diffusion loss (FlowGRPO, FlowDPPO, DiffusionNFT) adds ``β · mean KL`` to its loss and
-feeds each measured per-sample KL to :meth:`KLController.observe`. After the optimizer steps
+A recipe configures it once for every loss as the block ``algorithm.kl`` (a :class:`KLConfig`).
+Every loss (FlowGRPO, FlowDPPO, DiffusionNFT, GRPO, DRPO) with ``kl.beta > 0`` adds
+``β · mean KL`` to its loss and feeds each measured KL to :meth:`KLController.observe`. After the optimizer steps
 of a rollout, :meth:`KLController.step` averages the rollout's KL over every value observed on
 every data-parallel rank and, with ``control="adaptive"``, moves β:
 
@@ -17,12 +18,15 @@ update per rollout, so ``horizon`` counts rollouts. Per update β moves by at mo
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from unirl.config.require import require
+from unirl.config.typecheck import NonNegativeFloat, PositiveFloat
 
 KL_CONTROLS = ("fixed", "adaptive")
 ERROR_CLIP = 0.2  # |e| bound of the proportional controller
@@ -46,61 +50,91 @@ def _reduce_sum_count(total: float, count: int, device: Any) -> tuple[float, int
     return float(t[0]), round(float(t[1]))
 
 
-class KLController:
-    """β of the KL-to-reference term.
+@dataclass(kw_only=True)
+class KLConfig:
+    """The KL-to-reference knobs of every loss: the recipe block ``algorithm.kl``.
 
-    ``beta``: the initial (``adaptive``) or constant (``fixed``) β; 0 switches the KL term off
-    (no reference forward at all). ``target``: the KL the adaptive controller steers toward,
-    in the units of the loss's KL (per-sample mean over C·H·W of one step). ``horizon``
-    (rollouts, >= 1): how slowly β follows.
+    ``beta``: the constant (``control="fixed"``) or initial (``"adaptive"``) β; 0 (the
+    default, and what an absent block means) switches the KL term off: no reference forward
+    at all. ``target``: the KL the adaptive controller steers toward, in the units of the
+    loss's KL (per-sample mean over C·H·W of one step). ``horizon`` (rollouts, >= 1): how
+    slowly β follows.
     """
 
-    def __init__(
-        self,
-        *,
-        beta: float,
-        control: Literal["fixed", "adaptive"] = "fixed",
-        target: float | None = None,
-        horizon: float = 10.0,
-    ) -> None:
-        require(math.isfinite(beta) and beta >= 0, f"algorithm.kl_beta must be >= 0, got {beta}")
+    beta: NonNegativeFloat = 0.0
+    control: Literal["fixed", "adaptive"] = "fixed"
+    target: PositiveFloat | None = None
+    horizon: PositiveFloat = 10.0
+
+    def __post_init__(self) -> None:
         require(
-            control in KL_CONTROLS,
-            f"algorithm.kl_control must be 'fixed' or 'adaptive', got {control!r}",
+            math.isfinite(self.beta) and self.beta >= 0,
+            f"algorithm.kl.beta must be >= 0, got {self.beta}",
         )
-        if control == "adaptive":
+        require(
+            self.control in KL_CONTROLS,
+            f"algorithm.kl.control must be 'fixed' or 'adaptive', got {self.control!r}",
+        )
+        if self.control == "fixed":
             require(
-                beta > 0,
-                "algorithm.kl_control=adaptive scales β multiplicatively from kl_beta, so "
-                "kl_beta must be > 0 (the initial β)",
+                self.target is None,
+                "algorithm.kl.target is used only by kl.control=adaptive; set "
+                "algorithm.kl.control=adaptive or algorithm.kl.target=null",
             )
-            require(
-                target is not None and math.isfinite(target) and target > 0,
-                f"algorithm.kl_target must be a KL > 0 with kl_control=adaptive, got {target}",
-            )
-            require(
-                math.isfinite(horizon) and horizon >= 1,
-                f"algorithm.kl_horizon must be >= 1 rollout, got {horizon}",
-            )
-        else:
-            require(
-                target is None,
-                "algorithm.kl_target is used only by kl_control=adaptive; set kl_control=adaptive "
-                "or kl_target=null",
-            )
-        self.control = control
-        self.initial_beta = beta
-        self.beta = beta
-        self.target = None if target is None else float(target)
-        self.horizon = float(horizon)
+            return
+        require(
+            self.beta > 0,
+            "algorithm.kl.control=adaptive scales β multiplicatively from kl.beta, so "
+            "algorithm.kl.beta must be > 0 (the initial β)",
+        )
+        require(
+            self.target is not None and math.isfinite(self.target) and self.target > 0,
+            f"algorithm.kl.target must be a KL > 0 with kl.control=adaptive, got {self.target}",
+        )
+        require(
+            math.isfinite(self.horizon) and self.horizon >= 1,
+            f"algorithm.kl.horizon must be >= 1 rollout, got {self.horizon}",
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the loss computes the KL term at all (``beta > 0``)."""
+        return self.beta > 0
+
+
+def as_kl_config(value: KLConfig | Mapping[str, Any] | None) -> KLConfig:
+    """``algorithm.kl`` as a :class:`KLConfig`: the dataclass itself, a mapping of its fields
+    (a Hydra block, with or without ``_target_``) or ``None`` (no KL term)."""
+    if value is None:
+        return KLConfig()
+    if isinstance(value, KLConfig):
+        return value
+    require(
+        isinstance(value, Mapping),
+        f"algorithm.kl must be a KLConfig block or a mapping of its fields, got "
+        f"{type(value).__name__}",
+    )
+    return KLConfig(**{str(k): v for k, v in value.items() if k != "_target_"})
+
+
+class KLController:
+    """β of the KL-to-reference term, configured by a :class:`KLConfig`: constant, or moved
+    once per rollout by the adaptive rule of this module's docstring."""
+
+    def __init__(self, config: KLConfig) -> None:
+        self.config = config
+        self.control = config.control
+        self.beta = config.beta
+        self.target = config.target
+        self.horizon = float(config.horizon)
         self.updates = 0
         self._sum: float | Tensor = 0.0
         self._count: int | Tensor = 0
 
     @property
     def enabled(self) -> bool:
-        """Whether the loss computes the KL term at all (``kl_beta > 0``)."""
-        return self.initial_beta > 0
+        """Whether the loss computes the KL term at all (``kl.beta > 0``)."""
+        return self.config.enabled
 
     def observe(self, kl: Tensor) -> None:
         """Accumulate the finite values of a per-sample ``kl[...]`` for this rollout's mean."""
@@ -133,7 +167,7 @@ class KLController:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore β (adaptive only: a fixed β is the configuration, so resuming with a new
-        ``kl_beta`` takes effect) and the update count."""
+        ``kl.beta`` takes effect) and the update count."""
         missing = sorted({"control", "beta", "updates"} - set(state))
         if missing:
             raise ValueError(f"KL-controller state lacks {missing}; got keys {sorted(state)}")

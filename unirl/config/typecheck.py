@@ -5,8 +5,10 @@ string ``"no"`` (truthy), ``lr: 1e-4`` as the string ``"1e-4"`` (PyYAML reads no
 without a dot), ``batch_size=8.5`` as a float. ``check_value`` compares one value with one
 annotation (``bool``, ``int``, ``float``, ``str``, ``Literal[...]``, ``X | None``,
 ``list[T]``, ``dict[K, V]``, ``tuple``) and raises ``ConfigError`` naming the key, the
-expected type and the fix. Annotations it does not understand (``Any``, classes, protocols)
-are not checked; nothing is coerced except an ``int`` where a ``float`` is expected.
+expected type and the fix. A mapping given for a config dataclass (``kl: {beta: 0.04}`` where
+the annotation is ``KLConfig | Mapping[str, Any] | None``) is checked key by key against the
+dataclass. Annotations it does not understand (``Any``, other classes, protocols) are not
+checked; nothing is coerced except an ``int`` where a ``float`` is expected.
 """
 
 from __future__ import annotations
@@ -150,10 +152,42 @@ def _hint(value: Any, annotation: Any) -> str:
     return ""
 
 
+def config_class(annotation: Any) -> type | None:
+    """The config dataclass an annotation names, if any: ``KLConfig | Mapping[str, Any] |
+    None`` -> ``KLConfig`` (the first one of a union)."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return config_class(typing.get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = config_class(arg)
+            if found is not None:
+                return found
+        return None
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        return annotation
+    return None
+
+
+def check_config_mapping(value: dict[str, Any], cls: type, where: str) -> dict[str, Any]:
+    """A mapping written for the config dataclass ``cls``: no unknown key, every value checked."""
+    accepted = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(str(k) for k in value if not str(k).startswith("_") and k not in accepted)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {unknown} for {cls.__name__}; accepted keys are {sorted(accepted)}"
+        )
+    return check_fields(value, cls, where)
+
+
 def check_value(value: Any, annotation: Any, where: str) -> Any:
     """``value`` if it fits ``annotation`` (an ``int`` for a ``float`` comes back as float)."""
     if isinstance(value, dict) and "_target_" in value:
         return value  # a nested component: checked as a block of its own
+    if isinstance(value, dict):
+        cls = config_class(annotation)
+        if cls is not None:
+            return check_config_mapping(value, cls, where)
     verdict = _matches(value, annotation)
     if verdict is False:
         raise ConfigError(

@@ -18,7 +18,7 @@ from typing import Any
 from unirl.config.precision import canonical_precision
 from unirl.config.require import ConfigError, require
 from unirl.config.run import COMPONENT_BLOCKS, RunConfig
-from unirl.config.typecheck import check_fields
+from unirl.config.typecheck import annotations_of, check_fields, config_class
 
 REQUIRED_BLOCKS = tuple(b for b in COMPONENT_BLOCKS if b != "sync")  # sync: dedicated engines only
 PRECISION_KEYS = (
@@ -111,6 +111,28 @@ def check_block(block: Any, where: str, *, instantiate_dataclasses: bool) -> Any
         except TypeError as exc:
             raise ConfigError(f"{where}: {exc}") from exc
     return block
+
+
+def _nested_configs(block: dict[str, Any], name: str) -> dict[str, Any]:
+    """The cheap objects of a component's sub-blocks, keyed ``"<block>.<key>"``: each
+    ``_target_`` sub-block built (dataclasses only), and a plain mapping given where the
+    component's signature names a config dataclass (``algorithm.kl`` -> ``KLConfig``) built as
+    that dataclass, so validators read typed configs instead of strings."""
+    hints = annotations_of(locate(str(block["_target_"]), name)) if "_target_" in block else {}
+    out: dict[str, Any] = {}
+    for key, value in block.items():
+        where = f"{name}.{key}"
+        if isinstance(value, dict) and "_target_" in value:
+            out[where] = check_block(value, where, instantiate_dataclasses=True)
+            continue
+        cls = config_class(hints.get(key)) if isinstance(value, dict) else None
+        if cls is None:
+            continue
+        try:
+            out[where] = cls(**{k: v for k, v in value.items() if not k.startswith("_")})
+        except (ConfigError, TypeError) as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+    return out
 
 
 def _target(cfg: RunConfig, name: str) -> str:
@@ -246,15 +268,16 @@ def check_strategy_and_algorithm(cfg: RunConfig, objs: dict[str, Any]) -> None:
 
 
 def check_reference_policy(cfg: RunConfig, objs: dict[str, Any]) -> None:
-    algo = cfg.algorithm or {}
-    kl_beta = float(algo.get("kl_beta", 0.0) or 0.0)
-    if kl_beta > 0:
-        backend = cfg.backend or {}
-        require(
-            backend.get("lora") is not None,
-            "algorithm.kl_beta > 0 takes the reference from the frozen base by disabling the LoRA "
-            "adapter; set backend.lora or kl_beta=0",
-        )
+    """A KL term (``algorithm.kl``, a ``KLConfig``; no block: no KL) needs the frozen base,
+    which the backend reaches by disabling the LoRA adapter."""
+    kl = objs.get("algorithm.kl")
+    if kl is None or not kl.enabled:
+        return
+    require(
+        (cfg.backend or {}).get("lora") is not None,
+        f"algorithm.kl.beta={kl.beta} > 0 takes the reference from the frozen base by disabling "
+        "the LoRA adapter; set backend.lora or algorithm.kl.beta=0",
+    )
 
 
 def check_old_adapter_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
@@ -349,11 +372,7 @@ def validate(data: dict[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
         checked = check_block(block, name, instantiate_dataclasses=(name == "sampling"))
         objs[name] = checked
         if isinstance(block, dict):
-            for key, value in block.items():
-                if isinstance(value, dict) and "_target_" in value:
-                    objs[f"{name}.{key}"] = check_block(
-                        value, f"{name}.{key}", instantiate_dataclasses=True
-                    )
+            objs.update(_nested_configs(block, name))
     for check in CHECKS:
         check(cfg, objs)
     return cfg, objs
