@@ -21,6 +21,7 @@ from unirl.config.run import COMPONENT_BLOCKS, RunConfig
 from unirl.config.typecheck import annotations_of, check_fields, config_class
 
 REQUIRED_BLOCKS = tuple(b for b in COMPONENT_BLOCKS if b != "sync")  # sync: dedicated engines only
+ENGINE_KINDS = ("trainside", "dedicated", "sglang", "vllm_omni")  # a rollout class's engine_kind
 PRECISION_KEYS = (
     "dtype",
     "param_dtype",
@@ -141,13 +142,21 @@ def _target(cfg: RunConfig, name: str) -> str:
 
 
 def engine_kind(cfg: RunConfig) -> str:
-    """``trainside`` | ``dedicated`` | ``sglang`` | ``vllm_omni`` from the rollout target."""
-    target = _target(cfg, "rollout").lower()
-    for kind in ("trainside", "dedicated", "sglang", "vllm_omni"):
-        if kind in target:
-            return kind
-    cls = locate(_target(cfg, "rollout"), "rollout") if target else None
-    return str(getattr(cls, "engine_kind", "trainside"))
+    """The kind the rollout engine class declares (its class attribute ``engine_kind``):
+    ``trainside`` | ``dedicated`` | ``sglang`` | ``vllm_omni``. It decides the sync and layout
+    rules, so a class that declares none (or another value) is refused."""
+    target = _target(cfg, "rollout")
+    require(
+        bool(target),
+        "rollout._target_ is missing; name a rollout engine class (e.g. unirl.rollout.TrainsideEngine)",
+    )
+    kind = getattr(locate(target, "rollout"), "engine_kind", None)
+    require(
+        kind in ENGINE_KINDS,
+        f"rollout._target_={target} declares engine_kind={kind!r}; a rollout engine class sets "
+        f"the class attribute engine_kind to one of {', '.join(ENGINE_KINDS)}",
+    )
+    return str(kind)
 
 
 # -- the cross-component checks --------------------------------------------------------------
