@@ -158,6 +158,12 @@ class RunConfig:
     seed: int = 0
     dry_run: bool = False
     call_timeout_s: PositiveFloat | None = 1800.0
+    heartbeat_timeout_s: PositiveFloat | None = 30.0
+    """A busy worker silent to pings this long is frozen: the run fails (null: off)."""
+    stall_factor: PositiveFloat | None = 4.0
+    """A call past max(stall_floor_s, this x its method's longest earlier run) fails (null: off)."""
+    stall_floor_s: PositiveFloat = 300.0
+    """Least time any call may run before ``stall_factor`` can fail it."""
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -202,6 +208,16 @@ class RunConfig:
             self.call_timeout_s is None or self.call_timeout_s > 0,
             "call_timeout_s must be > 0 or null",
         )
+        require(
+            self.heartbeat_timeout_s is None or self.heartbeat_timeout_s > 0,
+            "heartbeat_timeout_s must be > 0 or null (off)",
+        )
+        require(
+            self.stall_factor is None or self.stall_factor >= 1,
+            "stall_factor must be >= 1 or null (off); a call may take stall_factor x the "
+            "longest earlier run of its method",
+        )
+        require(self.stall_floor_s > 0, "stall_floor_s must be > 0")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:

@@ -153,6 +153,9 @@ class DiffusionTrainer:
             device=cfg.device,
             cpus_per_worker=cfg.cpus_per_worker,
             call_timeout_s=cfg.call_timeout_s,
+            heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+            stall_factor=cfg.stall_factor,
+            stall_floor_s=cfg.stall_floor_s,
             log_to_driver=True,
         )
         dedicated = None

@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from unirl.distributed.group.dispatch import Dispatch, DistributedSpec, distributed
-from unirl.distributed.group.errors import PlacementError, RemoteCallError
+from unirl.distributed.group.errors import PlacementError, RemoteCallError, StalledCallError
 from unirl.distributed.group.rank import ParallelSizes, RankInfo
 from unirl.distributed.group.role import (
     Remote,
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from unirl.distributed.group.plan import describe_plan
     from unirl.distributed.group.pool import DevicePool, DevicePoolConfig, DryRunPool, PoolBase
     from unirl.distributed.group.runtime import ensure_ray
+    from unirl.distributed.group.watchdog import StallPolicy
     from unirl.distributed.group.worker import Worker
 
 _LAZY = {
@@ -42,6 +43,7 @@ _LAZY = {
     "remote": "layout",
     "describe_plan": "plan",
     "ensure_ray": "runtime",
+    "StallPolicy": "watchdog",
     "Worker": "worker",
 }
 
@@ -70,6 +72,8 @@ __all__ = [
     "Remote",
     "RemoteCallError",
     "Slab",
+    "StallPolicy",
+    "StalledCallError",
     "Worker",
     "current_process_group",
     "current_rank_info",

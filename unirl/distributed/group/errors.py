@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 class RemoteCallError(RuntimeError):
-    """A call on a role failed: it raised, its worker died, or it ran past its timeout.
+    """A call on a role failed: it raised, its worker died, it ran past its timeout, or it
+    stalled (``StalledCallError``).
 
     ``role``, ``method`` and ``ranks`` (role ranks within the slab) say where;
     ``remote_traceback`` holds the remote traceback text when there is one.
@@ -24,6 +25,33 @@ class RemoteCallError(RuntimeError):
         self.method = method
         self.ranks = list(ranks)
         self.remote_traceback = remote_traceback
+
+
+class StalledCallError(RemoteCallError):
+    """A call stalled: its worker stopped answering heartbeats (a frozen process or an
+    unreachable node), or it ran far past its measured duration (a hang in a live process).
+
+    ``pool_rank``, ``node_ip`` and ``pid`` name the process to inspect; ``reason`` is
+    ``"heartbeat"`` or ``"measured"``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        role: str,
+        method: str,
+        ranks: list[int],
+        pool_rank: int,
+        node_ip: str,
+        pid: int | None,
+        reason: str,
+    ) -> None:
+        super().__init__(message, role=role, method=method, ranks=ranks)
+        self.pool_rank = pool_rank
+        self.node_ip = node_ip
+        self.pid = pid
+        self.reason = reason
 
 
 class PlacementError(RuntimeError):

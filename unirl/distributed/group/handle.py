@@ -24,6 +24,7 @@ from unirl.distributed.group.dispatch import (
 )
 from unirl.distributed.group.errors import RemoteCallError, RoleFailure
 from unirl.distributed.group.rank import RankInfo
+from unirl.distributed.group.watchdog import Watchdog, busy_ranks
 
 if TYPE_CHECKING:
     from unirl.distributed.group.pool import PoolBase
@@ -56,6 +57,7 @@ class PendingCall:
     node_ips: list[str]  # by pool rank, for messages
     gather_ranks: list[int] = field(default_factory=list)  # DP_SCATTER: dp leaders by dp rank
     started: float = field(default_factory=time.monotonic)
+    pool: PoolBase | None = None  # whose workers the stall watchdog pings while we wait
 
     @property
     def refs(self) -> list[ray.ObjectRef]:
@@ -142,7 +144,8 @@ def wait_all(pendings: list[PendingCall]) -> list[Any]:
 
     Results are checked as they land, so a failing or dead rank raises at once even while
     its peers still run; a pending past its deadline raises a timeout error naming the
-    ranks that have not answered.
+    ranks that have not answered; a worker that stalls (``watchdog.py``: no heartbeat, or
+    far past its measured duration) raises ``StalledCallError`` naming it.
     """
     outstanding: dict[ray.ObjectRef, tuple[int, int]] = {}
     values: list[list[Any]] = []
@@ -150,12 +153,24 @@ def wait_all(pendings: list[PendingCall]) -> list[Any]:
         values.append([None] * len(pending.calls))
         for c_index, call in enumerate(pending.calls):
             outstanding[call.ref] = (p_index, c_index)
+    watchdog = Watchdog()
     while outstanding:
+        busy = busy_ranks(pendings, outstanding)
+        watchdog.update(busy)
+        now = time.monotonic()
+        watchdog.send_due(now)
         active = {p for p, _ in outstanding.values()}
-        deadlines = [pendings[p].deadline for p in active if pendings[p].deadline is not None]
-        wait_s = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
-        ready, _ = ray.wait(list(outstanding), num_returns=1, timeout=wait_s)
-        for ref in ready:
+        deadlines = [d for p in active if (d := pendings[p].deadline) is not None]
+        waits = [max(0.0, d - now) for d in deadlines]
+        wake = watchdog.wake_in(now)
+        wait_s = min([*waits, wake]) if wake is not None else min(waits, default=None)
+        refs = [*outstanding, *watchdog.ping_refs()]
+        ready, _ = ray.wait(refs, num_returns=1, timeout=wait_s)
+        if ready:  # everything else that has landed too, so pings are never read late
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in [r for r in ready if watchdog.owns(r)]:
+            watchdog.answered(ref)
+        for ref in [r for r in ready if r in outstanding]:
             p_index, c_index = outstanding.pop(ref)
             try:
                 values[p_index][c_index] = pendings[p_index]._fetch(c_index)
@@ -169,6 +184,9 @@ def wait_all(pendings: list[PendingCall]) -> list[Any]:
                 late = sorted(c for p, c in outstanding.values() if p == p_index)
                 if late:
                     raise pending._timeout_error(late)
+        stalled = watchdog.stalled(busy_ranks(pendings, outstanding), now)
+        if stalled is not None:
+            raise stalled
     return [p._combine(v) for p, v in zip(pendings, values)]
 
 
@@ -275,6 +293,8 @@ class Handle:
         if spec is None:
             self.__getattr__(method)  # raises the explanatory AttributeError
             raise AssertionError("unreachable")
+        # an explicit timeout replaces the measured stall bound (watchdog.py)
+        bounded = self._timeout_override is _UNSET and spec.timeout_s is None
         if self._timeout_override is not _UNSET:
             timeout_s = self._timeout_override
         elif spec.timeout_s is not None:
@@ -303,7 +323,7 @@ class Handle:
             RankCall(
                 rank=r,
                 pool_rank=self.pool_ranks[r],
-                ref=submit(self.pool_ranks[r], "call", self.role, method, payload),
+                ref=submit(self.pool_ranks[r], "call", self.role, method, payload, bounded),
             )
             for r, payload in payloads.items()
         ]
@@ -315,6 +335,7 @@ class Handle:
             timeout_s=timeout_s,
             node_ips=self._pool.node_ips,
             gather_ranks=[[c.rank for c in calls].index(r) for r in gather_ranks],
+            pool=self._pool,
         )
 
     def init_process_group(self, *, timeout_s: float | None = None) -> None:

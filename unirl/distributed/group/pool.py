@@ -22,6 +22,7 @@ from unirl.distributed.group.layout import Slab
 from unirl.distributed.group.rank import ParallelSizes, RankInfo, pool_rank_infos, slab_rank_infos
 from unirl.distributed.group.role import RoleContext
 from unirl.distributed.group.runtime import ensure_ray
+from unirl.distributed.group.watchdog import HEARTBEAT_GROUP, StallPolicy
 from unirl.distributed.group.worker import WORLD_GROUP, Worker
 
 DeviceKind = Literal["cpu", "cuda"]
@@ -29,7 +30,11 @@ DeviceKind = Literal["cpu", "cuda"]
 
 @dataclass(kw_only=True)
 class DevicePoolConfig:
-    """Shape of a pool. ``devices_per_node=None``: as many per node as the cluster allows."""
+    """Shape of a pool. ``devices_per_node=None``: as many per node as the cluster allows.
+
+    ``heartbeat_timeout_s`` / ``stall_factor`` / ``stall_floor_s``: when a busy worker counts
+    as stalled (``watchdog.StallPolicy``; ``None`` turns a bound off).
+    """
 
     num_devices: int
     devices_per_node: int | None = None
@@ -41,6 +46,9 @@ class DevicePoolConfig:
     placement_timeout_s: float = 120.0
     collective_timeout_s: float = 1800.0
     log_to_driver: bool = True
+    heartbeat_timeout_s: float | None = 30.0
+    stall_factor: float | None = 4.0
+    stall_floor_s: float = 300.0
 
     def __post_init__(self) -> None:
         require(
@@ -68,6 +76,15 @@ class DevicePoolConfig:
             require(value is None or value > 0, f"DevicePool {key}={value!r}: must be > 0 or None")
         for key in ("placement_timeout_s", "collective_timeout_s"):
             require(getattr(self, key) > 0, f"DevicePool {key}={getattr(self, key)!r}: must be > 0")
+        _ = self.stall_policy  # validates the stall bounds
+
+    @property
+    def stall_policy(self) -> StallPolicy:
+        return StallPolicy(
+            heartbeat_timeout_s=self.heartbeat_timeout_s,
+            stall_factor=self.stall_factor,
+            stall_floor_s=self.stall_floor_s,
+        )
 
     @property
     def bundle(self) -> dict[str, float]:
@@ -90,6 +107,7 @@ class PoolBase:
         self.device_labels: list[str] = []
         self.roles: dict[str, Handle] = {}
         self.root_slab = Slab(pool=self, ranks=tuple(range(config.num_devices)))
+        self.stall_policy = config.stall_policy
         self._closed = False
 
     @property
@@ -99,6 +117,10 @@ class PoolBase:
     @property
     def call_timeout_s(self) -> float | None:
         return self.config.call_timeout_s
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def unique_role_name(self, base: str) -> str:
         name, index = base, 1
@@ -126,6 +148,13 @@ class PoolBase:
 
     def submit(self, pool_rank: int, method: str, *args: Any) -> ray.ObjectRef:
         raise NotImplementedError
+
+    def heartbeat(self, pool_rank: int) -> ray.ObjectRef:
+        """Ping worker ``pool_rank`` on its heartbeat thread (a ``watchdog.Beat`` lands)."""
+        raise NotImplementedError
+
+    def worker_pid(self, pool_rank: int) -> int | None:
+        return None
 
     def init_process_group(
         self, pool_ranks: tuple[int, ...], *, group_name: str, timeout_s: float | None = None
@@ -220,6 +249,9 @@ class DevicePool(PoolBase):
         placement_timeout_s: float = 120.0,
         collective_timeout_s: float = 1800.0,
         log_to_driver: bool = True,
+        heartbeat_timeout_s: float | None = 30.0,
+        stall_factor: float | None = 4.0,
+        stall_floor_s: float = 300.0,
     ) -> None:
         config = DevicePoolConfig(
             num_devices=num_devices,
@@ -232,6 +264,9 @@ class DevicePool(PoolBase):
             placement_timeout_s=placement_timeout_s,
             collective_timeout_s=collective_timeout_s,
             log_to_driver=log_to_driver,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            stall_factor=stall_factor,
+            stall_floor_s=stall_floor_s,
         )
         super().__init__(config)
         self._uid = uuid.uuid4().hex[:8]
@@ -261,6 +296,9 @@ class DevicePool(PoolBase):
             placement_timeout_s=config.placement_timeout_s,
             collective_timeout_s=config.collective_timeout_s,
             log_to_driver=config.log_to_driver,
+            heartbeat_timeout_s=config.heartbeat_timeout_s,
+            stall_factor=config.stall_factor,
+            stall_floor_s=config.stall_floor_s,
         )
 
     # ---- construction --------------------------------------------------------------------
@@ -331,7 +369,10 @@ class DevicePool(PoolBase):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         c = self.config
-        actor_cls = ray.remote(Worker)
+        # a second concurrency group: heartbeat() answers while a role call runs (Ray's
+        # typed overloads of ray.remote omit concurrency_groups)
+        groups = {HEARTBEAT_GROUP: 1}
+        actor_cls = ray.remote(concurrency_groups=groups)(Worker)  # type: ignore[call-overload]
         runtime_env = {"env_vars": dict(c.env)} if c.env else None
         for info in self.rank_infos:
             pg = self._placement_groups[info.rank // self._per_node]
@@ -380,6 +421,15 @@ class DevicePool(PoolBase):
             raise RuntimeError(f"DevicePool '{self.config.name}' is shut down")
         return getattr(self._actors[pool_rank], method).remote(*args)
 
+    def heartbeat(self, pool_rank: int) -> ray.ObjectRef:
+        method = self._actors[pool_rank].heartbeat
+        return method.options(concurrency_group=HEARTBEAT_GROUP).remote()
+
+    def worker_pid(self, pool_rank: int) -> int | None:
+        if pool_rank < len(self.worker_info):
+            return self.worker_info[pool_rank].get("pid")
+        return None
+
     def _wait_control(
         self, method: str, ranks: tuple[int, ...], refs: list[Any], *, timeout_s: float | None
     ) -> list[Any]:
@@ -390,6 +440,9 @@ class DevicePool(PoolBase):
             calls=[RankCall(rank=r, pool_rank=r, ref=ref) for r, ref in zip(ranks, refs)],
             timeout_s=timeout_s,
             node_ips=self.node_ips or ["?"] * self.config.num_devices,
+            # no stall watchdog before every worker has answered node_info: an actor still
+            # starting (imports, CUDA init) cannot answer pings; placement_timeout_s bounds it
+            pool=self if self.worker_info else None,
         )
         return wait_all([pending])[0]
 
@@ -428,6 +481,7 @@ class DevicePool(PoolBase):
             ],
             timeout_s=self.call_timeout_s,
             node_ips=self.node_ips,
+            pool=self,
         )
         try:
             specs: list[dict[str, DistributedSpec]] = wait_all([pending])[0]

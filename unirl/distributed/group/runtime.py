@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from typing import Literal
 
 import ray
 
+from unirl.distributed.group.reaper import children_of, start_reaper
+
 RayMode = Literal["reused", "joined", "started"]
+_REAPERS: list[subprocess.Popen[bytes]] = []  # kept so they are never collected as garbage
 
 
 def ensure_ray(
@@ -24,6 +29,8 @@ def ensure_ray(
       ``num_gpus`` are ignored there (Ray raises if they are passed with an address).
     - ``"started"``: start a local single-node Ray bound to 127.0.0.1, no dashboard, usage
       stats off, with ``num_cpus`` / ``num_gpus`` logical resources (``None``: detected).
+      A reaper process (``reaper.py``) ends every process of that Ray session within about
+      3 s once this process dies, SIGKILL included (Ray alone leaves agents for 1-2 min).
     """
     if ray.is_initialized():
         return "reused"
@@ -32,6 +39,8 @@ def ensure_ray(
     if address:
         ray.init(address=address, logging_level=logging.ERROR, log_to_driver=log_to_driver)
         return "joined"
+    linux = sys.platform.startswith("linux")
+    before = children_of(os.getpid()) if linux else set()
     ray.init(
         num_cpus=num_cpus,
         num_gpus=num_gpus,
@@ -40,4 +49,18 @@ def ensure_ray(
         logging_level=logging.ERROR,
         log_to_driver=log_to_driver,
     )
+    if linux:
+        _reap_after_driver(children_of(os.getpid()) - before)
     return "started"
+
+
+def _reap_after_driver(roots: set[tuple[int, int]]) -> None:
+    """Start the reaper over ``roots``, the processes ``ray.init`` just started (gcs_server,
+    raylet, monitors, dashboard): their trees end when this process dies."""
+    if not roots:
+        return
+    context = ray.get_runtime_context()
+    logs = os.path.join(context.get_temp_dir(), context.get_session_name(), "logs")
+    reaper = start_reaper(roots, os.path.join(logs, "unirl_reaper.log"))
+    if reaper is not None:
+        _REAPERS.append(reaper)

@@ -3,11 +3,16 @@
 The class is plain Python; ``DevicePool`` turns it into an actor with ``ray.remote(Worker)``
 and pins each instance to one placement-group bundle. Siblings on a worker share objects
 (and CUDA memory) because they live in the same process.
+
+Threads: ``heartbeat`` runs in its own Ray concurrency group (``watchdog.HEARTBEAT_GROUP``),
+so every other method, role calls included, runs one at a time on one worker thread (not
+the process's main thread); ``__init__`` runs on the main thread.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import os
 import socket
@@ -22,6 +27,7 @@ from unirl.distributed.group.dispatch import DistributedSpec, collect_specs
 from unirl.distributed.group.errors import RoleFailure
 from unirl.distributed.group.rank import RankInfo
 from unirl.distributed.group.role import ROLE_ATTR, RoleContext, role_scope, set_worker
+from unirl.distributed.group.watchdog import Beat
 
 WORLD_GROUP = "world"
 
@@ -35,6 +41,14 @@ def _as_role_failure() -> Iterator[None]:
         raise RoleFailure(type(exc).__name__, str(exc), traceback.format_exc()) from None
 
 
+@dataclasses.dataclass(frozen=True)
+class _Running:
+    role: str
+    method: str
+    started: float
+    bounded: bool
+
+
 class Worker:
     """Hosts roles by name; the driver reaches it only through Ray actor calls."""
 
@@ -46,6 +60,8 @@ class Worker:
         self._specs: dict[str, dict[str, DistributedSpec]] = {}
         self._groups: dict[tuple[int, ...], Any] = {}
         self._group_names: dict[str, tuple[int, ...]] = {}
+        self._running: _Running | None = None  # read by heartbeat() on its own thread
+        self._longest: dict[tuple[str, str], float] = {}  # (role, method) -> longest run, s
         if device == "cpu":
             torch.set_num_threads(max(1, cpus_per_worker))
         else:
@@ -62,8 +78,36 @@ class Worker:
     # ---- control -------------------------------------------------------------------------
 
     def ping(self) -> int:
-        """Returns the pool rank (liveness check)."""
+        """Returns the pool rank (liveness check; queued behind a running call)."""
         return self.rank_info.rank
+
+    def heartbeat(self) -> Beat:
+        """The pid and the call running now (called in ``HEARTBEAT_GROUP``, on its own
+        thread, so it answers during a long call; a frozen process answers nothing)."""
+        running = self._running  # one read: the call thread replaces it
+        if running is None:
+            return Beat(pid=os.getpid())
+        return Beat(
+            pid=os.getpid(),
+            role=running.role,
+            method=running.method,
+            running_s=time.monotonic() - running.started,
+            longest_s=self._longest.get((running.role, running.method)),
+            bounded=running.bounded,
+        )
+
+    @contextlib.contextmanager
+    def _tracked(self, role: str, method: str, *, bounded: bool) -> Iterator[None]:
+        """Publish the running call to ``heartbeat``; record its duration when it ends."""
+        started = time.monotonic()
+        self._running = _Running(role, method, started, bounded)
+        try:
+            yield
+        finally:
+            elapsed = time.monotonic() - started
+            key = (role, method)
+            self._longest[key] = max(elapsed, self._longest.get(key, 0.0))
+            self._running = None
 
     def node_info(self) -> dict[str, Any]:
         """``node_id``, ``actor_id``, ``pid``, ``gpu_ids`` (Ray's physical ids) of this worker.
@@ -115,7 +159,11 @@ class Worker:
             )
         call_kwargs = dict(kwargs)
         call_kwargs.update({kw: self._roles[role] for kw, role in siblings.items()})
-        with role_scope(context), _as_role_failure():
+        with (
+            self._tracked(name, "__init__", bounded=False),
+            role_scope(context),
+            _as_role_failure(),
+        ):
             if isinstance(spec, Mapping):
                 from hydra.utils import instantiate
 
@@ -134,8 +182,18 @@ class Worker:
         self._specs[name] = collect_specs(type(instance))
         return self._specs[name]
 
-    def call(self, role: str, method: str, payload: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
-        """Run ``role.method(*args, **kwargs)`` with the role's context current."""
+    def call(
+        self,
+        role: str,
+        method: str,
+        payload: tuple[tuple[Any, ...], dict[str, Any]],
+        bounded: bool = True,
+    ) -> Any:
+        """Run ``role.method(*args, **kwargs)`` with the role's context current.
+
+        ``bounded``: the driver applies the measured stall bound to this call (it has no
+        explicit timeout); ``heartbeat`` reports it.
+        """
         instance = self._roles.get(role)
         if instance is None:
             raise KeyError(
@@ -146,7 +204,11 @@ class Worker:
                 f"role '{role}' ({type(instance).__name__}) has no @distributed method '{method}'"
             )
         args, kwargs = payload
-        with role_scope(self._contexts[role]), _as_role_failure():
+        with (
+            self._tracked(role, method, bounded=bounded),
+            role_scope(self._contexts[role]),
+            _as_role_failure(),
+        ):
             return getattr(instance, method)(*args, **kwargs)
 
     def drop_role(self, role: str) -> None:
@@ -168,6 +230,12 @@ class Worker:
         must call at once, env:// rendezvous at MASTER_ADDR:MASTER_PORT). Any other name
         creates a subgroup over the pool ``ranks`` (only members call; needs the world group).
         """
+        with self._tracked(f"<group {group_name}>", "init_process_group", bounded=False):
+            return self._join_group(group_name, ranks, backend, timeout_s)
+
+    def _join_group(
+        self, group_name: str, ranks: list[int], backend: str, timeout_s: float
+    ) -> float:
         import torch.distributed as dist
 
         start = time.monotonic()
