@@ -4,6 +4,12 @@
 mu=..., sigmas=...).sigmas`` without importing diffusers: the same float32 training table, the
 same float64 ``linspace`` of timesteps, the same shift and the same final float32 cast
 (checked against diffusers 0.42 in ``tests/sde/test_schedule.py``).
+
+The one σ policy (``sigmas_from_scheduler_config``) reads a family's scheduler config. Beside
+diffusers' own keys it reads ``sigma_spacing``, the pre-shift σ a family's diffusers pipeline
+hands the scheduler: ``scheduler`` (the default: the scheduler's own spacing, as SD3's
+pipeline uses) or ``linspace`` (``linspace(1, 1/T, T)``, passed as ``sigmas=`` by the
+Qwen-Image and FLUX pipelines). With dynamic shifting, μ comes from the image token count.
 """
 
 from __future__ import annotations
@@ -18,6 +24,14 @@ from torch import Tensor
 
 # Scheduler-config keys that change the sigmas in ways this module does not reproduce.
 _UNSUPPORTED_FLAGS = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas")
+# ``sigma_spacing`` values: the pre-shift σ of a family's diffusers pipeline.
+SIGMA_SPACINGS = ("scheduler", "linspace")
+
+
+def linspace_base_sigmas(num_inference_steps: int) -> np.ndarray:
+    """``linspace(1, 1/T, T)`` in float64: the pre-shift σ the Qwen-Image and FLUX pipelines
+    pass to the scheduler (``set_timesteps(sigmas=...)``)."""
+    return np.linspace(1.0, 1 / num_inference_steps, num_inference_steps)
 
 
 def dynamic_shift_mu(
@@ -140,8 +154,8 @@ def sigmas_from_scheduler_config(
 ) -> Tensor:
     """``flow_match_sigmas`` driven by a diffusers scheduler config dict (``scheduler_config.json``).
 
-    Keys diffusers uses for these sigmas are read; bookkeeping keys (``_class_name``,
-    ``_diffusers_version``, ...) are ignored. Options this module does not reproduce
+    Keys diffusers uses for these sigmas are read, and ``sigma_spacing`` (see the module
+    docstring); bookkeeping keys (``_class_name``, ``_diffusers_version``, ...) are ignored. Options this module does not reproduce
     (karras / exponential / beta sigmas, ``stochastic_sampling``) or another scheduler class
     raise ``ValueError``.
     """
@@ -162,6 +176,13 @@ def sigmas_from_scheduler_config(
             "scheduler config sets stochastic_sampling=True; UniRL replaces the scheduler step "
             "with its own kernels (unirl.sde), set stochastic_sampling=False"
         )
+    spacing = config.get("sigma_spacing", "scheduler")
+    if spacing not in SIGMA_SPACINGS:
+        raise ValueError(
+            f"scheduler config sets sigma_spacing={spacing!r}; use one of {SIGMA_SPACINGS}"
+        )
+    if spacing == "linspace" and base_sigmas is None:
+        base_sigmas = linspace_base_sigmas(num_inference_steps).tolist()
     shift_terminal = config.get("shift_terminal")
     return flow_match_sigmas(
         num_inference_steps,

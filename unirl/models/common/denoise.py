@@ -18,35 +18,31 @@ from typing import Any
 
 import torch
 
+from unirl.models.common.guidance import guidance_of
 from unirl.models.common.protocols import FlowMatchingFamily
 from unirl.types import Conditions, LatentSegment, host_to_device
 
 
 def forward_conditions(
     family: FlowMatchingFamily, conditions: Conditions, guidance_scale: float
-) -> Conditions:
-    """The conditions one velocity forward consumes: CFG pairs (2·N rows) or plain (N rows)."""
-    return family.cfg_conditions(conditions) if guidance_scale > 1.0 else conditions
+) -> Any:
+    """What the velocity forwards of one loop (or one replayed micro-batch) consume, as the
+    family's guidance builds it: CFG pairs (2·N rows), a (cond, uncond) pair, or plain rows."""
+    return guidance_of(family).forward_conditions(family, conditions, guidance_scale)
 
 
 def guided_velocity(
     family: FlowMatchingFamily,
     latents: torch.Tensor,
     sigma: torch.Tensor,
-    fwd_conditions: Conditions,
+    fwd_conditions: Any,
     guidance_scale: float,
 ) -> torch.Tensor:
-    """fp32 velocity ``v[B, ...]``; with CFG the cond and uncond rows run in one forward.
+    """fp32 velocity ``v[B, ...]`` through the family's guidance (sampling and replay alike).
 
-    ``fwd_conditions`` comes from :func:`forward_conditions` (uncond rows first).
+    ``fwd_conditions`` comes from :func:`forward_conditions`.
     """
-    if guidance_scale > 1.0:
-        v = family.predict_velocity(
-            torch.cat([latents, latents]), torch.cat([sigma, sigma]), fwd_conditions
-        )
-        v_uncond, v_cond = v.float().chunk(2)
-        return v_uncond + guidance_scale * (v_cond - v_uncond)
-    return family.predict_velocity(latents, sigma, fwd_conditions).float()
+    return guidance_of(family).velocity(family, latents, sigma, fwd_conditions, guidance_scale)
 
 
 def sigma_max_of(sigmas: torch.Tensor) -> float | None:
@@ -173,7 +169,7 @@ def sample_trajectory(
 def replay_step(
     family: FlowMatchingFamily,
     *,
-    fwd_conditions: Conditions,
+    fwd_conditions: Any,
     segment: LatentSegment,
     slot: int,
     strategy: Any,

@@ -1,7 +1,8 @@
 """``FlowMatchingPipeline``: RolloutReq -> RolloutResp for any flow-matching family.
 
-A family package subclasses it only to say how to build CFG conditions; everything else
-(prompt dedupe, x_T and SDE noise from the request, the denoise loop, decode, replay) is here.
+A family package binds it to its bundle (a subclass with a name and nothing else); everything
+else (the family's guidance, x_T and SDE noise from the request, the denoise loop, decode to
+media, replay) is here.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from unirl.models.common.denoise import (
     replay_step,
     sample_trajectory,
 )
+from unirl.models.common.guidance import Guidance, guidance_of
 from unirl.types import (
     Conditions,
     DiffusionSamplingParams,
@@ -27,8 +29,17 @@ from unirl.types import (
     RolloutReq,
     RolloutResp,
     RolloutTrack,
+    Videos,
     init_noise,
 )
+
+
+def as_media(pixels: torch.Tensor) -> Images | Videos:
+    """Decoded pixels as the media type they are: ``[N, 3, H, W]`` images or
+    ``[N, T, 3, H, W]`` videos (float32 in [0, 1])."""
+    if pixels.ndim == 5:
+        return Videos(frames=pixels.float())
+    return Images(pixels=pixels.float())
 
 
 class FlowMatchingPipeline:
@@ -63,6 +74,21 @@ class FlowMatchingPipeline:
     @property
     def device(self) -> torch.device:
         return self.bundle.device
+
+    @property
+    def guidance(self) -> Guidance:
+        """The family's guidance (``bundle.guidance``; batched CFG by default)."""
+        return guidance_of(self.bundle)
+
+    @property
+    def scheduler_config(self) -> dict[str, Any]:
+        return self.bundle.scheduler_config
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
+        return tuple(self.bundle.latent_shape(height, width))
+
+    def image_seq_len(self, height: int, width: int) -> int:
+        return int(self.bundle.image_seq_len(height, width))
 
     def cfg_conditions(self, conditions: Conditions) -> Conditions:
         """``[uncond; cond]`` rows; the bundle knows its condition layout."""
@@ -150,7 +176,7 @@ class FlowMatchingPipeline:
             metadata=list(req.metadata),
             conditions=conditions,
             segment=segment,
-            decoded=Images(pixels=pixels.float()),
+            decoded=as_media(pixels),
         )
         return RolloutResp(tracks={self.track_name: track}, timings=timings)
 

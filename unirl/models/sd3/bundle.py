@@ -1,10 +1,10 @@
 """``SD3Bundle``: the SD3 / SD3.5 modules (trainable MMDiT + frozen VAE and text encoders)
-and the four things the shared denoise loop needs from a family: encode, velocity, latent
-geometry, decode."""
+and SD3's own part of the family contract: loading, prompt encoding, the velocity call,
+latent geometry and decode. The rest (config, devices, offload, dedupe, chunked decode,
+checks) is :class:`~unirl.models.common.bundle.FlowMatchingBundle`'s."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Any, ClassVar
@@ -12,44 +12,15 @@ from typing import Any, ClassVar
 import torch
 
 from unirl.config.precision import parse_dtype
-from unirl.config.require import ConfigError, require
-from unirl.config.typecheck import PositiveInt
+from unirl.config.require import require
+from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
+from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.sd3.arch import SD3ArchSpec, build_arch_modules
 from unirl.models.sd3.attention import install_fused_attention
 from unirl.models.sd3.conditions import SD3Conditions
 from unirl.models.sd3.config import SD3BundleConfig
-from unirl.models.sd3.presets import ModelSourceError, architecture_configs, resolve_model_source
-from unirl.models.sd3.progress import hf_progress_bars_disabled
-from unirl.models.sd3.text_encode import SD3TextStack, encode_sd3_prompts, unique_with_index
-
-_FROZEN = ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
-
-
-def _sdpa_context(backend: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """The attention kernel choice for one transformer call (see ``SD3BundleConfig``)."""
-    if backend == "torch" or device.type != "cuda":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    if backend == "auto":
-        if torch.cuda.get_device_capability(device) < (9, 0):
-            return contextlib.nullcontext()
-        # Hopper: cuDNN's fused attention first (1.3-1.5x flash at SD3.5-M shapes, see
-        # docs/performance.md); each backend still falls through when it cannot take the inputs
-        order = [
-            SDPBackend.CUDNN_ATTENTION,
-            SDPBackend.FLASH_ATTENTION,
-            SDPBackend.EFFICIENT_ATTENTION,
-            SDPBackend.MATH,
-        ]
-        return sdpa_kernel(order, set_priority=True)
-    kernel = {
-        "flash": SDPBackend.FLASH_ATTENTION,
-        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-        "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "math": SDPBackend.MATH,
-    }[backend]
-    return sdpa_kernel(kernel)
+from unirl.models.sd3.presets import architecture_configs, resolve_model_source
+from unirl.models.sd3.text_encode import SD3TextStack, encode_sd3_prompts
 
 
 def _load_folder(folder: Path, cfg: SD3BundleConfig) -> dict[str, Any]:
@@ -96,16 +67,24 @@ def _load_folder(folder: Path, cfg: SD3BundleConfig) -> dict[str, Any]:
     return out
 
 
-class SD3Bundle:
+class SD3Bundle(FlowMatchingBundle):
     """SD3 / SD3.5 weights for rollout and training.
 
     Keyword arguments are the fields of :class:`SD3BundleConfig` (so a recipe block
-    ``{_target_: unirl.models.sd3.SD3Bundle, path: tiny, dtype: bf16}`` builds it).
-    ``self.transformer`` is the trainable module; wrappers (peft, FSDP) may replace the
-    attribute and every method goes through it.
+    ``{_target_: unirl.models.sd3.SD3Bundle, path: tiny, dtype: bf16}`` builds it);
+    ``SD3Bundle.from_config(config)`` takes a config whole. ``self.transformer`` is the
+    trainable module; wrappers (peft, FSDP) may replace the attribute and every method goes
+    through it.
     """
 
     config_class: ClassVar[type[SD3BundleConfig]] = SD3BundleConfig
+    config: SD3BundleConfig
+    frozen_module_names: ClassVar[tuple[str, ...]] = (
+        "text_encoder",
+        "text_encoder_2",
+        "text_encoder_3",
+        "vae",
+    )
     block_class_names: ClassVar[tuple[str, ...]] = ("JointTransformerBlock",)
     lora_default_targets: ClassVar[tuple[str, ...]] = (
         "to_q",
@@ -118,96 +97,38 @@ class SD3Bundle:
         "to_add_out",
     )
 
-    # -- checks before anything is built (dry_run and the driver's validators) -------------
+    # -- checks before anything is built ----------------------------------------------------
 
     @classmethod
-    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
-        """Refuse a model path that resolves to nothing and image sizes this architecture
-        cannot take, reading configs only (no weights, no download)."""
-        try:
-            configs = architecture_configs(str(block.get("path", "tiny")))
-        except ModelSourceError as exc:
-            raise ConfigError(f"bundle.path: {exc}") from exc
-        sampling = getattr(recipe, "sampling", None) or {}
-        if configs is None or not isinstance(sampling, dict):
-            return
-        transformer, vae = configs
+    def architecture(cls, path: str) -> tuple[dict, dict] | None:
+        return architecture_configs(path)
+
+    @classmethod
+    def check_image_size(cls, architecture: tuple[dict, dict], key: str, size: int) -> None:
+        transformer, vae = architecture
         patch = int(transformer.get("patch_size", 2))
         multiple = 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1) * patch
+        require_size_multiple(key, size, multiple, "VAE factor x patch size of this SD3 model")
         max_patches = transformer.get("pos_embed_max_size")
-        for key in ("height", "width"):
-            size = sampling.get(key)
-            if not isinstance(size, int) or isinstance(size, bool):
-                continue
+        if max_patches is not None:
+            largest = int(max_patches) * multiple
             require(
-                size % multiple == 0,
-                f"sampling.{key}={size} is not a multiple of {multiple} (VAE factor x patch size "
-                f"of this SD3 model); use {max(multiple, size // multiple * multiple)} or "
-                f"{(size // multiple + 1) * multiple}",
+                size <= largest,
+                f"sampling.{key}={size} is larger than this model's position embedding allows "
+                f"(pos_embed_max_size={max_patches} patches, at most {largest} pixels)",
             )
-            if max_patches is not None:
-                largest = int(max_patches) * multiple
-                require(
-                    size <= largest,
-                    f"sampling.{key}={size} is larger than this model's position embedding allows "
-                    f"(pos_embed_max_size={max_patches} patches, at most {largest} pixels)",
-                )
 
     @classmethod
-    def trainable_on_meta(cls, block: dict[str, Any]) -> torch.nn.Module | None:
-        """The trainable transformer built on the meta device from its config (module names
-        for LoRA target checks, no memory); None when the config is not readable here."""
-        try:
-            configs = architecture_configs(str(block.get("path", "tiny")))
-        except ModelSourceError:
-            return None
-        if configs is None:
-            return None
+    def trainable_from_architecture(cls, architecture: tuple[dict, dict]) -> torch.nn.Module:
         from diffusers import SD3Transformer2DModel
 
-        config = {k: v for k, v in configs[0].items() if not k.startswith("_")}
-        with torch.device("meta"):
-            return SD3Transformer2DModel.from_config(config)
+        config = {k: v for k, v in architecture[0].items() if not k.startswith("_")}
+        return SD3Transformer2DModel.from_config(config)
 
-    def __init__(
-        self,
-        *,
-        path: str = "tiny",
-        dtype: str = "bf16",
-        text_encoder_dtype: str = "bf16",
-        vae_dtype: str = "fp32",
-        device: str = "auto",
-        max_sequence_length: PositiveInt = 256,
-        skip_t5: bool = False,
-        t5_placeholder: str = "zeros",
-        negative_prompt: str = "",
-        gradient_checkpointing: bool = False,
-        sdpa_backend: str = "auto",
-        decode_chunk_size: PositiveInt = 8,
-        compile_vae: bool = False,
-        fuse_projections: bool = True,
-    ) -> None:
-        self.config = SD3BundleConfig(
-            path=path,
-            dtype=dtype,
-            text_encoder_dtype=text_encoder_dtype,
-            vae_dtype=vae_dtype,
-            device=device,
-            max_sequence_length=max_sequence_length,
-            skip_t5=skip_t5,
-            t5_placeholder=t5_placeholder,
-            negative_prompt=negative_prompt,
-            gradient_checkpointing=gradient_checkpointing,
-            sdpa_backend=sdpa_backend,
-            decode_chunk_size=decode_chunk_size,
-            compile_vae=compile_vae,
-            fuse_projections=fuse_projections,
-        )
+    # -- modules -------------------------------------------------------------------------------
+
+    def load(self) -> None:
         cfg = self.config
-        self.device = cfg.resolved_device()
-        self.dtype = parse_dtype(cfg.dtype, "bundle.dtype")
-        self.text_encoder_dtype = parse_dtype(cfg.text_encoder_dtype, "bundle.text_encoder_dtype")
-        self.vae_dtype = parse_dtype(cfg.vae_dtype, "bundle.vae_dtype")
         self.source = resolve_model_source(cfg.path)
         if isinstance(self.source, SD3ArchSpec):
             parts = build_arch_modules(
@@ -243,65 +164,8 @@ class SD3Bundle:
         self.scaling_factor = float(self.vae.config.scaling_factor)
         self.shift_factor = float(self.vae.config.shift_factor or 0.0)
         self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
-
-        for name in _FROZEN:
-            module = getattr(self, name)
-            if module is not None:
-                module.requires_grad_(False).eval()
-        self.transformer.eval()
         if cfg.fuse_projections:
             install_fused_attention(self.transformer)
-        if cfg.gradient_checkpointing:
-            self.transformer.enable_gradient_checkpointing()
-        self._negative_cache: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._offloaded = False
-        self.to(self.device)
-        if cfg.compile_vae:  # compiled lazily on the first decode, one graph per chunk shape
-            self.vae.decoder.compile(dynamic=False)
-
-    @classmethod
-    def from_config(cls, config: SD3BundleConfig) -> SD3Bundle:
-        return cls(**{f: getattr(config, f) for f in config.__dataclass_fields__})
-
-    # -- modules -------------------------------------------------------------------------------
-
-    @property
-    def trainable_module(self) -> torch.nn.Module:
-        return self.transformer
-
-    def to(self, device: torch.device | str) -> SD3Bundle:
-        """Move every module to ``device`` (and make it the bundle's device)."""
-        self.device = torch.device(device)
-        self.transformer.to(self.device)
-        for name in _FROZEN:
-            module = getattr(self, name)
-            if module is not None:
-                module.to(self.device)
-        self._negative_cache.clear()
-        self._offloaded = False
-        return self
-
-    def offload(self) -> None:
-        """Park the frozen parts (text encoders, VAE) on CPU to free device memory."""
-        for name in _FROZEN:
-            module = getattr(self, name)
-            if module is not None:
-                module.to("cpu")
-        self._offloaded = True
-
-    def onload(self) -> None:
-        """Bring the frozen parts back to the bundle's device."""
-        for name in _FROZEN:
-            module = getattr(self, name)
-            if module is not None:
-                module.to(self.device)
-        self._offloaded = False
-
-    def _require_onloaded(self, what: str) -> None:
-        if self._offloaded:
-            raise RuntimeError(
-                f"SD3Bundle.{what}: the frozen modules are offloaded to CPU; call onload() first"
-            )
 
     # -- encode --------------------------------------------------------------------------------
 
@@ -316,63 +180,33 @@ class SD3Bundle:
             joint_attention_dim=self.joint_attention_dim,
         )
 
-    def _encode_unique(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_unique(self, texts: list[str]) -> SD3Conditions:
         embeds, pooled = encode_sd3_prompts(
             self._text_stack(),
             texts,
             max_sequence_length=self.config.max_sequence_length,
             t5_placeholder=self.config.t5_placeholder,
         )
-        return embeds.to(self.device), pooled.to(self.device)
+        return SD3Conditions(
+            prompt_embeds=embeds.to(self.device), pooled_prompt_embeds=pooled.to(self.device)
+        )
+
+    def with_negative(self, conditions: SD3Conditions, negative: SD3Conditions) -> SD3Conditions:  # type: ignore[override]
+        n = len(conditions)
+        return SD3Conditions(
+            prompt_embeds=conditions.prompt_embeds,
+            pooled_prompt_embeds=conditions.pooled_prompt_embeds,
+            negative_prompt_embeds=negative.prompt_embeds.expand(n, -1, -1),
+            negative_pooled_prompt_embeds=negative.pooled_prompt_embeds.expand(n, -1),
+        )
 
     def negative_embeds(
         self, negative_prompt: str | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(embeds[1, L, D], pooled[1, Dp])`` of the negative prompt, encoded once and cached."""
-        self._require_onloaded("negative_embeds")
-        text = self.config.negative_prompt if negative_prompt is None else negative_prompt
-        key = (text, self.config.max_sequence_length)
-        if key not in self._negative_cache:
-            self._negative_cache[key] = self._encode_unique([text])
-        return self._negative_cache[key]
-
-    def encode_prompts(
-        self,
-        texts: list[str],
-        *,
-        negative: bool = False,
-        negative_prompt: str | None = None,
-        samples_per_prompt: int = 1,
-    ) -> SD3Conditions:
-        """Conditions with ``len(texts) * samples_per_prompt`` rows (each text repeated in place).
-
-        Each unique text is encoded once and its row shared by every copy, so a group's
-        samples see bit-identical embeddings. With ``negative=True`` (or a ``negative_prompt``)
-        the negative fields hold the cached encoding of ``negative_prompt`` (default: the
-        config's, usually ``""``), broadcast to every row.
-        """
-        self._require_onloaded("encode_prompts")
-        if isinstance(texts, str):
-            raise TypeError("SD3Bundle.encode_prompts takes a list of texts, not a single string")
-        if not texts:
-            raise ValueError("SD3Bundle.encode_prompts: empty list of texts")
-        if samples_per_prompt < 1:
-            raise ValueError(f"samples_per_prompt={samples_per_prompt} must be >= 1")
-        unique, index = unique_with_index(list(texts))
-        embeds, pooled = self._encode_unique(unique)
-        index = index.repeat_interleave(samples_per_prompt).to(self.device)
-        embeds, pooled = embeds.index_select(0, index), pooled.index_select(0, index)
-        neg_embeds = neg_pooled = None
-        if negative or negative_prompt is not None:
-            ne, npool = self.negative_embeds(negative_prompt)
-            n = embeds.shape[0]
-            neg_embeds, neg_pooled = ne.expand(n, -1, -1), npool.expand(n, -1)
-        return SD3Conditions(
-            prompt_embeds=embeds,
-            pooled_prompt_embeds=pooled,
-            negative_prompt_embeds=neg_embeds,
-            negative_pooled_prompt_embeds=neg_pooled,
-        )
+        negative = self.negative_conditions(negative_prompt)
+        assert isinstance(negative, SD3Conditions)
+        return negative.prompt_embeds, negative.pooled_prompt_embeds
 
     def cfg_conditions(self, conditions: SD3Conditions) -> SD3Conditions:
         """``[negative rows; prompt rows]`` (2·N) for one batched CFG forward."""
@@ -399,14 +233,7 @@ class SD3Bundle:
                 f"predict_velocity: sigma has {sigma_t.numel()} values for {b} latents"
             )
         timestep = (sigma_t * self.num_train_timesteps).to(self.device)
-        # On accelerators, autocast runs every matmul (the fp32 LoRA master weights included)
-        # in the bundle's dtype; on CPU, and in fp32, the math is exactly the module's own.
-        autocast = torch.autocast(
-            device_type=self.device.type,
-            dtype=self.dtype,
-            enabled=self.device.type == "cuda" and self.dtype != torch.float32,
-        )
-        with _sdpa_context(self.config.sdpa_backend, self.device), autocast:
+        with self.sdpa_context(), self.autocast():
             v = self.transformer(
                 hidden_states=latents.to(self.device, self.dtype),
                 encoder_hidden_states=conditions.prompt_embeds.to(self.device, self.dtype),
@@ -437,18 +264,10 @@ class SD3Bundle:
         _, h, w = self.latent_shape(height, width)
         return (h // self.patch_size) * (w // self.patch_size)
 
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """``pixels[B, 3, H, W]`` float32 in [0, 1] from model-space ``latents[B, C, h, w]``.
-
-        Unscales as diffusers does (``latents / scaling_factor + shift_factor``) and decodes
-        ``decode_chunk_size`` latents per VAE call. Respects the caller's grad mode.
-        """
-        self._require_onloaded("decode")
-        chunk = self.config.decode_chunk_size
-        out = []
-        for start in range(0, latents.shape[0], chunk):
-            z = latents[start : start + chunk].to(self.device, torch.float32)
-            z = z / self.scaling_factor + self.shift_factor
-            image = self.vae.decode(z.to(self.vae_dtype), return_dict=False)[0]
-            out.append((image.float() / 2 + 0.5).clamp(0, 1))
-        return torch.cat(out)
+    def decode_chunk(self, latents: torch.Tensor) -> torch.Tensor:
+        """Unscales as diffusers does (``latents / scaling_factor + shift_factor``) and
+        decodes; ``pixels[B, 3, H, W]`` float32 in [0, 1]."""
+        z = latents.to(self.device, torch.float32)
+        z = z / self.scaling_factor + self.shift_factor
+        image = self.vae.decode(z.to(self.vae_dtype), return_dict=False)[0]
+        return (image.float() / 2 + 0.5).clamp(0, 1)

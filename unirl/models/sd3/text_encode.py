@@ -138,10 +138,3 @@ def encode_sd3_prompts(
     prompt_embeds = torch.cat([clip, t5.to(clip.device)], dim=-2)
     pooled = torch.cat([pooled_l, pooled_g], dim=-1)
     return prompt_embeds, pooled
-
-
-def unique_with_index(texts: Sequence[str]) -> tuple[list[str], torch.Tensor]:
-    """``(unique texts in first-seen order, index[N])`` with ``texts[i] == unique[index[i]]``."""
-    position: dict[str, int] = {}
-    index = [position.setdefault(t, len(position)) for t in texts]
-    return list(position), torch.tensor(index, dtype=torch.long)

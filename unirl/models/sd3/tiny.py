@@ -3,7 +3,8 @@
 Components are the real diffusers / transformers classes (so the saved folder is a valid
 ``StableDiffusion3Pipeline`` layout); only their sizes and two initialisations are ours:
 
-- tokenizers: byte-level BPE trained on ``tiny_corpus.txt`` (CLIP-style and T5-style);
+- tokenizers: byte-level BPE trained on the bundled corpus (``models/common/tiny_corpus.txt``),
+  CLIP-style and T5-style;
 - the VAE decoder is reshaped into a near-linear, smooth up-projection (:func:`shape_tiny_decoder`)
   because a randomly initialised decoder barely reacts to its latents, which would make
   pixel rewards (brightness, colour, JPEG size) unlearnable.
@@ -13,13 +14,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from unirl.models.sd3.progress import hf_progress_bars_disabled
+from unirl.models.common.progress import hf_progress_bars_disabled
+from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
 
 # Bump when the build code changes what it writes: it is part of the cache key.
 TINY_BUILDER_VERSION = 1
@@ -80,31 +81,7 @@ class TinySD3Spec:
         return self.clip_l_projection + self.clip_g_projection
 
 
-def corpus_lines() -> list[str]:
-    """The bundled prompt corpus the tiny tokenizers are trained on."""
-    text = resources.files("unirl.models.sd3").joinpath("tiny_corpus.txt").read_text("utf-8")
-    return [line.strip() for line in text.splitlines() if line.strip()]
-
-
 # -- tokenizers ----------------------------------------------------------------------------------
-
-
-def _train_bpe(lines: list[str], specials: list[str], vocab_size: int, *, lowercase: bool) -> Any:
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    if lowercase:  # CLIP's tokenizer lowercases; T5's keeps case
-        tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(lines, trainer)
-    return tok
 
 
 def build_tiny_tokenizers(
@@ -120,7 +97,7 @@ def build_tiny_tokenizers(
     from transformers import PreTrainedTokenizerFast
 
     lines = corpus_lines() if lines is None else lines
-    clip = _train_bpe(lines, [CLIP_BOS, CLIP_EOS], spec.vocab_size, lowercase=True)
+    clip = train_byte_level_bpe(lines, [CLIP_BOS, CLIP_EOS], spec.vocab_size, lowercase=True)
     bos, eos = clip.token_to_id(CLIP_BOS), clip.token_to_id(CLIP_EOS)
     clip.post_processor = processors.TemplateProcessing(
         single=f"{CLIP_BOS} $A {CLIP_EOS}",
@@ -138,7 +115,7 @@ def build_tiny_tokenizers(
         **common,
     )
 
-    t5 = _train_bpe(lines, [T5_PAD, T5_EOS, T5_UNK], spec.vocab_size, lowercase=False)
+    t5 = train_byte_level_bpe(lines, [T5_PAD, T5_EOS, T5_UNK], spec.vocab_size, lowercase=False)
     t5.post_processor = processors.TemplateProcessing(
         single=f"$A {T5_EOS}",
         pair=f"$A {T5_EOS} $B {T5_EOS}",

@@ -1,0 +1,165 @@
+"""Classifier-free guidance, owned by the family and applied identically in sampling and replay.
+
+A guidance object turns a batch's conditions into what the velocity forwards consume
+(:meth:`forward_conditions`, computed once per denoise loop or replayed micro-batch) and
+combines the forwards into the one velocity the SDE kernel sees (:meth:`velocity`). Replay
+goes through the same object, so whatever the guidance does to the velocity (the norm
+rescale of Qwen-Image included) is part of the policy whose log-probs are recorded and
+replayed. Three kinds (docs/math.md, *Classifier-free guidance*):
+
+- :class:`BatchedCFG` (the default): ``[uncond; cond]`` rows in one forward,
+  ``v = v_u + g·(v_c − v_u)``;
+- :class:`NormRescaledCFG` (Qwen-Image's "true CFG"): separate conditional and negative
+  forwards (their text lengths differ), the same combination ``c``, then rescaled per token
+  to the conditional norm, ``v = c·‖v_c‖ / ‖c‖`` with norms over the channel dimension;
+- :class:`NoGuidance` (step-distilled models): one conditional forward; a scale above 1 is
+  refused, since such a model was trained without an unconditional branch.
+
+Guidance is off (one conditional forward) whenever the scale is at most 1. Every returned
+velocity is fp32; both branches carry gradients when autograd is on (the undetached form).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from unirl.types import Conditions
+
+
+class VelocityModel(Protocol):
+    def predict_velocity(
+        self, latents: torch.Tensor, sigma: torch.Tensor, conditions: Any
+    ) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class PairedConditions(Protocol):
+    """Conditions that carry their negative rows beside the prompt rows."""
+
+    def positive(self) -> Conditions: ...
+
+    def negative(self) -> Conditions: ...
+
+
+@runtime_checkable
+class Guidance(Protocol):
+    """How one family guides: the forward inputs, then the combined fp32 velocity."""
+
+    def forward_conditions(self, family: Any, conditions: Conditions, scale: float) -> Any:
+        """What :meth:`velocity` consumes for ``conditions`` (N rows) at guidance ``scale``."""
+        ...
+
+    def velocity(
+        self,
+        family: VelocityModel,
+        latents: torch.Tensor,
+        sigma: torch.Tensor,
+        fwd_conditions: Any,
+        scale: float,
+    ) -> torch.Tensor:
+        """fp32 ``v`` with the shape of ``latents[N, ...]`` at ``sigma[N]``."""
+        ...
+
+
+def guided(scale: float) -> bool:
+    """Whether guidance runs at ``scale`` (above 1; 0 and 1 both mean one plain forward)."""
+    return scale > 1.0
+
+
+@dataclass(frozen=True)
+class BatchedCFG:
+    """``[uncond; cond]`` (2·N rows, built by ``family.cfg_conditions``) in one forward."""
+
+    def forward_conditions(self, family: Any, conditions: Conditions, scale: float) -> Any:
+        return family.cfg_conditions(conditions) if guided(scale) else conditions
+
+    def velocity(
+        self,
+        family: VelocityModel,
+        latents: torch.Tensor,
+        sigma: torch.Tensor,
+        fwd_conditions: Any,
+        scale: float,
+    ) -> torch.Tensor:
+        if not guided(scale):
+            return family.predict_velocity(latents, sigma, fwd_conditions).float()
+        v = family.predict_velocity(
+            torch.cat([latents, latents]), torch.cat([sigma, sigma]), fwd_conditions
+        )
+        v_uncond, v_cond = v.float().chunk(2)
+        return v_uncond + scale * (v_cond - v_uncond)
+
+
+@dataclass(frozen=True)
+class NormRescaledCFG:
+    """Separate conditional and negative forwards, CFG, then the per-token norm rescale.
+
+    ``channel_dim`` is the dimension of the velocity holding one token's channels (the last
+    one for packed latents ``[N, h, w, C·p²]``): the guided velocity of every token is scaled
+    to the norm of its conditional velocity.
+    """
+
+    channel_dim: int = -1
+
+    def forward_conditions(self, family: Any, conditions: Conditions, scale: float) -> Any:
+        if not guided(scale):
+            return conditions.positive() if isinstance(conditions, PairedConditions) else conditions
+        if not isinstance(conditions, PairedConditions):
+            raise TypeError(
+                f"NormRescaledCFG needs conditions with positive() / negative() rows, got "
+                f"{type(conditions).__name__}"
+            )
+        return conditions.positive(), conditions.negative()
+
+    def velocity(
+        self,
+        family: VelocityModel,
+        latents: torch.Tensor,
+        sigma: torch.Tensor,
+        fwd_conditions: Any,
+        scale: float,
+    ) -> torch.Tensor:
+        if not guided(scale):
+            return family.predict_velocity(latents, sigma, fwd_conditions).float()
+        cond, uncond = fwd_conditions
+        v_cond = family.predict_velocity(latents, sigma, cond).float()
+        v_uncond = family.predict_velocity(latents, sigma, uncond).float()
+        combined = v_uncond + scale * (v_cond - v_uncond)
+        cond_norm = torch.norm(v_cond, dim=self.channel_dim, keepdim=True)
+        combined_norm = torch.norm(combined, dim=self.channel_dim, keepdim=True)
+        return combined * (cond_norm / combined_norm)
+
+
+@dataclass(frozen=True)
+class NoGuidance:
+    """One conditional forward: for step-distilled models, which have no unconditional branch."""
+
+    def forward_conditions(self, family: Any, conditions: Conditions, scale: float) -> Any:
+        if guided(scale):
+            raise ValueError(
+                f"sampling.guidance_scale={scale} but this model is distilled without "
+                "classifier-free guidance; set sampling.guidance_scale=1"
+            )
+        return conditions.positive() if isinstance(conditions, PairedConditions) else conditions
+
+    def velocity(
+        self,
+        family: VelocityModel,
+        latents: torch.Tensor,
+        sigma: torch.Tensor,
+        fwd_conditions: Any,
+        scale: float,
+    ) -> torch.Tensor:
+        return family.predict_velocity(latents, sigma, fwd_conditions).float()
+
+
+DEFAULT_GUIDANCE = BatchedCFG()
+
+
+def guidance_of(family: Any) -> Guidance:
+    """The family's guidance (its ``guidance`` attribute), :class:`BatchedCFG` by default."""
+    guidance = getattr(family, "guidance", None)
+    return DEFAULT_GUIDANCE if guidance is None else guidance

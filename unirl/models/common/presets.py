@@ -1,0 +1,205 @@
+"""Where a family's weights come from, for every family alike.
+
+A recipe's ``bundle.path`` is one of: ``tiny`` (a toy stack built locally and cached), an
+``*-arch`` preset (random weights at the real shapes, built in memory), a local
+``save_pretrained`` folder, or a hub id. :class:`ModelSources` classifies a path without
+loading anything and resolves a hub id from the local Hugging Face cache first, failing fast
+offline with a message that names the presets; :func:`build_cached` builds a preset folder
+once per machine, atomically, under a file lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TINY = "tiny"
+MANIFEST = "unirl_preset.json"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class ModelSourceError(FileNotFoundError):
+    """A model path names neither a preset, a local folder, nor a reachable hub checkpoint."""
+
+
+def cache_root() -> Path:
+    """``$UNIRL_CACHE`` if set, else ``~/.cache/unirl``."""
+    env = os.environ.get("UNIRL_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "unirl"
+
+
+def library_versions() -> list[str]:
+    """torch, diffusers, transformers and tokenizers versions (part of every preset key)."""
+    import diffusers
+    import tokenizers
+    import torch
+    import transformers
+
+    return [
+        torch.__version__,
+        diffusers.__version__,
+        transformers.__version__,
+        tokenizers.__version__,
+    ]
+
+
+def hf_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _is_complete(folder: Path) -> bool:
+    return (folder / MANIFEST).is_file() and (folder / "model_index.json").is_file()
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (POSIX); elsewhere the atomic rename alone guards."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    with open(path, "a+") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def build_cached(
+    root: Path, name: str, write: Callable[[Path], None], manifest: Mapping[str, Any]
+) -> Path:
+    """``root/name``, built by ``write(folder)`` on first use.
+
+    The build writes into a temporary sibling and renames it into place under a file lock:
+    concurrent callers wait for the first builder and reuse its folder; a folder is never
+    visible half-written. ``manifest`` is written as ``unirl_preset.json`` (with
+    ``model_index.json`` it marks the folder complete).
+    """
+    final = root / name
+    if _is_complete(final):
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with _file_lock(root / f".{name}.lock"):
+        if _is_complete(final):
+            return final
+        if final.exists():
+            raise ModelSourceError(
+                f"preset folder {final} exists but is incomplete (no {MANIFEST}); delete it "
+                "and retry (UniRL never leaves a half-written preset, so something else wrote there)"
+            )
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root))
+        try:
+            tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
+            write(tmp)
+            (tmp / MANIFEST).write_text(json.dumps(dict(manifest), indent=2, sort_keys=True))
+            try:
+                os.replace(tmp, final)
+            except OSError:
+                # Another builder without a working lock (e.g. some network file systems) won.
+                if not _is_complete(final):
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSources:
+    """How one family names its sources: its label, ``*-arch`` presets and the diffusers
+    sub-folders a hub snapshot is restricted to (so single-file checkpoints that some
+    repositories also ship are not fetched)."""
+
+    family: str
+    arch_presets: tuple[str, ...]
+    components: tuple[str, ...]
+
+    @property
+    def preset_names(self) -> tuple[str, ...]:
+        return (TINY, *self.arch_presets)
+
+    def not_found(self, path: str, why: str) -> ModelSourceError:
+        arch = " or ".join(f"path={name}" for name in self.arch_presets)
+        return ModelSourceError(
+            f"model path {path!r}: {why}. Without network access use a preset: path=tiny (toy "
+            f"{self.family} built locally, for tests and the quick-start) or {arch} (random "
+            "weights at the real shapes, for benchmarks); or point the PRETRAINED_MODEL "
+            "environment variable (the recipes' bundle.path) at a local diffusers folder."
+        )
+
+    def classify(self, path_or_preset: str) -> tuple[str, str]:
+        """``(kind, name)`` with kind ``tiny`` | ``arch`` | ``folder`` | ``hub``, without
+        building, loading or downloading anything (what ``dry_run`` checks). A hub id is taken
+        on trust here; loading it fails fast offline."""
+        name = str(path_or_preset).strip()
+        if name == TINY:
+            return "tiny", name
+        if name in self.arch_presets:
+            return "arch", name
+        local = Path(name).expanduser()
+        if local.is_dir():
+            if not (local / "model_index.json").is_file() and not (local / "transformer").is_dir():
+                raise self.not_found(
+                    name,
+                    f"the folder is not a diffusers {self.family} layout (no model_index.json or "
+                    "transformer/)",
+                )
+            return "folder", str(local)
+        if not _HUB_ID.match(name) or name.startswith((".", "/", "~")):
+            raise self.not_found(
+                name, "no such local folder, and it is not a hub id of the form 'org/name'"
+            )
+        return "hub", name
+
+    def _patterns(self) -> list[str]:
+        return ["model_index.json", *(f"{c}/*" for c in self.components)]
+
+    def cached_snapshot(self, name: str) -> Path | None:
+        """The hub checkpoint ``name`` from the local Hugging Face cache, or None."""
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        try:
+            return Path(
+                snapshot_download(name, allow_patterns=self._patterns(), local_files_only=True)
+            )
+        except (LocalEntryNotFoundError, OSError, ValueError):
+            return None
+
+    def snapshot(self, name: str) -> Path:
+        """The hub checkpoint ``name``: the local cache first, then a download; fails fast with
+        :class:`ModelSourceError` when ``HF_HUB_OFFLINE=1`` or the hub is unreachable."""
+        cached = self.cached_snapshot(name)
+        if cached is not None:
+            return cached
+        if hf_offline():
+            raise self.not_found(
+                name,
+                "no such local folder, not in the local Hugging Face cache, and HF_HUB_OFFLINE=1",
+            )
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(snapshot_download(name, allow_patterns=self._patterns()))
+        except Exception as exc:  # network, auth (gated repo) or missing repo: all mean "not here"
+            raise self.not_found(
+                name, f"not cached locally and the download failed ({type(exc).__name__}: {exc})"
+            ) from exc
+
+    def component_configs(self, folder: Path, parts: tuple[str, ...]) -> list[dict] | None:
+        """``config.json`` of each sub-folder in ``parts`` (None when one is unreadable)."""
+        try:
+            return [json.loads((folder / part / "config.json").read_text()) for part in parts]
+        except (OSError, ValueError):
+            return None

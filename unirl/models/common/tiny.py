@@ -1,0 +1,36 @@
+"""Pieces every family's ``tiny`` preset shares: the bundled prompt corpus and a byte-level BPE
+tokenizer trained on it locally (no download), so toy stacks tokenise real prompts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+
+def corpus_lines() -> list[str]:
+    """The bundled prompt corpus (``tiny_corpus.txt``) the tiny tokenizers are trained on."""
+    text = resources.files("unirl.models.common").joinpath("tiny_corpus.txt").read_text("utf-8")
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def train_byte_level_bpe(
+    lines: Sequence[str], specials: Sequence[str], vocab_size: int, *, lowercase: bool
+) -> Any:
+    """A ``tokenizers.Tokenizer``: byte-level BPE trained on ``lines`` with ``specials`` first
+    in the vocabulary (ids 0, 1, ...). ``lowercase`` adds a lower-casing normaliser (CLIP)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    if lowercase:
+        tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(specials),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(lines), trainer)
+    return tok
