@@ -241,6 +241,38 @@ def check_batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> None:
     )
 
 
+def _setting(cfg: RunConfig, name: str, key: str) -> Any:
+    """``<name>.<key>`` as the run will see it: the recipe's value, else the default that the
+    block's ``_target_`` declares (read from its signature, not copied here)."""
+    block = getattr(cfg, name) or {}
+    if key in block:
+        return block[key]
+    if "_target_" not in block:
+        return None
+    param = inspect.signature(locate(str(block["_target_"]), name)).parameters.get(key)
+    return None if param is None or param.default is param.empty else param.default
+
+
+def check_drop_group_shards(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    """``reward.failure_policy=drop_group`` drops every sample of a prompt group on the reward
+    rank that saw a failure. The driver scatters contiguous chunks of the rollout to the
+    reward / rollout ranks and to the train ranks, so every chunk must hold whole groups."""
+    if _setting(cfg, "reward", "failure_policy") != "drop_group":
+        return
+    spp = int(getattr(objs.get("sampling"), "samples_per_prompt", 1))
+    n = cfg.samples_per_rollout
+    train_dp, rollout_dp = _slab_sizes(cfg)
+    for slab, dp in (("rollout", rollout_dp), ("train", train_dp)):
+        per_rank = n // dp
+        require(
+            per_rank % spp == 0,
+            f"reward.failure_policy=drop_group drops whole prompt groups, but batch_size={cfg.batch_size} "
+            f"prompts over {dp} {slab} data-parallel ranks give {per_rank} samples per rank, not a "
+            f"multiple of sampling.samples_per_prompt={spp}, so a group straddles two ranks; make "
+            f"batch_size a multiple of {dp} or set reward.failure_policy=raise",
+        )
+
+
 def check_strategy_and_algorithm(cfg: RunConfig, objs: dict[str, Any]) -> None:
     strategy = objs.get("pipeline.strategy")
     algorithm = (
@@ -357,6 +389,7 @@ CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
     check_required_blocks,
     check_layout_and_sync,
     check_batch_geometry,
+    check_drop_group_shards,
     check_strategy_and_algorithm,
     check_reference_policy,
     check_old_adapter_rollout,
