@@ -1,0 +1,172 @@
+"""``qwen-image-arch``: random weights at the released Qwen-Image shapes, for benchmarks.
+
+Built in memory on the target device, in the target dtypes (never saved): speed does not
+depend on the weights' values. The 20 B-parameter transformer is initialised directly in its
+dtype (an fp32 copy would not fit an 80 GB card). Tokenizer: the tiny preset's locally
+trained BPE tokenizer (ids < 1000, valid in the real vocabulary); sequence lengths and every
+module shape are the real ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from unirl.models.qwen_image.tiny import SCHEDULER_CONFIG
+
+
+@dataclass(kw_only=True, frozen=True)
+class QwenImageArchSpec:
+    """Configs of one architecture preset (plain dicts, as in the released ``config.json``)."""
+
+    name: str
+    transformer: dict[str, Any]
+    vae: dict[str, Any]
+    text_encoder: dict[str, Any]
+    scheduler: dict[str, Any] = field(default_factory=lambda: dict(SCHEDULER_CONFIG))
+
+
+def qwen_image_arch_spec() -> QwenImageArchSpec:
+    """The released ``Qwen/Qwen-Image`` component shapes (MMDiT 60 x 24 heads of 128,
+    Qwen2.5-VL-7B text encoder, the Wan-style 16-channel VAE)."""
+    return QwenImageArchSpec(
+        name="qwen-image-arch",
+        transformer={
+            "patch_size": 2,
+            "in_channels": 64,
+            "out_channels": 16,
+            "num_layers": 60,
+            "attention_head_dim": 128,
+            "num_attention_heads": 24,
+            "joint_attention_dim": 3584,
+            "guidance_embeds": False,
+            "axes_dims_rope": [16, 56, 56],
+        },
+        vae={
+            "base_dim": 96,
+            "z_dim": 16,
+            "dim_mult": [1, 2, 4, 4],
+            "num_res_blocks": 2,
+            "attn_scales": [],
+            "temperal_downsample": [False, True, True],
+            "dropout": 0.0,
+        },
+        text_encoder={  # Qwen2.5-VL-7B-Instruct
+            "text_config": {
+                "vocab_size": 152064,
+                "hidden_size": 3584,
+                "intermediate_size": 18944,
+                "num_hidden_layers": 28,
+                "num_attention_heads": 28,
+                "num_key_value_heads": 4,
+                "max_position_embeddings": 128000,
+                "rms_norm_eps": 1e-6,
+                "hidden_act": "silu",
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 1000000.0,
+                    "mrope_section": [16, 24, 24],
+                },
+                "bos_token_id": 151643,
+                "eos_token_id": 151645,
+            },
+            "vision_config": {
+                "depth": 32,
+                "hidden_size": 1280,
+                "intermediate_size": 3420,
+                "num_heads": 16,
+                "out_hidden_size": 3584,
+                "patch_size": 14,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+                "window_size": 112,
+                "fullatt_block_indexes": [7, 15, 23, 31],
+                "tokens_per_second": 2,
+            },
+            "image_token_id": 151655,
+            "video_token_id": 151656,
+            "vision_start_token_id": 151652,
+            "vision_end_token_id": 151653,
+        },
+    )
+
+
+ARCH_SPECS = {"qwen-image-arch": qwen_image_arch_spec}
+
+
+def _transformer(spec: QwenImageArchSpec) -> torch.nn.Module:
+    from diffusers import QwenImageTransformer2DModel
+
+    return QwenImageTransformer2DModel(**spec.transformer)
+
+
+def _text_encoder(spec: QwenImageArchSpec, pad_token_id: int | None = None) -> torch.nn.Module:
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    cfg = dict(spec.text_encoder)
+    text = dict(cfg.pop("text_config"))
+    if pad_token_id is not None:
+        text["pad_token_id"] = pad_token_id
+    return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, **cfg))
+
+
+def count_params(spec: QwenImageArchSpec) -> dict[str, int]:
+    """Parameter counts of the transformer and the text encoder, built on the meta device
+    (no allocation)."""
+    with torch.device("meta"):
+        transformer = _transformer(spec)
+        text_encoder = _text_encoder(spec)
+    return {
+        "transformer": sum(p.numel() for p in transformer.parameters()),
+        "text_encoder": sum(p.numel() for p in text_encoder.parameters()),
+    }
+
+
+@contextlib.contextmanager
+def _built_as(seed: int, device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """Seeded construction directly on ``device`` in ``dtype``; global RNG and default dtype
+    restored afterwards."""
+    previous = torch.get_default_dtype()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                yield
+        finally:
+            torch.set_default_dtype(previous)
+
+
+def build_arch_modules(
+    spec: QwenImageArchSpec,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    text_encoder_dtype: torch.dtype,
+    vae_dtype: torch.dtype,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Random-init modules of ``spec`` on ``device``, each built in its own dtype; the
+    tokenizer is the tiny preset's."""
+    from diffusers import AutoencoderKLQwenImage
+
+    from unirl.models.qwen_image.tiny import TinyQwenImageSpec, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer(TinyQwenImageSpec())
+    with _built_as(seed, device, dtype):
+        transformer = _transformer(spec).eval()
+    with _built_as(seed + 1, device, vae_dtype):
+        vae = AutoencoderKLQwenImage(**spec.vae).eval()
+    with _built_as(seed + 2, device, text_encoder_dtype):
+        text_encoder = _text_encoder(spec, pad_token_id=tokenizer.pad_token_id).eval()
+    return {
+        "transformer": transformer,
+        "vae": vae,
+        "text_encoder": text_encoder,
+        "tokenizer": tokenizer,
+        "scheduler_config": dict(spec.scheduler),
+    }

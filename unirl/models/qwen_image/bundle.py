@@ -1,0 +1,248 @@
+"""``QwenImageBundle``: the Qwen-Image modules (trainable MMDiT + frozen Qwen2.5-VL text
+encoder and VAE) and Qwen-Image's own part of the family contract: loading, prompt encoding,
+the velocity call on packed latents, true CFG with norm rescale, the dynamic-shift σ policy,
+latent geometry and decode. The rest is
+:class:`~unirl.models.common.bundle.FlowMatchingBundle`'s.
+
+Latents are carried *packed*, as the transformer reads them: ``[N, H/16, W/16, 4·C]``, one
+2x2 patch of the 16-channel VAE latent per token, channels last. ``reshape(N, L, 4·C)`` is
+diffusers' packed sequence (same element order), the token grid gives ``img_shapes``, and
+the guidance's per-token norms run over the last dimension.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from unirl.config.precision import parse_dtype
+from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
+from unirl.models.common.guidance import Guidance, NormRescaledCFG
+from unirl.models.common.progress import hf_progress_bars_disabled
+from unirl.models.qwen_image.arch import QwenImageArchSpec, build_arch_modules
+from unirl.models.qwen_image.conditions import QwenImageConditions
+from unirl.models.qwen_image.config import QwenImageBundleConfig
+from unirl.models.qwen_image.presets import architecture_configs, resolve_model_source
+from unirl.models.qwen_image.text_encode import encode_qwen_prompts
+
+PATCH = 2  # the transformer's 2x2 packing of VAE latents
+
+
+def _load_folder(folder: Path, cfg: QwenImageBundleConfig) -> dict[str, Any]:
+    """Components of a diffusers Qwen-Image folder (``save_pretrained`` layout), on CPU, cast."""
+    from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
+    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+
+    common = {"local_files_only": True}
+    return {
+        "transformer": QwenImageTransformer2DModel.from_pretrained(
+            folder,
+            subfolder="transformer",
+            torch_dtype=parse_dtype(cfg.dtype, "bundle.dtype"),
+            **common,
+        ),
+        "vae": AutoencoderKLQwenImage.from_pretrained(
+            folder,
+            subfolder="vae",
+            torch_dtype=parse_dtype(cfg.vae_dtype, "bundle.vae_dtype"),
+            **common,
+        ),
+        "text_encoder": Qwen2_5_VLForConditionalGeneration.from_pretrained(
+            folder,
+            subfolder="text_encoder",
+            dtype=parse_dtype(cfg.text_encoder_dtype, "bundle.text_encoder_dtype"),
+            **common,
+        ),
+        "tokenizer": AutoTokenizer.from_pretrained(folder, subfolder="tokenizer", **common),
+        "scheduler_config": json.loads(
+            (folder / "scheduler" / "scheduler_config.json").read_text()
+        ),
+    }
+
+
+class QwenImageBundle(FlowMatchingBundle):
+    """Qwen-Image weights for rollout and training.
+
+    Keyword arguments are the fields of :class:`QwenImageBundleConfig` (a recipe block
+    ``{_target_: unirl.models.qwen_image.QwenImageBundle, path: Qwen/Qwen-Image, dtype: bf16}``
+    builds it); ``QwenImageBundle.from_config(config)`` takes a config whole.
+    ``self.transformer`` is the trainable module.
+    """
+
+    config_class: ClassVar[type[QwenImageBundleConfig]] = QwenImageBundleConfig
+    config: QwenImageBundleConfig
+    guidance: ClassVar[Guidance] = NormRescaledCFG(channel_dim=-1)
+    frozen_module_names: ClassVar[tuple[str, ...]] = ("text_encoder", "vae")
+    block_class_names: ClassVar[tuple[str, ...]] = ("QwenImageTransformerBlock",)
+    lora_default_targets: ClassVar[tuple[str, ...]] = (
+        "to_q",
+        "to_k",
+        "to_v",
+        "to_out.0",
+        "add_q_proj",
+        "add_k_proj",
+        "add_v_proj",
+        "to_add_out",
+    )
+
+    # -- checks before anything is built ----------------------------------------------------
+
+    @classmethod
+    def architecture(cls, path: str) -> tuple[dict, dict] | None:
+        return architecture_configs(path)
+
+    @classmethod
+    def check_image_size(cls, architecture: tuple[dict, dict], key: str, size: int) -> None:
+        transformer, vae = architecture
+        vae_factor = 2 ** len(vae.get("temperal_downsample", (False, True, True)))
+        patch = int(transformer.get("patch_size", PATCH))
+        require_size_multiple(
+            key,
+            size,
+            vae_factor * patch,
+            f"VAE factor {vae_factor} x {patch}x{patch} packing of Qwen-Image",
+        )
+
+    @classmethod
+    def trainable_from_architecture(cls, architecture: tuple[dict, dict]) -> torch.nn.Module:
+        from diffusers import QwenImageTransformer2DModel
+
+        config = {k: v for k, v in architecture[0].items() if not k.startswith("_")}
+        return QwenImageTransformer2DModel.from_config(config)
+
+    # -- modules -------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        cfg = self.config
+        self.source = resolve_model_source(cfg.path)
+        if isinstance(self.source, QwenImageArchSpec):
+            parts = build_arch_modules(
+                self.source,
+                device=self.device,
+                dtype=self.dtype,
+                text_encoder_dtype=self.text_encoder_dtype,
+                vae_dtype=self.vae_dtype,
+            )
+        else:
+            with hf_progress_bars_disabled():
+                parts = _load_folder(self.source, cfg)
+        self.transformer: torch.nn.Module = parts["transformer"]
+        self.vae: torch.nn.Module = parts["vae"]
+        self.text_encoder: torch.nn.Module = parts["text_encoder"]
+        self.tokenizer = parts["tokenizer"]
+        # the diffusers pipeline hands the scheduler linspace(1, 1/T, T) pre-shift sigmas
+        self.scheduler_config: dict[str, Any] = {
+            **parts["scheduler_config"],
+            "sigma_spacing": "linspace",
+        }
+
+        # Geometry, read once before anyone wraps the transformer.
+        vcfg = self.vae.config
+        self.latent_channels = int(vcfg.z_dim)
+        self.vae_scale_factor = 2 ** len(vcfg.temperal_downsample)
+        self.packed_channels = int(self.transformer.config.in_channels)
+        if self.packed_channels != PATCH * PATCH * self.latent_channels:
+            raise ValueError(
+                f"transformer in_channels={self.packed_channels} is not {PATCH}x{PATCH} patches of "
+                f"the VAE's {self.latent_channels} latent channels"
+            )
+        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
+        shape = (1, self.latent_channels, 1, 1, 1)
+        self._latents_mean = torch.tensor(vcfg.latents_mean).view(shape)
+        self._latents_std = torch.tensor(vcfg.latents_std).view(shape)
+
+    # -- encode --------------------------------------------------------------------------------
+
+    def encode_unique(self, texts: list[str]) -> QwenImageConditions:
+        embeds, mask = encode_qwen_prompts(
+            self.tokenizer,
+            self.text_encoder,
+            texts,
+            max_sequence_length=self.config.max_sequence_length,
+        )
+        return QwenImageConditions(
+            prompt_embeds=embeds.to(self.device), prompt_mask=mask.to(self.device)
+        )
+
+    def with_negative(  # type: ignore[override]
+        self, conditions: QwenImageConditions, negative: QwenImageConditions
+    ) -> QwenImageConditions:
+        n = len(conditions)
+        mask = negative.prompt_mask
+        return QwenImageConditions(
+            prompt_embeds=conditions.prompt_embeds,
+            prompt_mask=conditions.prompt_mask,
+            negative_prompt_embeds=negative.prompt_embeds.expand(n, -1, -1),
+            negative_prompt_mask=None if mask is None else mask.expand(n, -1),
+        )
+
+    # -- velocity ------------------------------------------------------------------------------
+
+    def predict_velocity(
+        self, latents: torch.Tensor, sigma: torch.Tensor | float, conditions: QwenImageConditions
+    ) -> torch.Tensor:
+        """``v[B, h, w, 4·C]`` (fp32) for packed ``latents[B, h, w, 4·C]`` at ``sigma``
+        (``[B]`` or scalar), with the prompt rows of ``conditions`` (``B`` rows).
+
+        As diffusers calls it: ``timestep = (σ·num_train_timesteps)`` in the latents' dtype,
+        divided by 1000; ``img_shapes`` from the token grid; the text mask as given (None
+        when every token is real).
+        """
+        b, grid_h, grid_w, channels = latents.shape
+        if len(conditions) != b:
+            raise ValueError(f"predict_velocity: {b} latents but {len(conditions)} condition rows")
+        sigma_t = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1)
+        if sigma_t.numel() == 1:
+            sigma_t = sigma_t.expand(b)
+        elif sigma_t.numel() != b:
+            raise ValueError(
+                f"predict_velocity: sigma has {sigma_t.numel()} values for {b} latents"
+            )
+        timestep = (sigma_t * self.num_train_timesteps).to(self.device, self.dtype) / 1000
+        mask = conditions.prompt_mask
+        with self.sdpa_context(), self.autocast():
+            v = self.transformer(
+                hidden_states=latents.to(self.device, self.dtype).reshape(b, -1, channels),
+                timestep=timestep,
+                encoder_hidden_states=conditions.prompt_embeds.to(self.device, self.dtype),
+                encoder_hidden_states_mask=None if mask is None else mask.to(self.device),
+                img_shapes=[[(1, grid_h, grid_w)]] * b,
+                return_dict=False,
+            )[0]
+        return v.float().reshape(b, grid_h, grid_w, channels)
+
+    # -- geometry and decode ------------------------------------------------------------------
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
+        """``(H/16, W/16, 4·C)``: the packed latent of a ``height x width`` image."""
+        multiple = self.vae_scale_factor * PATCH
+        if height % multiple or width % multiple or height <= 0 or width <= 0:
+            raise ValueError(
+                f"sampling.height={height} and sampling.width={width} must be positive multiples of "
+                f"{multiple} (VAE factor {self.vae_scale_factor} x {PATCH}x{PATCH} packing)"
+            )
+        return (height // multiple, width // multiple, self.packed_channels)
+
+    def image_seq_len(self, height: int, width: int) -> int:
+        """Image tokens the transformer sees: μ of the dynamic shift grows with it."""
+        grid_h, grid_w, _ = self.latent_shape(height, width)
+        return grid_h * grid_w
+
+    def unpack(self, latents: torch.Tensor) -> torch.Tensor:
+        """Packed ``[B, h, w, 4·C]`` -> the VAE's ``[B, C, 1, 2h, 2w]`` (one frame)."""
+        b, grid_h, grid_w, channels = latents.shape
+        c = channels // (PATCH * PATCH)
+        z = latents.reshape(b, grid_h, grid_w, c, PATCH, PATCH).permute(0, 3, 1, 4, 2, 5)
+        return z.reshape(b, c, 1, grid_h * PATCH, grid_w * PATCH)
+
+    def decode_chunk(self, latents: torch.Tensor) -> torch.Tensor:
+        """Unpacks, un-normalises as diffusers does (``z / (1/std) + mean`` in the VAE's dtype)
+        and decodes the one frame; ``pixels[B, 3, H, W]`` float32 in [0, 1]."""
+        z = self.unpack(latents.to(self.device)).to(self.vae_dtype)
+        inv_std = 1.0 / self._latents_std.to(z.device, z.dtype)
+        z = z / inv_std + self._latents_mean.to(z.device, z.dtype)
+        image = self.vae.decode(z, return_dict=False)[0][:, :, 0]
+        return (image.float() / 2 + 0.5).clamp(0, 1)

@@ -1,0 +1,112 @@
+"""Named Qwen-Image sources that need no download, and the resolver every loader goes through.
+
+- ``tiny``: a random-init toy stack (~0.6 M parameters) saved once into the shared preset
+  cache in the diffusers layout; ``diffusers.QwenImagePipeline.from_pretrained(folder)``
+  loads it.
+- ``qwen-image-arch``: random weights at the released Qwen-Image shapes, built in memory.
+
+A local ``save_pretrained`` folder is used as it is; ``Qwen/Qwen-Image`` (or any hub id) is
+looked up in the local Hugging Face cache first and fails fast offline, naming the presets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from unirl.models.common.presets import (
+    TINY,
+    ModelSources,
+    build_cached,
+    cache_root,
+    library_versions,
+)
+from unirl.models.common.tiny import corpus_lines
+from unirl.models.qwen_image.arch import ARCH_SPECS, QwenImageArchSpec
+from unirl.models.qwen_image.tiny import (
+    TINY_BUILDER_VERSION,
+    TinyQwenImageSpec,
+    transformer_config,
+    vae_config,
+    write_tiny_qwen_image,
+)
+
+QWEN_IMAGE_ARCH = "qwen-image-arch"
+PRESET_NAMES: tuple[str, ...] = (TINY, *ARCH_SPECS)
+QWEN_IMAGE_COMPONENTS = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
+SOURCES = ModelSources(
+    family="Qwen-Image", arch_presets=tuple(ARCH_SPECS), components=QWEN_IMAGE_COMPONENTS
+)
+
+
+def tiny_preset_key(spec: TinyQwenImageSpec) -> str:
+    """Short hash of the spec, the builder version, the corpus and the library versions."""
+    payload = {
+        "family": "qwen-image",
+        "spec": dataclasses.asdict(spec),
+        "builder": TINY_BUILDER_VERSION,
+        "corpus": hashlib.sha256("\n".join(corpus_lines()).encode()).hexdigest(),
+        "versions": library_versions(),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def tiny_preset_path(
+    spec: TinyQwenImageSpec | None = None, *, cache_dir: str | Path | None = None
+) -> Path:
+    """The folder of the ``tiny`` preset, built on first use, at
+    ``<cache>/presets/qwen-image-tiny-<key>`` (``<cache>`` = ``cache_dir`` or the shared
+    ``$UNIRL_CACHE`` / ``~/.cache/unirl``), once per machine under a file lock."""
+    spec = spec or TinyQwenImageSpec()
+    root = (Path(cache_dir).expanduser() if cache_dir is not None else cache_root()) / "presets"
+    key = tiny_preset_key(spec)
+    manifest = {
+        "preset": f"qwen-image-{TINY}",
+        "key": key,
+        "builder": TINY_BUILDER_VERSION,
+        "spec": dataclasses.asdict(spec),
+    }
+    return build_cached(
+        root, f"qwen-image-tiny-{key}", lambda f: write_tiny_qwen_image(f, spec), manifest
+    )
+
+
+def arch_spec(name: str) -> QwenImageArchSpec:
+    """The architecture spec of an ``*-arch`` preset."""
+    if name not in ARCH_SPECS:
+        raise KeyError(f"unknown Qwen-Image arch preset {name!r}; known: {sorted(ARCH_SPECS)}")
+    return ARCH_SPECS[name]()
+
+
+def architecture_configs(path_or_preset: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``(transformer config, VAE config)`` of a source, read without building weights; None
+    for a hub checkpoint that is not in the local cache (checked when the bundle loads)."""
+    kind, name = SOURCES.classify(path_or_preset)
+    if kind == "tiny":
+        spec = TinyQwenImageSpec()
+        return transformer_config(spec), vae_config(spec)
+    if kind == "arch":
+        arch = arch_spec(name)
+        return dict(arch.transformer), dict(arch.vae)
+    folder = Path(name) if kind == "folder" else SOURCES.cached_snapshot(name)
+    if folder is None:
+        return None
+    configs = SOURCES.component_configs(folder, ("transformer", "vae"))
+    return None if configs is None else (configs[0], configs[1])
+
+
+def resolve_model_source(path_or_preset: str) -> Path | QwenImageArchSpec:
+    """``tiny`` -> cached local folder; ``qwen-image-arch`` -> :class:`QwenImageArchSpec`;
+    an existing folder -> itself; ``org/name`` -> a hub snapshot (local cache first, fails
+    fast offline with :class:`~unirl.models.common.presets.ModelSourceError`)."""
+    kind, name = SOURCES.classify(path_or_preset)
+    if kind == "tiny":
+        return tiny_preset_path()
+    if kind == "arch":
+        return arch_spec(name)
+    if kind == "folder":
+        return Path(name)
+    return SOURCES.snapshot(name)

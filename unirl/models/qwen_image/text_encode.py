@@ -1,0 +1,111 @@
+"""Qwen-Image prompt encoding, computed as ``QwenImagePipeline.encode_prompt`` computes it.
+
+Each prompt is wrapped in the pipeline's chat template (a system instruction, the prompt as
+the user turn, then the assistant header), tokenised with padding to the longest text of the
+batch, and run through the Qwen2.5-VL text encoder with the attention mask. The last hidden
+state of every real token is kept, the template's first ``drop_idx`` tokens (the system
+turn and the user header) are dropped, the rows are zero-padded to the longest remaining one
+with a 0/1 mask, and cut to ``max_sequence_length`` tokens.
+
+The template, the drop index and the tokenizer's length cap are read from diffusers'
+``QwenImagePipeline`` itself, so the encoding follows the reference pipeline exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """The chat template a prompt is wrapped in (``{}`` marks the prompt), how many of its
+    leading tokens are dropped, and the tokenizer's length cap without them."""
+
+    text: str
+    drop_idx: int
+    max_length: int
+
+    @property
+    def prefix(self) -> str:
+        """The part before the prompt (what ``drop_idx`` tokens cover)."""
+        return self.text.split("{}", 1)[0]
+
+
+@functools.cache
+def pipeline_prompt_template() -> PromptTemplate:
+    """The template diffusers' ``QwenImagePipeline`` encodes prompts with (read from an empty
+    pipeline object, so a diffusers update that changes it is followed, never stale)."""
+    from diffusers import QwenImagePipeline
+
+    empty = QwenImagePipeline(
+        scheduler=None, vae=None, text_encoder=None, tokenizer=None, transformer=None
+    )
+    return PromptTemplate(
+        text=str(empty.prompt_template_encode),
+        drop_idx=int(empty.prompt_template_encode_start_idx),
+        max_length=int(empty.tokenizer_max_length),
+    )
+
+
+def _device_of(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+def _dtype_of(module: torch.nn.Module) -> torch.dtype:
+    return next(module.parameters()).dtype
+
+
+@torch.no_grad()
+def encode_qwen_prompts(
+    tokenizer: Any,
+    text_encoder: torch.nn.Module,
+    texts: Sequence[str],
+    *,
+    max_sequence_length: int,
+    template: PromptTemplate | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(prompt_embeds[N, L, D], mask[N, L])`` for ``texts``, one row each (``mask`` long,
+    1 for tokens, 0 for padding; ``L`` the longest prompt after the template prefix, at most
+    ``max_sequence_length``). Embeddings are in the text encoder's dtype."""
+    if not texts:
+        raise ValueError("encode_qwen_prompts: no texts to encode")
+    template = template or pipeline_prompt_template()
+    wrapped = [template.text.format(t) for t in texts]
+    tokens = tokenizer(
+        wrapped,
+        max_length=template.max_length + template.drop_idx,
+        padding=True,
+        truncation=True,
+        return_tensors="pt",
+    )
+    device = _device_of(text_encoder)
+    input_ids = tokens.input_ids.to(device)
+    attention_mask = tokens.attention_mask.to(device)
+    hidden = text_encoder(
+        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True
+    ).hidden_states[-1]
+    valid = attention_mask.bool()
+    rows = torch.split(hidden[valid], valid.sum(dim=1).tolist(), dim=0)
+    rows = [r[template.drop_idx :] for r in rows]
+    longest = max(r.shape[0] for r in rows)
+    embeds = torch.stack(
+        [torch.cat([r, r.new_zeros(longest - r.shape[0], r.shape[1])]) for r in rows]
+    )
+    mask = torch.stack(
+        [
+            torch.cat(
+                [
+                    torch.ones(r.shape[0], dtype=torch.long, device=r.device),
+                    torch.zeros(longest - r.shape[0], dtype=torch.long, device=r.device),
+                ]
+            )
+            for r in rows
+        ]
+    )
+    embeds = embeds.to(_dtype_of(text_encoder))
+    return embeds[:, :max_sequence_length], mask[:, :max_sequence_length]

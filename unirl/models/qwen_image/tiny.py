@@ -1,0 +1,328 @@
+"""The ``tiny`` Qwen-Image stack: every component at toy size, built from configs, no download.
+
+Components are the real diffusers / transformers classes (``QwenImageTransformer2DModel``,
+``AutoencoderKLQwenImage``, ``Qwen2_5_VLForConditionalGeneration``, ``Qwen2Tokenizer``), so
+the saved folder is a valid ``QwenImagePipeline`` layout; only sizes and two initialisations
+are ours:
+
+- the tokenizer is a byte-level BPE trained on the bundled corpus wrapped in the pipeline's
+  chat template, with Qwen's special tokens; the build checks that the template prefix is
+  exactly the pipeline's ``drop_idx`` tokens, as with the real tokenizer;
+- the VAE decoder is reshaped into a near-linear, smooth up-projection
+  (:func:`shape_tiny_decoder`): a random decoder barely reacts to its latents, which would
+  make pixel rewards unlearnable.
+
+The scheduler config is the released model's (dynamic shift, terminal σ 0.02).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from unirl.models.common.progress import hf_progress_bars_disabled
+from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
+
+# Bump when the build code changes what it writes: it is part of the cache key.
+TINY_BUILDER_VERSION = 1
+
+ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+# The released Qwen/Qwen-Image scheduler (FlowMatchEulerDiscreteScheduler) config.
+SCHEDULER_CONFIG: dict[str, Any] = {
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "use_dynamic_shifting": True,
+    "base_shift": 0.5,
+    "max_shift": 0.9,
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 8192,
+    "shift_terminal": 0.02,
+    "time_shift_type": "exponential",
+    "invert_sigmas": False,
+    "stochastic_sampling": False,
+    "use_karras_sigmas": False,
+    "use_exponential_sigmas": False,
+    "use_beta_sigmas": False,
+}
+
+
+@dataclass(kw_only=True, frozen=True)
+class TinyQwenImageSpec:
+    """Sizes of the tiny stack (about 0.5 M parameters in all)."""
+
+    seed: int = 0
+    vocab_size: int = 1000
+    # Qwen2.5-VL text encoder (head dim 16: mrope sections sum to 8) with a one-block vision tower
+    text_hidden: int = 32
+    text_intermediate: int = 64
+    text_layers: int = 2
+    text_heads: int = 2
+    text_kv_heads: int = 1
+    mrope_section: tuple[int, int, int] = (2, 3, 3)
+    vision_hidden: int = 16
+    vision_heads: int = 2
+    # transformer (MMDiT); rope axes sum to the head dim
+    num_layers: int = 2
+    num_attention_heads: int = 2
+    attention_head_dim: int = 32
+    axes_dims_rope: tuple[int, int, int] = (8, 12, 12)
+    # VAE (Qwen-Image latent format: 16 channels, 8x, per-channel mean / std)
+    latent_channels: int = 16
+    vae_base_dim: int = 16
+    vae_levels: int = 4
+    # decoder shaping (see shape_tiny_decoder)
+    decoder_signal_channels: int = 6
+    decoder_anchor_channels: int = 2
+    decoder_anchor_value: float = 20.0
+    decoder_activation_std: float = 0.35
+    decoder_gain: float = 1.6
+    decoder_residual_damping: float = 0.05
+
+
+# -- tokenizer -----------------------------------------------------------------------------------
+
+
+def build_tiny_tokenizer(spec: TinyQwenImageSpec, lines: list[str] | None = None) -> Any:
+    """A ``Qwen2Tokenizer`` (byte-level BPE) trained on the corpus wrapped in the pipeline's
+    template, so the template words are whole tokens and its prefix is ``drop_idx`` tokens.
+    Special tokens first: ``<|endoftext|>`` (pad, id 0), ``<|im_start|>``, ``<|im_end|>`` and
+    the vision tokens (never produced from text)."""
+    from transformers import Qwen2Tokenizer
+
+    from unirl.models.qwen_image.text_encode import pipeline_prompt_template
+
+    template = pipeline_prompt_template()
+    lines = corpus_lines() if lines is None else lines
+    specials = [ENDOFTEXT, IM_START, IM_END, *VISION_TOKENS]
+    bpe = train_byte_level_bpe(
+        [template.text.format(line) for line in lines], specials, spec.vocab_size, lowercase=False
+    )
+    tokenizer = Qwen2Tokenizer(
+        tokenizer_object=bpe,
+        unk_token=ENDOFTEXT,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        model_max_length=template.max_length + template.drop_idx,
+    )
+    prefix = len(tokenizer(template.prefix).input_ids)
+    if prefix != template.drop_idx:
+        raise ValueError(
+            f"the tiny tokenizer splits the prompt template's prefix into {prefix} tokens, the "
+            f"pipeline drops {template.drop_idx}; grow TinyQwenImageSpec.vocab_size"
+        )
+    return tokenizer
+
+
+# -- model configs -------------------------------------------------------------------------------
+
+
+def transformer_config(spec: TinyQwenImageSpec) -> dict[str, Any]:
+    return {
+        "patch_size": 2,
+        "in_channels": 4 * spec.latent_channels,
+        "out_channels": spec.latent_channels,
+        "num_layers": spec.num_layers,
+        "attention_head_dim": spec.attention_head_dim,
+        "num_attention_heads": spec.num_attention_heads,
+        "joint_attention_dim": spec.text_hidden,
+        "guidance_embeds": False,
+        "axes_dims_rope": list(spec.axes_dims_rope),
+    }
+
+
+def vae_config(spec: TinyQwenImageSpec) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(spec.seed + 6)
+    z = spec.latent_channels
+    # non-trivial per-channel statistics, so a wrong un-normalisation shows
+    mean = (torch.rand(z, generator=gen) - 0.5).tolist()
+    std = (0.5 + 1.5 * torch.rand(z, generator=gen)).tolist()
+    return {
+        "base_dim": spec.vae_base_dim,
+        "z_dim": z,
+        "dim_mult": [1] * spec.vae_levels,
+        "num_res_blocks": 1,
+        "attn_scales": [],
+        "temperal_downsample": [False] + [True] * (spec.vae_levels - 2),
+        "dropout": 0.0,
+        "latents_mean": [round(v, 4) for v in mean],
+        "latents_std": [round(v, 4) for v in std],
+    }
+
+
+def text_encoder_config(spec: TinyQwenImageSpec, tokenizer: Any) -> Any:
+    from transformers import Qwen2_5_VLConfig
+
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS]
+    return Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": spec.vocab_size,
+            "hidden_size": spec.text_hidden,
+            "intermediate_size": spec.text_intermediate,
+            "num_hidden_layers": spec.text_layers,
+            "num_attention_heads": spec.text_heads,
+            "num_key_value_heads": spec.text_kv_heads,
+            "max_position_embeddings": 2048,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1000000.0,
+                "mrope_section": list(spec.mrope_section),
+            },
+            "bos_token_id": None,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": spec.vision_hidden,
+            "intermediate_size": 2 * spec.vision_hidden,
+            "num_heads": spec.vision_heads,
+            "out_hidden_size": spec.text_hidden,
+            "fullatt_block_indexes": [0],
+        },
+        vision_start_token_id=ids[0],
+        vision_end_token_id=ids[1],
+        image_token_id=ids[2],
+        video_token_id=ids[3],
+    )
+
+
+# -- the decoder trap ----------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def shape_tiny_decoder(
+    vae: torch.nn.Module, spec: TinyQwenImageSpec, generator: torch.Generator
+) -> None:
+    """Turn a random ``AutoencoderKLQwenImage`` decoder into a smooth, strongly responsive one.
+
+    The decoder's channels split into *signal* channels (a random projection of the latent,
+    written by ``conv_in`` at the current frame's kernel slice), *anchor* channels (constant
+    ±A from ``conv_in``'s bias) and unused ones. The anchors dominate every per-pixel RMS
+    norm, so the norms act as fixed scalings instead of erasing each pixel's magnitude.
+    Residual branches and the mid attention are damped, 1x1 shortcuts and the upsamplers'
+    convolutions pass the signal and anchor channels through (the upsamplers blur: nearest
+    x2 then a 3x3 binomial), the output norm keeps only the signal (scaled so SiLU works
+    near its linear range) and ``conv_out`` mixes it into RGB centred on mid-grey. The
+    decoder is then close to a smooth linear up-projection of the latent.
+    """
+    from diffusers.models.autoencoders.autoencoder_kl_qwenimage import (
+        QwenImageAttentionBlock,
+        QwenImageResample,
+        QwenImageResidualBlock,
+    )
+
+    decoder = vae.decoder
+    signal, anchors = spec.decoder_signal_channels, spec.decoder_anchor_channels
+    width = spec.vae_base_dim
+    if anchors < 2 or anchors % 2 or signal < 3 or signal + anchors > width // 2:
+        raise ValueError(
+            f"TinyQwenImageSpec: {signal} signal + {anchors} anchor channels must fit half the "
+            f"decoder width ({width // 2}); anchors even and >= 2, signal >= 3"
+        )
+    carried = signal + anchors
+    z_dim = spec.latent_channels
+
+    post = torch.zeros_like(vae.post_quant_conv.weight)
+    post[:, :, 0, 0, 0] = torch.eye(z_dim)
+    vae.post_quant_conv.weight.copy_(post)
+    vae.post_quant_conv.bias.zero_()
+
+    w_in = torch.zeros_like(decoder.conv_in.weight)  # [width, z, t=3, 3, 3], causal: t=2 is "now"
+    w_in[:signal, :, 2, 1, 1] = torch.randn(signal, z_dim, generator=generator) / math.sqrt(z_dim)
+    decoder.conv_in.weight.copy_(w_in)
+    b_in = torch.zeros(width)
+    b_in[signal:carried] = spec.decoder_anchor_value * torch.tensor([1.0, -1.0]).repeat(
+        anchors // 2
+    )
+    decoder.conv_in.bias.copy_(b_in)
+
+    blur = torch.tensor([1.0, 2.0, 1.0])
+    blur = (blur[:, None] * blur[None, :]) / 16.0
+    for module in decoder.modules():
+        if isinstance(module, QwenImageResidualBlock):
+            module.conv2.weight.mul_(spec.decoder_residual_damping)
+            module.conv2.bias.zero_()
+            shortcut = module.conv_shortcut
+            if isinstance(shortcut, torch.nn.Conv3d):
+                w = torch.zeros_like(shortcut.weight)
+                w[:carried, :carried, 0, 0, 0] = torch.eye(carried)
+                shortcut.weight.copy_(w)
+                shortcut.bias.zero_()
+        elif isinstance(module, QwenImageResample) and module.mode.startswith("upsample"):
+            conv = module.resample[1]
+            w = torch.zeros_like(conv.weight)
+            for c in range(carried):
+                w[c, c] = blur
+            conv.weight.copy_(w)
+            conv.bias.zero_()
+        elif isinstance(module, QwenImageAttentionBlock):
+            module.proj.weight.mul_(spec.decoder_residual_damping)
+            module.proj.bias.zero_()
+
+    # After the output norm a signal channel is s·sqrt(width)/|x| ≈ s·sqrt(width)/(A·sqrt(anchors));
+    # scale it to `decoder_activation_std` for unit-variance s, and drop every other channel.
+    norm_scale = spec.decoder_anchor_value * math.sqrt(anchors / width)
+    gamma = torch.zeros_like(decoder.norm_out.gamma)
+    gamma[:signal] = spec.decoder_activation_std * norm_scale
+    decoder.norm_out.gamma.copy_(gamma)
+
+    mix = torch.randn(3, signal, generator=generator) * (spec.decoder_gain / math.sqrt(signal))
+    w_out = torch.zeros_like(decoder.conv_out.weight)
+    w_out[:, :signal, 2, 1, 1] = mix / spec.decoder_activation_std
+    decoder.conv_out.weight.copy_(w_out)
+    decoder.conv_out.bias.zero_()
+    # Centre each RGB channel on mid-grey over N(0, 1) model-space latents.
+    h = 8
+    latents = torch.randn(16, z_dim, 1, h, h, generator=generator)
+    mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1)
+    out = vae.decode(latents * std + mean, return_dict=False)[0]
+    decoder.conv_out.bias.copy_(-out.mean(dim=(0, 2, 3, 4)))
+
+
+# -- build ---------------------------------------------------------------------------------------
+
+
+def build_tiny_pipeline(spec: TinyQwenImageSpec) -> Any:
+    """The tiny stack as an in-memory diffusers ``QwenImagePipeline`` (fp32, CPU, seeded)."""
+    from diffusers import (
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImagePipeline,
+        QwenImageTransformer2DModel,
+    )
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    tokenizer = build_tiny_tokenizer(spec)
+    # One seed per component, so resizing one leaves the others' weights unchanged; the
+    # caller's RNG state is restored afterwards.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        transformer = QwenImageTransformer2DModel(**transformer_config(spec))
+        torch.manual_seed(spec.seed + 1)
+        vae = AutoencoderKLQwenImage(**vae_config(spec))
+        shape_tiny_decoder(vae, spec, torch.Generator().manual_seed(spec.seed + 2))
+        torch.manual_seed(spec.seed + 3)
+        text_encoder = Qwen2_5_VLForConditionalGeneration(text_encoder_config(spec, tokenizer))
+    for module in (transformer, vae, text_encoder):
+        module.eval()
+    return QwenImagePipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
+    )
+
+
+def write_tiny_qwen_image(folder: Path, spec: TinyQwenImageSpec) -> None:
+    """Build the tiny stack and ``save_pretrained`` it (safetensors) into ``folder``."""
+    pipe = build_tiny_pipeline(spec)
+    with hf_progress_bars_disabled():
+        pipe.save_pretrained(str(folder), safe_serialization=True)
