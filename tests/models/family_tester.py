@@ -1,0 +1,232 @@
+"""The contract every flow-matching family proves, written once.
+
+A family's test module subclasses :class:`FamilyTester` as ``Test<Family>Family`` and supplies
+the hooks at the top of the class (bundle factory, diffusers pipeline loader and call, LoRA
+targets, arch checks). On the ``tiny`` preset, fp32 on CPU, the inherited tests prove:
+
+(a) ODE sampling through our pipeline equals the family's diffusers pipeline for the same
+    σ schedule (asserted equal to the scheduler's), x_T and prompts — latents and pixels;
+(b) the first Flow-GRPO update through the real ``FSDPBackend`` + LoRA + ``TrainStack`` is
+    exactly on-policy: ``ratio/min == ratio/max == 1.0`` with replay-sourced old log-probs;
+(c) replay reproduces the recorded log-probs bit for bit at equal batch geometry;
+(d) the exported LoRA loads into the diffusers pipeline with ``load_lora_weights(folder)``
+    and moves its output exactly as our adapter moves ours;
+(e) the ``<family>-arch`` preset has the released shapes (built on the meta device).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from unirl.algorithms import FlowGRPO
+from unirl.sde import ODE, FlowSDE
+from unirl.train import FSDPBackend, LoraConfig, OptimizerConfig, TrainStack
+from unirl.types import DiffusionSamplingParams, RolloutReq, Texts
+
+
+@dataclasses.dataclass
+class DiffusersSample:
+    """What the reference pipeline produced: final latents in our layout, decoded pixels
+    ``[N, 3, H, W]`` in [0, 1], and the σ schedule its scheduler used (``[T + 1]``)."""
+
+    latents: torch.Tensor
+    pixels: torch.Tensor
+    sigmas: torch.Tensor
+
+
+class FamilyTester:
+    """Subclass as ``Test<Family>Family`` and fill in the hooks below."""
+
+    # -- hooks ------------------------------------------------------------------------------
+
+    pipeline_class: ClassVar[type]
+    lora_targets: ClassVar[tuple[str, ...]] = ("to_q", "to_k", "to_v", "to_out.0")
+    # |ours - diffusers| bounds; 0 means bit for bit
+    latent_atol: ClassVar[float] = 1e-5
+    pixel_atol: ClassVar[float] = 1e-5
+
+    def make_bundle(self, **overrides: Any) -> Any:
+        """A fresh fp32 CPU bundle of the ``tiny`` preset."""
+        raise NotImplementedError
+
+    def load_diffusers(self) -> Any:
+        """The family's diffusers pipeline loaded from the same ``tiny`` folder (fresh)."""
+        raise NotImplementedError
+
+    def diffusers_sample(
+        self,
+        pipe: Any,
+        *,
+        prompts: list[str],
+        x_T: torch.Tensor,
+        steps: int,
+        guidance_scale: float,
+        negative_prompt: str,
+        height: int,
+        width: int,
+    ) -> DiffusersSample:
+        """Sample with the diffusers pipeline from ``x_T`` (our latent layout)."""
+        raise NotImplementedError
+
+    def check_arch(self) -> None:
+        """Assert the ``<family>-arch`` preset's shapes (meta device, no memory)."""
+        raise NotImplementedError
+
+    # -- geometry shared by the tests ------------------------------------------------------------
+
+    height: ClassVar[int] = 64
+    width: ClassVar[int] = 64
+    steps: ClassVar[int] = 4
+    guidance_scale: ClassVar[float] = 4.0
+    # two prompts of different token lengths (text padding is exercised)
+    prompts: ClassVar[tuple[str, ...]] = (
+        "a red fox in the snow",
+        'a neon sign that says "OPEN" above a small cafe at night',
+    )
+
+    def request(
+        self,
+        bundle: Any,
+        *,
+        samples_per_prompt: int,
+        sde_steps: tuple[int, ...],
+        guidance_scale: float,
+        seed: int = 5,
+    ) -> RolloutReq:
+        n = len(self.prompts) * samples_per_prompt
+        params = DiffusionSamplingParams(
+            num_inference_steps=self.steps,
+            guidance_scale=guidance_scale,
+            height=self.height,
+            width=self.width,
+            samples_per_prompt=samples_per_prompt,
+            negative_prompt="",
+        )
+        return RolloutReq(
+            sample_ids=torch.arange(n),
+            group_ids=torch.arange(n) // samples_per_prompt,
+            primitives={
+                "text": Texts(texts=[p for p in self.prompts for _ in range(samples_per_prompt)])
+            },
+            sde_indices=torch.tensor([list(sde_steps)] * n, dtype=torch.long).reshape(n, -1),
+            sampling_params=params,
+            sigmas=bundle.sigmas(self.steps, self.height, self.width),
+            init_noise_shape=tuple(bundle.latent_shape(self.height, self.width)),
+            seed=seed,
+        )
+
+    def reference(self, pipe: Any, req: RolloutReq) -> DiffusersSample:
+        return self.diffusers_sample(
+            pipe,
+            prompts=list(req.prompts),
+            x_T=req.initial_noise(),
+            steps=self.steps,
+            guidance_scale=req.sampling_params.guidance_scale,
+            negative_prompt=req.sampling_params.negative_prompt,
+            height=self.height,
+            width=self.width,
+        )
+
+    @staticmethod
+    def assert_within(ours: torch.Tensor, theirs: torch.Tensor, atol: float, what: str) -> None:
+        assert ours.shape == theirs.shape, (what, ours.shape, theirs.shape)
+        gap = float((ours.float() - theirs.float()).abs().max())
+        assert gap <= atol, f"{what}: max |ours - diffusers| = {gap:.3g} > {atol:.1g}"
+
+    # -- fixtures ------------------------------------------------------------------------------
+
+    @pytest.fixture(scope="class")
+    def diffusers_pipe(self) -> Any:
+        return self.load_diffusers()
+
+    @pytest.fixture(scope="class")
+    def trained(self) -> SimpleNamespace:
+        """One Flow-GRPO step with LoRA through the real backend and stack (rollout batch =
+        training micro-batch, old log-probs replayed)."""
+        bundle = self.make_bundle()
+        backend = FSDPBackend(
+            bundle=bundle,
+            lora=LoraConfig(rank=4, alpha=8, targets=list(self.lora_targets)),
+            optimizer=OptimizerConfig(lr=2e-2),
+            param_dtype="fp32",
+            device="cpu",
+        )
+        pipeline = self.pipeline_class(bundle=bundle, strategy=FlowSDE(eta=0.7))
+        algorithm = FlowGRPO(pipeline=pipeline, clip_range=1e-3, old_logp_source="replay")
+        stack = TrainStack(
+            backend=backend,
+            algorithm=algorithm,
+            micro_batch_size=8,
+            num_updates_per_batch=1,
+            shuffle=False,
+        )
+        req = self.request(
+            bundle, samples_per_prompt=4, sde_steps=(0, 1, 2), guidance_scale=self.guidance_scale
+        )
+        track = pipeline.generate(req).tracks["diffusion"]
+        track = dataclasses.replace(track, rewards=torch.arange(len(track)).float())
+        track, _ = track.compute_advantages()
+        out = stack.train_track(track, 0, 0.0)
+        return SimpleNamespace(bundle=bundle, backend=backend, step=out["steps"][0])
+
+    # -- the contract ----------------------------------------------------------------------------
+
+    def test_ode_sampling_equals_diffusers(self, diffusers_pipe: Any) -> None:
+        bundle = self.make_bundle()
+        pipeline = self.pipeline_class(bundle=bundle, strategy=ODE())
+        req = self.request(
+            bundle, samples_per_prompt=1, sde_steps=(), guidance_scale=self.guidance_scale
+        )
+        track = pipeline.generate(req).tracks["diffusion"]
+        ref = self.reference(diffusers_pipe, req)
+        assert torch.equal(ref.sigmas.cpu().float(), req.sigmas), (ref.sigmas, req.sigmas)
+        assert track.segment.final_latents is not None
+        self.assert_within(track.segment.final_latents, ref.latents, self.latent_atol, "latents")
+        self.assert_within(track.decoded.pixels, ref.pixels, self.pixel_atol, "pixels")
+
+    def test_first_update_ratio_is_exactly_one(self, trained: SimpleNamespace) -> None:
+        step = trained.step
+        assert step["ratio/min"] == 1.0 and step["ratio/max"] == 1.0, step
+        assert step["approx_kl"] == 0.0
+        assert step["old_logp/rollout_vs_replay_max"] == 0.0
+        assert step["grad_norm"] > 0  # the update is real
+
+    def test_replay_reproduces_logprobs_bit_for_bit(self) -> None:
+        bundle = self.make_bundle()
+        pipeline = self.pipeline_class(bundle=bundle, strategy=FlowSDE(eta=0.7))
+        req = self.request(
+            bundle, samples_per_prompt=2, sde_steps=(0, 2), guidance_scale=self.guidance_scale
+        )
+        track = pipeline.generate(req).tracks["diffusion"]
+        segment = track.segment
+        assert segment.sde_logp is not None and segment.sde_logp.shape == (len(track), 2)
+        with torch.no_grad():
+            for slot in range(2):
+                record = pipeline.replay(track.conditions, segment, slot)
+                assert torch.equal(record.log_prob, segment.sde_logp[:, slot]), slot
+
+    def test_exported_lora_loads_into_diffusers(
+        self, trained: SimpleNamespace, tmp_path: Path
+    ) -> None:
+        trained.backend.export_lora(tmp_path / "lora")
+        req = self.request(
+            trained.bundle, samples_per_prompt=1, sde_steps=(), guidance_scale=self.guidance_scale
+        )
+        ours = self.pipeline_class(bundle=trained.bundle, strategy=ODE()).generate(req)
+        ours_latents = ours.tracks["diffusion"].segment.final_latents
+        pipe = self.load_diffusers()
+        base = self.reference(pipe, req).latents
+        pipe.load_lora_weights(str(tmp_path / "lora"))
+        loaded = self.reference(pipe, req).latents
+        moved = float((loaded - base).abs().max())
+        assert moved > 1e-4, f"the exported adapter moved diffusers' latents by only {moved:.3g}"
+        self.assert_within(ours_latents, loaded, self.latent_atol, "latents with the LoRA")
+
+    def test_arch_preset_has_the_released_shapes(self) -> None:
+        self.check_arch()

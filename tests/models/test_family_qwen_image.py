@@ -1,0 +1,99 @@
+"""Qwen-Image proves the shared family contract (``family_tester.py``) on its ``tiny`` preset."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from family_tester import DiffusersSample, FamilyTester
+
+from unirl.models.qwen_image import (
+    QwenImageBundle,
+    QwenImagePipeline,
+    count_params,
+    qwen_image_arch_spec,
+)
+
+TEXT_TOKENS = 64
+
+
+class TestQwenImageFamily(FamilyTester):
+    pipeline_class = QwenImagePipeline
+    guidance_scale = 4.0
+
+    def make_bundle(self, **overrides: Any) -> QwenImageBundle:
+        kwargs: dict[str, Any] = {
+            "path": "tiny",
+            "dtype": "fp32",
+            "text_encoder_dtype": "fp32",
+            "device": "cpu",
+            "max_sequence_length": TEXT_TOKENS,
+        }
+        return QwenImageBundle(**{**kwargs, **overrides})
+
+    def load_diffusers(self) -> Any:
+        from diffusers import QwenImagePipeline as DiffusersQwenImagePipeline
+
+        from unirl.models.common.progress import hf_progress_bars_disabled
+        from unirl.models.qwen_image import tiny_preset_path
+
+        with hf_progress_bars_disabled():
+            pipe = DiffusersQwenImagePipeline.from_pretrained(
+                tiny_preset_path(), local_files_only=True
+            )
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def diffusers_sample(
+        self,
+        pipe: Any,
+        *,
+        prompts: list[str],
+        x_T: torch.Tensor,
+        steps: int,
+        guidance_scale: float,
+        negative_prompt: str,
+        height: int,
+        width: int,
+    ) -> DiffusersSample:
+        captured: dict[str, torch.Tensor] = {}
+
+        def grab(_pipe: Any, _i: int, _t: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+            captured["latents"] = tensors["latents"]
+            return {}
+
+        n = x_T.shape[0]
+        out = pipe(
+            prompt=prompts,
+            negative_prompt=[negative_prompt] * len(prompts),
+            true_cfg_scale=guidance_scale,
+            num_inference_steps=steps,
+            height=height,
+            width=width,
+            latents=x_T.reshape(n, -1, x_T.shape[-1]),  # diffusers' packed [N, L, 4C]
+            max_sequence_length=TEXT_TOKENS,
+            output_type="pt",
+            callback_on_step_end=grab,
+            callback_on_step_end_tensor_inputs=["latents"],
+        )
+        return DiffusersSample(
+            latents=captured["latents"].reshape(x_T.shape),
+            pixels=out.images,
+            sigmas=pipe.scheduler.sigmas,
+        )
+
+    def check_arch(self) -> None:
+        spec = qwen_image_arch_spec()
+        tr, te = spec.transformer, spec.text_encoder["text_config"]
+        assert (
+            tr["num_layers"] == 60 and tr["num_attention_heads"] * tr["attention_head_dim"] == 3072
+        )
+        assert tr["joint_attention_dim"] == te["hidden_size"] == 3584
+        assert tr["in_channels"] == 4 * spec.vae["z_dim"] == 64
+        assert sum(tr["axes_dims_rope"]) == tr["attention_head_dim"]
+        counts = count_params(spec)
+        assert 20.0e9 <= counts["transformer"] <= 21.0e9, counts  # Qwen-Image: 20.4 B
+        assert 8.0e9 <= counts["text_encoder"] <= 8.5e9, counts  # Qwen2.5-VL-7B: 8.3 B
+        module = QwenImageBundle.trainable_on_meta({"path": "qwen-image-arch"})
+        assert module is not None and next(module.parameters()).device.type == "meta"
+        assert sum(p.numel() for p in module.parameters()) == counts["transformer"]
