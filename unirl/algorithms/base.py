@@ -61,19 +61,22 @@ class StageAlgorithm(ABC):
         )
 
     # -- loop hooks (driver-callable; every train worker runs them) -----------------------------
+    # ``distributed`` is annotated ``-> Any`` (unirl/distributed/group/dispatch.py), so mypy
+    # --strict calls every use an untyped decorator: the ignores on it in this package go once
+    # it has @overload signatures.
 
-    @distributed(dispatch=Dispatch.BROADCAST)
+    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]
     def begin_rollout(self, rollout_index: int, mode: str) -> None:
         """Before the engine samples (``mode`` is ``train`` or ``eval``); e.g. NFT switches the
         trainside sampler to its old adapter here."""
         return None
 
-    @distributed(dispatch=Dispatch.BROADCAST)
+    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]
     def end_rollout(self, rollout_index: int, mode: str) -> None:
         """After the engine sampled; undo whatever ``begin_rollout`` did."""
         return None
 
-    @distributed(dispatch=Dispatch.BROADCAST)
+    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]
     def after_train(self, rollout_index: int) -> dict[str, float]:
         """After the optimizer steps of a rollout (e.g. NFT's EMA of the old adapter);
         returns metrics. Default: :meth:`kl_after_train`."""
@@ -106,12 +109,12 @@ class StageAlgorithm(ABC):
             return
         self.kl_controller.load_state_dict(kl_state)
 
-    @distributed(dispatch=Dispatch.RANK_ZERO)
+    @distributed(dispatch=Dispatch.RANK_ZERO)  # type: ignore[untyped-decorator]
     def algorithm_state(self) -> dict[str, Any]:
         """Rank 0's :meth:`state_dict` (every rank holds the same one) for the checkpoint."""
         return self.state_dict()
 
-    @distributed(dispatch=Dispatch.BROADCAST)
+    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]
     def load_algorithm_state(self, state: dict[str, Any]) -> None:
         """Restore the checkpoint's :meth:`state_dict` on every rank."""
         self.load_state_dict(state)

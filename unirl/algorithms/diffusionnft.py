@@ -303,11 +303,12 @@ class DiffusionNFT(StageAlgorithm):
         return self.backend
 
     def _adapter(self, name: str) -> AbstractContextManager[Any]:
-        return self._require_backend().set_active_adapter(name)
+        switch: AbstractContextManager[Any] = self._require_backend().set_active_adapter(name)
+        return switch
 
     # -- loop hooks -----------------------------------------------------------------------------
 
-    @distributed(dispatch=Dispatch.BROADCAST)
+    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]  # see base.py
     def begin_rollout(self, rollout_index: int, mode: str) -> None:
         """Train rollouts sample with the old adapter; eval ones with the trained one."""
         self._close_rollout_ctx()  # a rollout that raised never reached end_rollout
@@ -318,7 +319,7 @@ class DiffusionNFT(StageAlgorithm):
         stack.enter_context(self._adapter(self.old_adapter))
         self._rollout_ctx = stack
 
-    @distributed(dispatch=Dispatch.BROADCAST)
+    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]  # see base.py
     def end_rollout(self, rollout_index: int, mode: str) -> None:
         self._close_rollout_ctx()
 
@@ -327,7 +328,7 @@ class DiffusionNFT(StageAlgorithm):
             ctx, self._rollout_ctx = self._rollout_ctx, None
             ctx.close()
 
-    @distributed(dispatch=Dispatch.BROADCAST)
+    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]  # see base.py
     def after_train(self, rollout_index: int) -> dict[str, float]:
         """``old ← d·old + (1 − d)·trained`` with d from the EMA schedule; then the KL
         controller's rollout update (:meth:`StageAlgorithm.kl_after_train`)."""
@@ -392,7 +393,7 @@ class DiffusionNFT(StageAlgorithm):
                 "kl",
             )
         }
-        total = 0.0
+        total: Tensor | float = 0.0
         control = self.kl_controller
         for k in range(k_total):
             t = times[:, k].to(device)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from unirl.algorithms.grpo import TokenPolicyLoss
+from unirl.algorithms.grpo import TokenPolicy, TokenPolicyLoss
 from unirl.algorithms.kl import KLConfig
 from unirl.algorithms.losses import drpo_loss
 from unirl.config.require import require
@@ -28,7 +28,7 @@ class DRPO(TokenPolicyLoss):
     def __init__(
         self,
         *,
-        policy: Any,
+        policy: TokenPolicy,
         epsilon: float = 0.2,
         token_adaptive: bool = True,
         loss_agg: str = "token-mean",

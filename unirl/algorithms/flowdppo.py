@@ -21,6 +21,7 @@ from unirl.algorithms.flowgrpo import (
     ratio_metrics,
     replay_anchors,
     replay_slot_losses,
+    replayed_log_prob,
     slot_sigmas,
 )
 from unirl.algorithms.kl import KLConfig, kl_metrics
@@ -96,10 +97,11 @@ class FlowDPPO(StageAlgorithm):
             k: int, record: StepRecord
         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             assert segment.sde_logp is not None and segment.sde_means is not None
+            log_prob = replayed_log_prob(record, self.pipeline.strategy)
             sigma, sigma_next, sigma_max = slot_sigmas(segment, k, record.mean.device)
             std = self.pipeline.strategy.step_std(sigma, sigma_next, sigma_max=sigma_max)
             out = flow_dppo_loss(
-                record.log_prob,
+                log_prob,
                 segment.sde_logp[:, k],
                 adv,
                 record.mean,
@@ -109,7 +111,7 @@ class FlowDPPO(StageAlgorithm):
             )
             terms = {
                 "ratio": out.ratio,
-                "log_ratio": (record.log_prob - segment.sde_logp[:, k]).detach(),
+                "log_ratio": (log_prob - segment.sde_logp[:, k]).detach(),
                 "dppo_kl": out.kl,
                 "keep": out.keep,
                 "over": out.over,

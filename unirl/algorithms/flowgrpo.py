@@ -27,6 +27,8 @@ from unirl.algorithms.losses import clipped_surrogate, grpo_guard_log_ratio
 from unirl.config.require import require
 from unirl.config.typecheck import PositiveFloat
 from unirl.models.common.denoise import StepRecord, sigma_max_of
+from unirl.sde import SDEStrategy
+from unirl.sde.kernels import KLForm
 from unirl.types import Conditions, LatentSegment, host_to_device
 
 # --------------------------------------------------------------------------- shared machinery
@@ -83,16 +85,28 @@ def reference_step(
 ) -> StepRecord:
     """Replay slot ``slot`` under the frozen reference (the backend's adapter-disable), no grad."""
     with torch.no_grad(), algorithm.reference():
-        return pipeline.replay(conditions, segment, slot)
+        record: StepRecord = pipeline.replay(conditions, segment, slot)
+    return record
+
+
+def replayed_log_prob(record: StepRecord, strategy: object) -> torch.Tensor:
+    """``log_prob[B]`` of a replayed step; a ratio loss cannot run on a strategy without one
+    (the validators refuse that recipe, so this only guards direct use)."""
+    if record.log_prob is None:
+        raise ValueError(
+            f"the replayed step has no log-prob: pipeline.strategy {type(strategy).__name__} "
+            "records none; ratio losses need FlowSDE, CPS or DanceSDE"
+        )
+    return record.log_prob
 
 
 def step_kl(
-    strategy: Any,
+    strategy: SDEStrategy,
     mean: torch.Tensor,
     ref_mean: torch.Tensor,
     segment: LatentSegment,
     slot: int,
-    form: str,
+    form: KLForm,
 ) -> torch.Tensor:
     """``KL[B]`` between the policy's and the reference's step at slot ``slot`` (form: see
     ``SDEStrategy.kl``): ``gaussian`` divides by 2·std², ``reference`` by 2·noise_scale²."""
@@ -245,13 +259,14 @@ class FlowGRPO(StageAlgorithm):
             k: int, record: StepRecord
         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             assert segment.sde_logp is not None
-            log_ratio = record.log_prob - segment.sde_logp[:, k]
+            log_prob = replayed_log_prob(record, self.pipeline.strategy)
+            log_ratio = log_prob - segment.sde_logp[:, k]
             if guard:
                 assert segment.sde_means is not None
                 sigma, sigma_next, sigma_max = slot_sigmas(segment, k, record.mean.device)
                 std = self.pipeline.strategy.step_std(sigma, sigma_next, sigma_max=sigma_max)
                 guard_log_ratio = grpo_guard_log_ratio(
-                    record.log_prob,
+                    log_prob,
                     segment.sde_logp[:, k],
                     record.mean,
                     segment.sde_means[:, k],

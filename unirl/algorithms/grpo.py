@@ -51,7 +51,7 @@ class TokenPolicyLoss(StageAlgorithm):
     def __init__(
         self,
         *,
-        policy: Any,
+        policy: TokenPolicy,
         loss_agg: str = "token-mean",
         norm_length: int | None = None,
         kl: KLConfig | Mapping[str, Any] | None = None,
@@ -75,7 +75,7 @@ class TokenPolicyLoss(StageAlgorithm):
             callable(getattr(policy, "token_log_probs", None)),
             f"algorithm.policy ({type(policy).__name__}) must provide token_log_probs(conditions, segment)",
         )
-        self.policy = policy
+        self.policy: TokenPolicy = policy
         self.loss_agg = loss_agg
         self.norm_length = norm_length
         self.old_logp_source = old_logp_source
@@ -195,7 +195,7 @@ class GRPO(TokenPolicyLoss):
     def __init__(
         self,
         *,
-        policy: Any,
+        policy: TokenPolicy,
         clip_low: float = 0.2,
         clip_high: float = 0.2,
         loss_agg: str = "token-mean",

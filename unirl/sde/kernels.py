@@ -393,7 +393,7 @@ class ODE(SDEStrategy):
         """Any finite sigmas are accepted (e.g. inverted schedules)."""
 
     def _noise_scale(self, sig: Tensor, nxt: Tensor, sigma_max: float | None) -> Tensor:
-        return torch.zeros_like(torch.broadcast_tensors(sig, nxt)[0])
+        return sig.new_zeros(torch.broadcast_shapes(sig.shape, nxt.shape))
 
     def _std(self, sig: Tensor, nxt: Tensor, sigma_max: float | None) -> Tensor:
         return self._noise_scale(sig, nxt, sigma_max)

@@ -217,6 +217,9 @@ class Batch:
     """
 
     host_fields: ClassVar[tuple[str, ...]] = ()
+    # every subclass is a dataclass: declared so that type checkers accept ``Self`` in
+    # ``dataclasses.fields`` / ``dataclasses.replace``
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     # -- introspection -----------------------------------------------------------------
 
@@ -224,7 +227,7 @@ class Batch:
     def field_kinds(cls) -> dict[str, str]:
         return {
             f.name: f.metadata.get("batch_kind", "concat")
-            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+            for f in dataclasses.fields(cls)
             if f.init
         }
 

@@ -89,9 +89,8 @@ def park(resp: RolloutResp, key: str) -> RolloutResp:
     for name, track in resp.tracks.items():
         track_key = f"{key}/{name}"
         RESIDENT.put(track_key, track.sample_ids, {f: getattr(track, f) for f in PARKED_FIELDS})
-        tracks[name] = dataclasses.replace(
-            track, **{f: None for f in PARKED_FIELDS}, resident_key=track_key
-        )
+        parked: dict[str, Any] = dict.fromkeys(PARKED_FIELDS)  # each parked field -> None
+        tracks[name] = dataclasses.replace(track, **parked, resident_key=track_key)
     return dataclasses.replace(resp, tracks=tracks)
 
 
