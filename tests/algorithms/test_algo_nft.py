@@ -288,28 +288,32 @@ def _adapter_tensors(backend: FSDPBackend, name: str) -> dict[str, torch.Tensor]
 
 
 def test_rollout_runs_under_the_old_adapter_and_eval_under_the_trained_one() -> None:
+    """The loss node declares the sampling adapter; the trainer's TrainOps switches it."""
+    from unirl.trainer.roles import TrainOps
+
     backend, bundle = _backend()
     _move_trained_adapter(backend)
     algo = _algo(bundle, backend)
+    ops = TrainOps(backend=backend, pipeline=algo.pipeline, algorithm=algo)
     cond, segment, _ = _batch()
     x, t = segment.final_latents, torch.full((4,), 0.5)
     pipe = algo.pipeline
+    assert algo.sampling_adapter("train") == "old" and algo.sampling_adapter("eval") is None
     with torch.no_grad():
         v_default = pipe.predict_velocity(x, t, cond)
         with backend.set_active_adapter("old"):
             v_old = pipe.predict_velocity(x, t, cond)
         assert not torch.allclose(v_default, v_old, atol=1e-4)
-        algo.begin_rollout(3, "train")
+        assert ops.begin_sampling("train") == "old"
         assert torch.equal(pipe.predict_velocity(x, t, cond), v_old)
-        algo.end_rollout(3, "train")
+        ops.end_sampling()
         assert torch.equal(pipe.predict_velocity(x, t, cond), v_default)
-        algo.begin_rollout(4, "eval")
+        assert ops.begin_sampling("eval") is None
         assert torch.equal(pipe.predict_velocity(x, t, cond), v_default)
-        algo.end_rollout(4, "eval")
-        algo.begin_rollout(5, "train")  # a rollout that raised never called end_rollout ...
-        algo.begin_rollout(6, "eval")  # ... the next begin_rollout closes it first
+        ops.end_sampling()
+        ops.begin_sampling("train")  # a rollout that raised never called end_sampling ...
+        ops.begin_sampling("eval")  # ... the next begin_sampling undoes it first
         assert torch.equal(pipe.predict_velocity(x, t, cond), v_default)
-    assert algo.rollout_index == 5
     assert all(p.requires_grad for p in backend.trainable_parameters())
 
 
@@ -331,8 +335,7 @@ def test_loss_matches_an_independent_computation_and_trains_only_the_default_ada
         seed=4,
     )
     cond, segment, adv = _batch()
-    algo.begin_rollout(2, "train")
-    algo.end_rollout(2, "train")
+    algo.start_rollout(2)  # what the train stack does before training rollout 2
     result = algo.compute_loss_and_backward(cond, segment, adv, loss_scale=1.0)
 
     x0 = segment.final_latents.double()
@@ -385,8 +388,7 @@ def test_schedule_times_are_distinct_schedule_sigmas_and_micro_batching_does_not
     _move_trained_adapter(backend)
     algo = _algo(bundle, backend, num_train_timesteps=4, timestep_sampling="schedule")
     cond, segment, adv = _batch(steps=5)
-    algo.begin_rollout(0, "train")
-    algo.end_rollout(0, "train")
+    algo.start_rollout(0)
     times, _ = algo.training_times(segment)
     _, _, slots = draw_training_noise(
         segment.final_latents, seed=0, rollout_index=0, num_train_timesteps=4, num_schedule_steps=5
@@ -462,7 +464,7 @@ def test_wiring_errors_name_the_fix() -> None:
     fresh = DiffusionNFT(pipeline=TinyTransformerPipeline(bundle))
     fresh.bind_backend(backend)
     cond, segment, adv = _batch()
-    with pytest.raises(RuntimeError, match="begin_rollout"):
+    with pytest.raises(RuntimeError, match="start_rollout"):
         fresh.compute_loss_and_backward(cond, segment, adv, loss_scale=1.0)
     assert DiffusionNFT.requires_log_prob is False and DiffusionNFT.supports_multi_update is False
     assert DiffusionNFT.requires_ema_rollout is True

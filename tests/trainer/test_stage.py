@@ -69,3 +69,23 @@ def test_children_come_before_parents_and_cycles_are_refused() -> None:
         order_stages([Stage(track="a", parent="zz")])
     assert Stage(track="text", prefix="text").key("reward/mean") == "text/reward/mean"
     assert Stage(track="diffusion").key("reward/mean") == "reward/mean"
+
+
+def test_reward_metrics_keep_every_scorer_counter_and_sum_counts_over_shards() -> None:
+    """Counters of any scorer reach the driver (``clip/nonfinite`` was dropped before: only
+    ``ocr/*`` and ``guard/*`` were kept); counts are summed over shards, statistics averaged."""
+    from unirl.trainer.base import reward_metrics
+
+    meta = [{} for _ in range(4)]
+    meta[0]["_reward_metrics"] = {"clip/nonfinite": 1.0, "ocr/failures": 0.0, "guard/dark": 0.2}
+    meta[2]["_reward_metrics"] = {"clip/nonfinite": 2.0, "ocr/failures": 1.0, "guard/dark": 0.4}
+    track = RolloutTrack(
+        sample_ids=torch.arange(4),
+        group_ids=torch.tensor([0, 0, 1, 1]),
+        rewards=torch.tensor([1.0, 2.0, 3.0, 4.0]),
+        metadata=meta,
+    )
+    out = reward_metrics(track)
+    assert out["clip/nonfinite"] == 3.0 and out["ocr/failures"] == 1.0
+    assert abs(out["guard/dark"] - 0.3) < 1e-12
+    assert out["reward/mean"] == 2.5

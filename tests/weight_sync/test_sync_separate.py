@@ -16,7 +16,6 @@ from sync_fakes import RECIPE
 from unirl.config.entry import compose_recipe
 from unirl.config.validate import validate
 from unirl.distributed.group import DevicePool
-from unirl.trainer.dedicated import build_dedicated_layout
 from unirl.trainer.diffusion import DiffusionTrainer
 
 ROLLOUTS = 3
@@ -37,16 +36,10 @@ def _train_with_checks(tmp_path: Path, overrides: list[str]) -> dict[str, Any]:
     )
     seen: list[dict[str, int]] = []
     try:
-        layout = build_dedicated_layout(cfg, pool)
+        trainer.place(pool)  # the recipe's placement: dedicated engine on its own slab
+        layout = trainer.dedicated
         roles = layout.roles
         assert roles.engine.pool_ranks != roles.backend.pool_ranks  # disjoint slabs
-        trainer.algorithm = roles.algorithm
-        info = roles.ops.describe(64, 64)
-        trainer.scheduler_config, trainer.latent_shape = (
-            info["scheduler_config"],
-            info["latent_shape"],
-        )
-        trainer.image_seq_len = info["image_seq_len"]
         driver, run = layout.driver, layout.driver.run
 
         def run_and_check(**kwargs: Any) -> dict[str, float]:
@@ -62,9 +55,7 @@ def _train_with_checks(tmp_path: Path, overrides: list[str]) -> dict[str, Any]:
         driver.run = run_and_check
         rows = []
         for k in range(ROLLOUTS):
-            metrics = trainer._one_rollout(k, layout.rollout, roles.reward, roles.stack)
-            metrics.update(layout.after_train(k))
-            rows.append(metrics)
+            rows.append(trainer.one_rollout(k))  # the loop's turn, sync/* metrics included
         stale = roles.engine.checksums()[0]
         live_now = _first(roles.source.trainer_checksums(driver.manifest))
         return {

@@ -31,7 +31,8 @@ class StageAlgorithm(ABC):
 
     - ``supports_multi_update``: may take several optimizer steps per rollout.
     - ``requires_log_prob``: needs per-step log-probs from the SDE strategy (ratio losses).
-    - ``requires_ema_rollout``: rollout must run with the EMA / old weights (NFT).
+    - ``requires_ema_rollout``: rollout must run with the EMA / old weights (NFT); the
+      adapter it names in :meth:`sampling_adapter` is switched in by the trainer.
 
     ``kl`` (the recipe's ``algorithm.kl``, a :class:`KLConfig`; absent: no KL term) configures
     ``kl_controller``, the β of the KL to the frozen reference; the base updates it in
@@ -65,15 +66,15 @@ class StageAlgorithm(ABC):
     # --strict calls every use an untyped decorator: the ignores on it in this package go once
     # it has @overload signatures.
 
-    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]
-    def begin_rollout(self, rollout_index: int, mode: str) -> None:
-        """Before the engine samples (``mode`` is ``train`` or ``eval``); e.g. NFT switches the
-        trainside sampler to its old adapter here."""
+    def sampling_adapter(self, mode: str) -> str | None:
+        """The adapter a ``train`` or ``eval`` rollout samples with, or ``None`` for the
+        trained weights as they are. The trainer switches it (``TrainOps.begin_sampling``):
+        a loss node declares, it never steers the sampler. NFT: its old adapter for train."""
         return None
 
-    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]
-    def end_rollout(self, rollout_index: int, mode: str) -> None:
-        """After the engine sampled; undo whatever ``begin_rollout`` did."""
+    def start_rollout(self, rollout_index: int) -> None:
+        """Called by the train stack before it trains on rollout ``rollout_index`` (NFT seeds
+        its training noise with it)."""
         return None
 
     @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]

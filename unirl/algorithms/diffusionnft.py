@@ -17,7 +17,6 @@ decay follows :class:`OldAdapterEMA`.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import struct
 from collections.abc import Mapping
@@ -198,8 +197,9 @@ def draw_training_noise(
 class DiffusionNFT(StageAlgorithm):
     """DiffusionNFT with a trained LoRA adapter and a frozen "old" copy on the same module.
 
-    ``begin_rollout(i, "train")`` makes ``old_adapter`` the active adapter until
-    ``end_rollout``; eval rollouts use the trained adapter (or its EMA). The backend must
+    Train rollouts sample with ``old_adapter`` (:meth:`sampling_adapter`; the trainer's
+    ``TrainOps`` switches it in around sampling); eval rollouts use the trained adapter (or
+    its EMA). The backend must
     hold the old adapter (``backend.lora.extra_adapters=[old]``), and the pipeline's strategy
     must be ``unirl.sde.ODE``: the trainer records no SDE steps for a likelihood-free loss.
 
@@ -271,7 +271,6 @@ class DiffusionNFT(StageAlgorithm):
         self.seed = int(seed)
         self.trained_adapter = "default"
         self.rollout_index: int | None = None
-        self._rollout_ctx: contextlib.ExitStack | None = None
 
     # -- wiring ---------------------------------------------------------------------------------
 
@@ -308,25 +307,12 @@ class DiffusionNFT(StageAlgorithm):
 
     # -- loop hooks -----------------------------------------------------------------------------
 
-    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]  # see base.py
-    def begin_rollout(self, rollout_index: int, mode: str) -> None:
+    def sampling_adapter(self, mode: str) -> str | None:
         """Train rollouts sample with the old adapter; eval ones with the trained one."""
-        self._close_rollout_ctx()  # a rollout that raised never reached end_rollout
-        if mode != "train":
-            return
+        return self.old_adapter if mode == "train" else None
+
+    def start_rollout(self, rollout_index: int) -> None:
         self.rollout_index = int(rollout_index)
-        stack = contextlib.ExitStack()
-        stack.enter_context(self._adapter(self.old_adapter))
-        self._rollout_ctx = stack
-
-    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]  # see base.py
-    def end_rollout(self, rollout_index: int, mode: str) -> None:
-        self._close_rollout_ctx()
-
-    def _close_rollout_ctx(self) -> None:
-        if self._rollout_ctx is not None:
-            ctx, self._rollout_ctx = self._rollout_ctx, None
-            ctx.close()
 
     @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]  # see base.py
     def after_train(self, rollout_index: int) -> dict[str, float]:
@@ -346,8 +332,8 @@ class DiffusionNFT(StageAlgorithm):
             raise ValueError("DiffusionNFT needs segment.final_latents (the rollout's clean x₀)")
         if self.rollout_index is None:
             raise RuntimeError(
-                "DiffusionNFT: no train rollout has begun; the trainer calls "
-                "algorithm.begin_rollout(index, 'train') before sampling (it seeds the noise)"
+                "DiffusionNFT: no rollout index; the train stack calls "
+                "algorithm.start_rollout(index) before training (it seeds the noise)"
             )
         schedule = self.timestep_sampling == "schedule"
         steps = segment.sigmas.numel() - 1

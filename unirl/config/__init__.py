@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from unirl.config.require import ConfigError, require
+from unirl.config.require import ConfigError, UserFacingError, require
 
-__all__ = ["ConfigError", "require"]
+__all__ = ["ConfigError", "UserFacingError", "require"]

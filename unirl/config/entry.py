@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from unirl.config.require import ConfigError
+from unirl.config.require import ConfigError, UserFacingError
 from unirl.config.run import RunConfig
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
@@ -89,6 +89,9 @@ def hydra_entry(
             code = run(data)  # type: ignore[arg-type]
         except ConfigError as exc:
             print(f"[unirl] configuration error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        except UserFacingError as exc:  # a refused resume, a model path that resolves to nothing
+            print(f"[unirl] error: {exc}", file=sys.stderr, flush=True)
             sys.exit(2)
         if code:
             sys.exit(code)

@@ -155,6 +155,7 @@ class RunConfig:
     sync_interval: NonNegativeInt = 1
     output_dir: str = "outputs/run"
     resume: str | None = None
+    overwrite: bool = False
     seed: int = 0
     dry_run: bool = False
     call_timeout_s: PositiveFloat | None = 1800.0
@@ -239,6 +240,15 @@ class RunConfig:
                 continue
             kwargs[name] = _typed_block(klass, block, name)
         return cls(**kwargs)
+
+    def slab_sizes(self) -> tuple[int, int]:
+        """``(train devices, rollout devices)``: the data-parallel sizes of the two slabs
+        (``layout=separate``: ``train_fraction`` of the devices train, the rest sample;
+        ``colocate``: both are every device). The one place this arithmetic lives."""
+        if self.layout == "separate":
+            train = round(self.num_devices * self.train_fraction)
+            return train, self.num_devices - train
+        return self.num_devices, self.num_devices
 
     @property
     def samples_per_rollout(self) -> int:

@@ -13,6 +13,7 @@ import importlib
 import inspect
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from unirl.config.precision import canonical_precision
@@ -201,16 +202,9 @@ def check_layout_and_sync(cfg: RunConfig, objs: dict[str, Any]) -> None:
         )
 
 
-def _slab_sizes(cfg: RunConfig) -> tuple[int, int]:
-    if cfg.layout == "separate":
-        train = round(cfg.num_devices * cfg.train_fraction)
-        return train, cfg.num_devices - train
-    return cfg.num_devices, cfg.num_devices
-
-
 def check_batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> None:
     n = cfg.samples_per_rollout
-    train_dp, rollout_dp = _slab_sizes(cfg)
+    train_dp, rollout_dp = cfg.slab_sizes()
     require(
         train_dp >= 1 and rollout_dp >= 1,
         f"train_fraction={cfg.train_fraction} leaves a slab with no devices",
@@ -261,7 +255,7 @@ def check_drop_group_shards(cfg: RunConfig, objs: dict[str, Any]) -> None:
         return
     spp = int(getattr(objs.get("sampling"), "samples_per_prompt", 1))
     n = cfg.samples_per_rollout
-    train_dp, rollout_dp = _slab_sizes(cfg)
+    train_dp, rollout_dp = cfg.slab_sizes()
     for slab, dp in (("rollout", rollout_dp), ("train", train_dp)):
         per_rank = n // dp
         require(
@@ -376,6 +370,24 @@ def check_data(cfg: RunConfig, objs: dict[str, Any]) -> None:
         )
 
 
+def check_output_dir(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    """A fresh run never lands on an earlier run's history or checkpoints silently: it needs
+    an empty (or new) ``output_dir``, ``resume`` to continue, or ``overwrite=true``."""
+    if cfg.resume not in (None, "", "none", "null") or cfg.overwrite:
+        return
+    root = Path(cfg.output_dir).expanduser()
+    found = [
+        name
+        for name in ("metrics.jsonl", "eval_metrics.jsonl", "checkpoints")
+        if (root / name).exists() and (not (root / name).is_dir() or any((root / name).iterdir()))
+    ]
+    require(
+        not found,
+        f"output_dir {str(root)!r} already holds a run ({', '.join(found)}); pass resume=auto to "
+        "continue it, overwrite=true to replace it, or another output_dir",
+    )
+
+
 def check_device(cfg: RunConfig, objs: dict[str, Any]) -> None:
     bundle_device = (cfg.bundle or {}).get("device")
     if bundle_device is not None:
@@ -395,6 +407,7 @@ CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
     check_old_adapter_rollout,
     check_component_hooks,
     check_data,
+    check_output_dir,
     check_device,
 )
 

@@ -132,6 +132,7 @@ def run(data: dict[str, Any]) -> int:
         save_interval=0,
         eval_interval=0,
         resume=None,
+        overwrite=True,  # a benchmark's folder holds only the last measurement
         dry_run=False,
     )
     data["logging"] = {

@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from unirl.config.require import UserFacingError
+
 CHECKPOINT_FORMAT = "unirl.train.checkpoint/1"
 STATE_FILE = "trainer_state.json"
 MODEL_FILE = "model.safetensors"
@@ -43,7 +45,7 @@ EXTRA_FILE = "extra.pt"
 RNG_DIR = "rng"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserFacingError, RuntimeError):
     """A checkpoint directory is missing, incomplete, or does not fit the backend."""
 
 

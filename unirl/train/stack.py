@@ -107,6 +107,7 @@ class TrainStack:
             f"mini-batch {mini} not divisible by micro_batch_size {self.micro_batch_size}",
         )
         device = self.backend.device
+        self.algorithm.start_rollout(rollout_index)
         track = track.select(self._order(n, rollout_index))
         conditions = track.conditions.to(device)
         segment = track.segment.to(device)

@@ -1,18 +1,33 @@
-"""What every domain trainer shares: output folder, resume discovery, trackers, the device pool."""
+"""What every domain trainer shares: the loop over stages (``StageTrainer``), the output
+folder, resume discovery, trackers."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import math
 import os
 import re
 import shutil
+import time
+import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from unirl.algorithms.advantages import advantages_for
 from unirl.config.run import RunConfig
 from unirl.config.secrets import redact_secrets
-from unirl.logging import build_trackers
-from unirl.train.checkpoint import CheckpointError, verify_checkpoint
+from unirl.distributed.group import DevicePool
+from unirl.logging import LocalTracker, build_trackers, contact_sheet
+from unirl.logging.progress import progress_bar
+from unirl.train.checkpoint import CheckpointError, fault_point, verify_checkpoint, write_failure
+from unirl.trainer.roles import light_track, pixels_of
+from unirl.trainer.stage import Stage, order_stages, propagate_rewards
+from unirl.types import STATUS_OK, RolloutReq, RolloutTrack
 
 CHECKPOINT_PREFIX = "step_"
 CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}\d{{6,}}")
@@ -59,6 +74,22 @@ class OutputDir:
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.chmod(path, 0o600)  # an existing file keeps its mode through O_TRUNC
+
+    def clear_run(self) -> list[str]:
+        """Remove what an earlier run left (``overwrite=true``): checkpoints, galleries, the
+        exported adapter, the metrics files. Returns the names removed."""
+        removed = []
+        for name in ("checkpoints", "samples", "eval", "lora", "tensorboard"):
+            if (self.root / name).is_dir():
+                shutil.rmtree(self.root / name)
+                removed.append(name + "/")
+        for prefix in ("metrics", "eval_metrics"):
+            for suffix in (".jsonl", ".csv"):
+                path = self.root / f"{prefix}{suffix}"
+                if path.exists():
+                    path.unlink()
+                    removed.append(path.name)
+        return removed
 
     def prune_checkpoints(self, keep: int) -> None:
         if keep <= 0 or not self.checkpoints.is_dir():
@@ -156,3 +187,421 @@ def mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
         else:
             out[k] = sum(vals) / len(vals)
     return out
+
+
+# -- the loop, once for every domain ------------------------------------------------------------
+
+
+def reward_metrics(scored: RolloutTrack) -> dict[str, float]:
+    """``reward/mean``, ``reward/std``, per component, and every counter or statistic the
+    reward service reported on its shards (``guard/*``, ``<scorer>/failures``,
+    ``<scorer>/nonfinite``, …): counts are summed over shards, the rest averaged."""
+    assert scored.rewards is not None
+    ok = scored.status == STATUS_OK
+    rewards = scored.rewards.float()[ok]
+    out = {
+        "reward/mean": float(rewards.mean()) if rewards.numel() else math.nan,
+        "reward/std": float(rewards.std(unbiased=False)) if rewards.numel() > 1 else 0.0,
+    }
+    for name, values in (scored.component_rewards or {}).items():
+        v = values.float()[ok]
+        out[f"reward/{name}/mean"] = float(v.mean()) if v.numel() else math.nan
+        out[f"reward/{name}/std"] = float(v.std(unbiased=False)) if v.numel() > 1 else 0.0
+    shards = [m.pop("_reward_metrics") for m in scored.metadata if "_reward_metrics" in m]
+    for key, value in mean_over_ranks(shards).items():
+        out[key] = value * len(shards) if is_count(key) else value
+    return out
+
+
+def is_count(key: str) -> bool:
+    """Metrics that count events (summed over shards rather than averaged)."""
+    leaf = key.rsplit("/", 1)[-1]
+    return (
+        leaf in ("failures", "nonfinite", "dropped_groups", "dropped_samples")
+        or key.startswith("reward/failures/")
+        or leaf.endswith("_count")
+    )
+
+
+class StageTrainer:
+    """The loop of every domain, over the stages of each response:
+
+        rollout -> reward on scored tracks -> propagate to parents -> advantages per track
+                -> train per stage -> sync per stage
+
+    plus what every run shares: the output folder, resume, trackers, periodic eval, checkpoint
+    cadence and export. A domain trainer is a placement recipe: :meth:`place` builds its roles
+    in placement blocks and sets ``self.rollout`` (the engine the driver calls) and
+    ``self.stages``; :meth:`build_request` authors the request of the root track.
+    ``run()`` returns the process exit code.
+    """
+
+    def __init__(self, cfg: RunConfig, data: dict[str, Any]) -> None:
+        from hydra.utils import instantiate
+
+        self.cfg = cfg
+        self.data = data
+        self.out = OutputDir(cfg.output_dir)
+        self.data_source = instantiate(cfg.data_source, _convert_="object")
+        self.data_source.set_prompts_per_rollout(cfg.batch_size)
+        self.start_rollout = 0
+        self.rollout: Any = None
+        self.stages: list[Stage] = []
+        self.eval_tracker: LocalTracker | None = None
+
+    # -- the domain's part -------------------------------------------------------------------
+
+    def place(self, pool: DevicePool) -> None:
+        """Build every role in its placement block; set ``self.rollout`` and ``self.stages``."""
+        raise NotImplementedError
+
+    def build_request(
+        self, prompts: list[Any], rollout_index: int, *, mode: str = "train"
+    ) -> RolloutReq:
+        """The driver-authored request of the root track."""
+        raise NotImplementedError
+
+    def gallery(self, path: Path, track: RolloutTrack, limit: int) -> None:
+        """Draw a track's media with their rewards and prompts (images: a contact sheet)."""
+        pixels = pixels_of(track)[:limit]
+        rewards = track.rewards.tolist() if track.rewards is not None else [math.nan] * len(track)
+        prompts = track.prompts or [""] * len(track)
+        captions = [f"{r:.3f} | {p}" for r, p in zip(rewards[:limit], prompts[:limit])]
+        contact_sheet(pixels, captions, path)
+
+    # -- stages --------------------------------------------------------------------------------
+
+    @property
+    def trained(self) -> list[Stage]:
+        return [s for s in self.stages if s.trains]
+
+    @property
+    def scored(self) -> list[Stage]:
+        return [s for s in self.stages if s.reward is not None]
+
+    def _ops_path(self, path: Path, stage: Stage) -> Path:
+        """A checkpoint or export folder of one training stage (its own sub-folder when
+        several stages train)."""
+        return path if len(self.trained) == 1 else path / stage.track
+
+    @contextlib.contextmanager
+    def _sampling(self, mode: str) -> Iterator[None]:
+        """Each training stage's sampling weights around a rollout: the trainer switches in
+        the adapter its algorithm declares (NFT samples train rollouts with its old adapter);
+        eval may also swap EMA weights in (see :meth:`evaluate`)."""
+        for stage in self.trained:
+            stage.ops.begin_sampling(mode)
+        try:
+            yield
+        finally:
+            for stage in self.trained:
+                stage.ops.end_sampling()
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def run(self, after_loop: Callable[[Any, Any], None] | None = None) -> int:
+        """The whole run; ``after_loop(trainer, ops)`` (the benchmark) runs before shutdown."""
+        cfg = self.cfg
+        resume_from = resolve_resume(cfg, self.out)  # verified here, before any Ray work
+        if cfg.overwrite and resume_from is None:
+            removed = self.out.clear_run()
+            if removed:
+                print(
+                    f"[unirl] overwrite=true: removed {', '.join(removed)} from {self.out.root}",
+                    flush=True,
+                )
+        self.out.write_config(self.data)
+        trackers = make_trackers(cfg, self.out, self.data)
+        self.eval_tracker = LocalTracker(self.out.root, prefix="eval_metrics")
+        pool = DevicePool(
+            cfg.num_devices,
+            devices_per_node=cfg.devices_per_node,
+            device=cfg.device,
+            cpus_per_worker=cfg.cpus_per_worker,
+            call_timeout_s=cfg.call_timeout_s,
+            heartbeat_timeout_s=cfg.heartbeat_timeout_s,
+            stall_factor=cfg.stall_factor,
+            stall_floor_s=cfg.stall_floor_s,
+            log_to_driver=True,
+        )
+        try:
+            self.place(pool)
+            self.stages = order_stages(self.stages)
+            if resume_from is not None:
+                self.resume(resume_from)
+            self.trim_history(trackers.local, resume_from)
+            bar = progress_bar(
+                cfg.num_rollouts,
+                initial=self.start_rollout,
+                mode=cfg.logging.progress,
+                desc="rollouts",
+            )
+            for rollout_index in range(self.start_rollout, cfg.num_rollouts):
+                metrics = self.one_rollout(rollout_index)
+                trackers.log(rollout_index, metrics)
+                bar.update(1)
+                main = self.scored[-1]
+                bar.set_postfix(reward=f"{metrics[main.key('reward/mean')]:.4f}")
+                done = rollout_index + 1
+                if cfg.eval_interval and (
+                    done % cfg.eval_interval == 0 or done == cfg.num_rollouts
+                ):
+                    self.evaluate(done)
+                if cfg.save_interval and (
+                    done % cfg.save_interval == 0 or done == cfg.num_rollouts
+                ):
+                    self.save(done)
+            bar.close()
+            if after_loop is not None:
+                after_loop(self, self.trained[0].ops)
+            self.export()
+            for stage in self.stages:  # leave sync groups cleanly (a failed run just shuts down)
+                if stage.sync is not None:
+                    stage.sync.close()
+        finally:
+            trackers.close()
+            pool.shutdown()
+        print(
+            f"[unirl] finished {cfg.num_rollouts} rollouts; outputs in {self.out.root}", flush=True
+        )
+        return 0
+
+    def one_rollout(self, rollout_index: int) -> dict[str, float]:
+        """One turn of the loop; returns the rollout's metrics row."""
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        prompts = self.data_source.next_batch()
+        req = self.build_request(prompts, rollout_index)
+
+        t0 = time.perf_counter()
+        with self._sampling("train"):
+            resp = self.rollout.generate(req)
+        t_rollout = time.perf_counter() - t0
+        tracks = dict(resp.tracks)
+        metrics: dict[str, float] = {}
+
+        # reward on the scored tracks, then up the lineage (children come first)
+        t0 = time.perf_counter()
+        for stage in self.stages:
+            track = tracks[stage.track]
+            if stage.reward is not None:
+                scored = stage.reward.score(light_track(track))
+                metrics.update({stage.key(k): v for k, v in reward_metrics(scored).items()})
+                track = dataclasses.replace(
+                    track,
+                    rewards=scored.rewards,
+                    component_rewards=scored.component_rewards,
+                    status=scored.status,
+                )
+            tracks[stage.track] = track
+            if stage.parent is not None:
+                parent = propagate_rewards(track, tracks[stage.parent], stage.reward_from_children)
+                tracks[stage.parent] = parent
+        t_reward = time.perf_counter() - t0
+
+        # advantages per trained track, galleries of scored ones, then train and sync per stage
+        t0 = time.perf_counter()
+        for stage in self.stages:
+            if not stage.trains:
+                continue
+            track, adv_metrics = advantages_for(tracks[stage.track], cfg.advantage)
+            tracks[stage.track] = track
+            metrics.update({stage.key(k): v for k, v in adv_metrics.items()})
+        for stage in self.scored:
+            if cfg.logging.gallery_interval and rollout_index % cfg.logging.gallery_interval == 0:
+                self.train_gallery(rollout_index, tracks[stage.track], stage)
+        t_train_start = time.perf_counter()
+        for stage in self.trained:
+            metrics.update(self.train_stage(stage, tracks[stage.track], rollout_index))
+        t_train = time.perf_counter() - t_train_start
+        for stage in self.stages:
+            if stage.sync is not None:  # sync/* metrics; the next sync is due per its interval
+                metrics.update(
+                    {stage.key(k): v for k, v in stage.sync.after_train(rollout_index).items()}
+                )
+        del t0
+
+        total = time.perf_counter() - t_start
+        main = tracks[self.scored[-1].track]
+        metrics.update(
+            {
+                **{f"time/{k}": v for k, v in resp.timings.items()},
+                "time/rollout_call": t_rollout,
+                "time/reward": t_reward,
+                "time/train": t_train,
+                "time/total": total,
+                "throughput/samples_per_s": len(main) / total,
+                "data/epoch": float(self.data_source.epoch),
+                "data/prompts_crc32": float(zlib.crc32("\n".join(main.prompts or []).encode())),
+                "data/first_sample_id": float(req.sample_ids[0]),
+            }
+        )
+        return metrics
+
+    def train_stage(
+        self, stage: Stage, track: RolloutTrack, rollout_index: int
+    ) -> dict[str, float]:
+        """Train one stage on its track (advantages attached); checks that every data-parallel
+        rank holds the same weights afterwards."""
+        # the trainer needs no media: keep them off the wire
+        per_rank = stage.stack.train_track(dataclasses.replace(track, decoded=None), rollout_index)
+        steps = [
+            mean_over_ranks([rank["steps"][u] for rank in per_rank])
+            for u in range(len(per_rank[0]["steps"]))
+        ]
+        checksums = [rank["param_checksum"] for rank in per_rank]
+        if any(c != checksums[0] for c in checksums):
+            raise RuntimeError(
+                f"rollout {rollout_index}, stage {stage.track!r}: train ranks hold different "
+                f"weights after the update (parameter checksums {checksums}); data-parallel "
+                "gradient sync is broken"
+            )
+        out = {stage.key(f"train/{k}"): v for k, v in mean_over_ranks(steps).items()}
+        out.update(
+            {
+                stage.key(k): v
+                for k, v in mean_over_ranks(stage.algorithm.after_train(rollout_index)).items()
+            }
+        )
+        out[stage.key("train/param_checksum")] = checksums[0]
+        if any(s.get("nonfinite/skipped_step") for s in steps):
+            print(
+                f"[unirl] rollout {rollout_index}, stage {stage.track!r}: skipped a non-finite "
+                "optimizer step",
+                flush=True,
+            )
+        return out
+
+    def train_gallery(self, rollout_index: int, track: RolloutTrack, stage: Stage) -> None:
+        """The contact sheet of a training rollout. Media parked on the rollout workers are
+        fetched before training (the update frees them): the first rows of every rollout
+        rank's shard, as many as the sheet draws, so each rank is asked only for what it holds."""
+        limit = self.cfg.logging.gallery_max_images
+        if track.decoded is None:
+            ranks = stage.rollout_ranks
+            per_rank = len(track) // ranks
+            take = min(per_rank, -(-limit // ranks))
+            rows = torch.cat(
+                [torch.arange(r * per_rank, r * per_rank + take) for r in range(ranks)]
+            )
+            track = track.select(rows)
+            track = dataclasses.replace(
+                track, decoded=self.rollout.fetch_decoded(light_track(track)).decoded
+            )
+        prefix = f"{stage.prefix}_" if stage.prefix else ""
+        self.gallery(
+            self.out.root / "samples" / f"{prefix}rollout_{rollout_index:06d}.png", track, limit
+        )
+
+    # -- eval, checkpoints, export -----------------------------------------------------------------
+
+    def eval_prompts(self) -> list[Any]:
+        """The first ``eval.num_prompts`` prompts of ``eval.prompts_path`` (or of the training
+        file), cut to a multiple of what the rollout ranks can split evenly."""
+        from unirl.data import read_prompt_file
+
+        path = self.cfg.eval.prompts_path or self.data_source.path
+        prompts = read_prompt_file(path)[: self.cfg.eval.num_prompts]
+        ranks = self.stages[-1].rollout_ranks  # the root stage's engine samples the request
+        spp = self.cfg.eval.samples_per_prompt
+        keep = (len(prompts) * spp // ranks) * ranks // spp
+        return prompts[: max(keep, 0)]
+
+    def evaluate(self, done: int) -> None:
+        """Fixed prompts, ODE sampling, EMA weights when present; ``eval/*`` metrics and a
+        contact sheet per scored track."""
+        prompts = self.eval_prompts()
+        if not prompts:
+            return
+        used_ema = [bool(s.ops.use_eval_weights(self.cfg.eval.use_ema)[0]) for s in self.trained]
+        try:
+            req = self.build_request(prompts, done, mode="eval")
+            with self._sampling("eval"):
+                resp = self.rollout.generate(req)
+        finally:
+            for stage in self.trained:
+                stage.ops.use_eval_weights(False)
+        metrics: dict[str, float] = {}
+        for stage in self.scored:
+            scored = stage.reward.score(light_track(resp.tracks[stage.track]))
+            metrics.update({f"eval/{stage.key(k)}": v for k, v in reward_metrics(scored).items()})
+            track = dataclasses.replace(resp.tracks[stage.track], rewards=scored.rewards)
+            prefix = f"{stage.prefix}_" if stage.prefix else ""
+            self.gallery(self.out.root / "eval" / f"{prefix}step_{done:06d}.png", track, 64)
+        metrics["eval/used_ema"] = float(any(used_ema))
+        if self.eval_tracker is None:  # evaluate driven without run() (tests, tools)
+            self.eval_tracker = LocalTracker(self.out.root, prefix="eval_metrics")
+        self.eval_tracker.log(done, metrics)
+        main = self.scored[-1].key("reward/mean")
+        print(
+            f"[unirl] eval after {done} rollouts: reward {metrics[f'eval/{main}']:.4f}", flush=True
+        )
+
+    def save(self, done: int) -> None:
+        """Each training stage's backend writes its files (atomically, with a manifest);
+        ``driver_state.json`` goes in last and marks the folder complete. A failed write
+        removes the folder."""
+        path = self.out.checkpoint(done)
+        for stage in self.trained:
+            stage.ops.save_checkpoint(str(self._ops_path(path, stage)), {"rollout_index": done})
+        fault_point("kill_during_checkpoint", done)  # test hook: UNIRL_FAULT
+        state = {
+            "next_rollout": done,
+            "data": self.data_source.state_dict(),
+            "stages": {
+                s.track: {"stack": s.stack.state(), "algorithm": s.algorithm.algorithm_state()}
+                for s in self.trained
+            },
+            "seed": self.cfg.seed,
+        }
+        try:
+            write_json_atomic(path / DRIVER_STATE, state)  # written last: marks completion
+        except Exception as exc:
+            shutil.rmtree(path, ignore_errors=True)
+            raise write_failure(path, path / DRIVER_STATE, exc) from exc
+        print(f"[unirl] checkpoint {path}", flush=True)
+
+    def resume(self, path: Path) -> None:
+        state = json.loads((path / DRIVER_STATE).read_text())
+        stages = state.get("stages", {})
+        missing = [s.track for s in self.trained if s.track not in stages]
+        if missing:
+            raise CheckpointError(
+                f"{path / DRIVER_STATE} holds no state for stage(s) {missing} (it has "
+                f"{sorted(stages)}); resume a checkpoint of this recipe"
+            )
+        for stage in self.trained:
+            stage.ops.load_checkpoint(str(self._ops_path(path, stage)))
+            stage.stack.load_state(stages[stage.track]["stack"])
+            stage.algorithm.load_algorithm_state(stages[stage.track].get("algorithm", {}))
+        self.data_source.load_state_dict(state["data"])
+        self.start_rollout = int(state["next_rollout"])
+
+    def trim_history(self, local: LocalTracker | None, resume_from: Path | None) -> None:
+        """Keep the history the run continues from: train rows of rollouts before
+        ``start_rollout``, eval rows up to it (the eval at a checkpoint's step is logged before
+        the checkpoint). A start from 0 drops everything an earlier run left in output_dir."""
+        start = self.start_rollout
+        dropped = local.truncate_after(start - 1) if local is not None else 0
+        assert self.eval_tracker is not None
+        dropped_eval = self.eval_tracker.truncate_after(start)
+        rows = f"metrics.jsonl rows: {dropped}, eval_metrics.jsonl rows: {dropped_eval}"
+        if resume_from is not None:
+            print(
+                f"[unirl] resumed from {resume_from} at rollout {start}; dropped what was "
+                f"logged after it ({rows})",
+                flush=True,
+            )
+        elif dropped or dropped_eval:
+            why = f"resume={self.cfg.resume} found no complete checkpoint in {self.out.checkpoints}"
+            print(
+                f"[unirl] {why}: starting from rollout 0; dropped what an earlier run logged "
+                f"({rows})",
+                flush=True,
+            )
+
+    def export(self) -> None:
+        """The trained LoRA of each stage in the diffusers / PEFT format (``lora/``)."""
+        for stage in self.trained:
+            if stage.exports_lora:
+                stage.ops.export_lora(str(self._ops_path(self.out.root / "lora", stage)))

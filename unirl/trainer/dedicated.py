@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Any
 
 from unirl.config.run import RunConfig
 from unirl.distributed.group import DevicePool, Handle, placement, remote
@@ -58,17 +57,9 @@ class SlabWorld:
         return int(dist.get_world_size())
 
 
-def slab_sizes(cfg: RunConfig) -> tuple[int, int]:
-    """``(train devices, rollout devices)``; colocate shares every device."""
-    if cfg.layout == "separate":
-        train = round(cfg.num_devices * cfg.train_fraction)
-        return train, cfg.num_devices - train
-    return cfg.num_devices, cfg.num_devices
-
-
 def plan_dedicated_roles(cfg: RunConfig) -> list[tuple[str, str, str]]:
     """``(role, _target_, slab)`` for ``dry_run`` (no Ray)."""
-    train, _ = slab_sizes(cfg)
+    train, _ = cfg.slab_sizes()
     if cfg.layout == "separate":
         train_slab = f"train slab: pool ranks 0-{train - 1}"
         rollout_slab = f"rollout slab: pool ranks {train}-{cfg.num_devices - 1}"
@@ -184,7 +175,14 @@ class DedicatedLayout:
         backend = remote(cfg.backend, name="backend", bundle=bundle)
         algorithm = remote(cfg.algorithm, name="algorithm", pipeline=pipeline)
         stack = remote(cfg.stack, name="stack", backend=backend, algorithm=algorithm)
-        ops = remote(TrainOps, name="ops", backend=backend, pipeline=pipeline, stack=stack)
+        ops = remote(
+            TrainOps,
+            name="ops",
+            backend=backend,
+            pipeline=pipeline,
+            stack=stack,
+            algorithm=algorithm,
+        )
         return {
             "bundle": bundle,
             "pipeline": pipeline,
@@ -214,7 +212,7 @@ class DedicatedLayout:
 
     def _build_separate(self, pool: DevicePool) -> DedicatedRoles:
         cfg = self.cfg
-        n_train, n_rollout = slab_sizes(cfg)
+        n_train, n_rollout = cfg.slab_sizes()
         with placement(pool, devices=n_train, shared_workers=False):
             if n_train > 1:
                 world = remote(SlabWorld, name="train_world")
@@ -244,10 +242,3 @@ class DedicatedLayout:
 def build_dedicated_layout(cfg: RunConfig, pool: DevicePool) -> DedicatedLayout:
     """The roles and sync driver of a run whose rollout engine is not trainside."""
     return DedicatedLayout(cfg, pool)
-
-
-def unpack_roles(layout: DedicatedLayout) -> tuple[Any, ...]:
-    """``(bundle, pipeline, backend, rollout, reward, algorithm, stack, ops)`` as the trainer
-    loop names them (``rollout`` is the ``SyncedRollout``)."""
-    r = layout.roles
-    return (r.bundle, r.pipeline, r.backend, layout.rollout, r.reward, r.algorithm, r.stack, r.ops)

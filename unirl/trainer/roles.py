@@ -49,13 +49,36 @@ def light_track(track: RolloutTrack) -> RolloutTrack:
 
 
 class TrainOps:
-    """Checkpoint, export, eval-weight switches and measurements, callable from the driver."""
+    """The trainer's hands on a worker: checkpoint, export, the sampling and eval weight
+    switches, measurements; callable from the driver."""
 
-    def __init__(self, *, backend: Any, pipeline: Any, stack: Any = None) -> None:
+    def __init__(
+        self, *, backend: Any, pipeline: Any, stack: Any = None, algorithm: Any = None
+    ) -> None:
         self.backend = backend
         self.pipeline = pipeline
         self.stack = stack
+        self.algorithm = algorithm
         self._eval_ctx: contextlib.ExitStack | None = None
+        self._sampling_ctx: contextlib.ExitStack | None = None
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def begin_sampling(self, mode: str) -> str | None:
+        """Switch in the adapter the algorithm samples ``mode`` rollouts with (NFT: its old
+        adapter for train rollouts); returns its name, or None when nothing changes. A
+        rollout that raised never reached :meth:`end_sampling`: that switch is undone first."""
+        self.end_sampling()
+        name = self.algorithm.sampling_adapter(mode) if self.algorithm is not None else None
+        if name is not None:
+            self._sampling_ctx = contextlib.ExitStack()
+            self._sampling_ctx.enter_context(self.backend.set_active_adapter(name))
+        return name
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def end_sampling(self) -> None:
+        if self._sampling_ctx is not None:
+            ctx, self._sampling_ctx = self._sampling_ctx, None
+            ctx.close()
 
     @distributed(dispatch=Dispatch.RANK_ZERO)
     def describe(self, height: int, width: int) -> dict[str, Any]:

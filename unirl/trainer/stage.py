@@ -32,7 +32,9 @@ class Stage:
     (``None`` for a frozen stage). ``sync``: a dedicated engine's cadence
     (``after_train(k) -> sync/* metrics``). ``parent``: the track this one's samples descend
     from. ``prefix``: metric prefix (empty for a recipe's only or main stage, so single-stage
-    metric names stay ``reward/mean``, ``train/loss``, …).
+    metric names stay ``reward/mean``, ``train/loss``, …). ``train_ranks`` /
+    ``rollout_ranks``: data-parallel sizes of its slabs. ``exports_lora``: the run ends by
+    exporting its adapter.
     """
 
     track: str
@@ -46,6 +48,7 @@ class Stage:
     train_ranks: int = 1
     rollout_ranks: int = 1
     prefix: str = ""
+    exports_lora: bool = False
 
     @property
     def trains(self) -> bool:
