@@ -15,8 +15,7 @@ Construction applies, in this fixed order (torchtitan style, one function per st
 from __future__ import annotations
 
 import contextlib
-import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,7 +24,7 @@ from torch import nn
 
 from unirl.config import require
 from unirl.config.precision import parse_dtype
-from unirl.train import checkpoint as ckpt
+from unirl.train import backend_checkpoint
 from unirl.train.ema import EMAConfig, ParamEMA
 from unirl.train.export import write_lora_export
 from unirl.train.lora import (
@@ -55,20 +54,14 @@ from unirl.train.parallel import (
     apply_compile,
     apply_fsdp,
     broadcast_module,
-    broadcast_object,
     find_blocks,
-    full_from_local,
     full_tensor,
-    gather_objects,
     local_tensor,
     reshard,
-    scatter_objects,
-    shard_like,
     world_info,
 )
 
 _C = TypeVar("_C")
-_T = TypeVar("_T")
 
 
 def _as_config(value: Any, cls: type[_C], field: str) -> _C | None:
@@ -270,6 +263,11 @@ class FSDPBackend:
         return self._ema is not None
 
     @property
+    def ema(self) -> ParamEMA | None:
+        """The EMA shadows of the trainable parameters (``None`` without ``backend.ema``)."""
+        return self._ema
+
+    @property
     def adapters(self) -> list[str]:
         """Every adapter on the module (sorted); empty without LoRA."""
         return adapter_names(self.module) if self.lora is not None else []
@@ -425,178 +423,16 @@ class FSDPBackend:
 
     # -- checkpoints and export ----------------------------------------------------------------
 
-    def _rank0(self, fn: Callable[[], _T]) -> _T | None:
-        """Run ``fn`` on rank 0; if it raises, every rank raises."""
-        error: BaseException | None = None
-        result: _T | None = None
-        if self.rank == 0:
-            try:
-                result = fn()
-            except BaseException as exc:
-                error = exc
-        status = broadcast_object(None if error is None else f"{type(error).__name__}: {error}")
-        if error is not None:
-            raise error
-        if status is not None:
-            raise ckpt.CheckpointError(f"rank 0 failed: {status}")
-        return result
-
-    def _meta(self) -> dict[str, Any]:
-        return {
-            "kind": "adapter" if self.lora is not None else "full",
-            "step": self.step,
-            "adapters": self.adapters,
-            "trained_adapter": self.lora.adapter_name if self.lora is not None else None,
-            "has_ema": self.has_ema,
-            "world_size": self.world_size,
-            "num_trainable_params": self.num_trainable_params(),
-        }
-
-    def state_dict_for_checkpoint(self) -> dict[str, Any]:
-        """``{"meta", "model", "ema", "optimizer", "scheduler"}`` with full (unsharded) CPU
-        tensors on rank 0 and empty dicts on the others (a collective: call on every rank).
-        ``model`` holds every adapter's parameters with LoRA, the full state dict without.
-        Without sharding the tensors may alias live parameters: write them before training on."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-        reshard(self.module)
-        options = StateDictOptions(
-            full_state_dict=True, cpu_offload=True, ignore_frozen_params=self.has_lora
-        )
-        model_sd, optim_sd = get_state_dict(self.module, self.optimizer, options=options)
-        model: dict[str, torch.Tensor] = model_sd
-        if self.lora is not None:
-            model = {n: model_sd[n] for n in self._trainable_names} if self.rank == 0 else {}
-            named = dict(self.module.named_parameters())
-            trainable = set(self._trainable_names)
-            for n in adapter_parameter_names(self.module):  # frozen adapters (NFT's "old")
-                if n not in trainable:
-                    value = full_tensor(named[n])
-                    if self.rank == 0:
-                        model[n] = value.cpu()
-        ema: dict[str, torch.Tensor] | None = None
-        if self._ema is not None:
-            ema = {}
-            for (n, p), shadow in zip(
-                self.named_trainable_parameters(), self._ema.shadows, strict=True
-            ):
-                value = full_from_local(shadow, p)
-                if self.rank == 0:
-                    ema[n] = value.cpu()
-        return {
-            "meta": self._meta(),
-            "model": model,
-            "ema": ema,
-            "optimizer": optim_sd,
-            "scheduler": self.scheduler.state_dict(),
-        }
-
     def save_checkpoint(self, path: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
         """Write a checkpoint to ``path`` atomically (rank 0 writes; call on every rank).
         ``extra`` must be ``torch.load(weights_only=True)``-safe: tensors, numbers, strings,
-        lists, tuples, dicts."""
-        payload = self.state_dict_for_checkpoint()
-        rng = gather_objects(ckpt.capture_rng_state())
-
-        def write() -> Path:
-            return ckpt.write_checkpoint(path, {**payload, "rng": rng, "extra": dict(extra or {})})
-
-        self._rank0(write)
-        return Path(path)
+        lists, tuples, dicts. See ``backend_checkpoint.py``."""
+        return backend_checkpoint.save_checkpoint(self, path, extra=extra)
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore parameters, optimizer, schedule, EMA, step and RNG from ``path`` (rank 0
         reads, then broadcasts and shards); returns the saved ``extra`` on every rank."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        payload = self._rank0(lambda: ckpt.read_checkpoint(path)) or {}
-        meta = broadcast_object(payload.get("meta"))
-        self._check_meta(meta, payload, path)
-        self.zero_grad()
-        reshard(self.module)
-        # Two calls, not set_state_dict(model, optim): with broadcast_from_rank0, torch 2.13's
-        # set_state_dict treats an empty model dict on ranks > 0 as "optimizer only" and skips
-        # the model broadcast on them (checked: rank 1 kept its old values).
-        options = StateDictOptions(
-            full_state_dict=True,
-            broadcast_from_rank0=self.world_size > 1,
-            strict=not self.has_lora,
-        )
-        set_model_state_dict(self.module, payload.get("model", {}), options=options)
-        set_optimizer_state_dict(
-            self.module, self.optimizer, payload.get("optimizer", {}), options=options
-        )
-        if self._ema is not None:
-            self._load_ema(payload.get("ema"), bool(meta["has_ema"]))
-        scheduler, extra = broadcast_object((payload.get("scheduler"), payload.get("extra")))
-        self.scheduler.load_state_dict(scheduler)
-        self.step = int(meta["step"])
-        if int(meta["world_size"]) == self.world_size:
-            ckpt.restore_rng_state(scatter_objects(payload.get("rng")))
-        else:
-            warnings.warn(
-                f"checkpoint {path} was written by {meta['world_size']} ranks, this run has "
-                f"{self.world_size}: RNG states are not restored",
-                stacklevel=2,
-            )
-        return dict(extra)
-
-    def _check_meta(self, meta: dict[str, Any], payload: dict[str, Any], path: str | Path) -> None:
-        kind = "adapter" if self.lora is not None else "full"
-        if meta["kind"] != kind:
-            raise ckpt.CheckpointError(
-                f"checkpoint {path} is {meta['kind']!r}, this backend trains {kind!r}"
-            )
-        if self.lora is not None and sorted(meta["adapters"]) != self.adapters:
-            raise ckpt.CheckpointError(
-                f"checkpoint {path} has adapters {meta['adapters']}, this backend {self.adapters} "
-                "(lora.adapter_name / lora.extra_adapters)"
-            )
-        if self.lora is not None:
-            problem = None
-            if self.rank == 0:  # only rank 0 holds the tensors; every rank must raise together
-                expected = set(adapter_parameter_names(self.module))
-                got = set(payload["model"])
-                if got != expected:
-                    problem = (
-                        f"checkpoint {path}: adapter tensors differ from this model's (lora.targets?); "
-                        f"missing {sorted(expected - got)[:5]}, unexpected {sorted(got - expected)[:5]}"
-                    )
-            problem = broadcast_object(problem)
-            if problem is not None:
-                raise ckpt.CheckpointError(problem)
-        if meta["has_ema"] != self.has_ema:
-            warnings.warn(
-                f"checkpoint {path} has_ema={meta['has_ema']}, backend has_ema={self.has_ema}: "
-                + (
-                    "EMA restarts from the loaded weights"
-                    if self.has_ema
-                    else "the saved EMA is ignored"
-                ),
-                stacklevel=3,
-            )
-
-    @torch.no_grad()
-    def _load_ema(self, saved: dict[str, torch.Tensor] | None, has_saved: bool) -> None:
-        assert self._ema is not None
-        named = self.named_trainable_parameters()
-        if has_saved:  # rank 0 holds the tensors; every rank must raise together
-            lacking = [n for n, _ in named if n not in (saved or {})] if self.rank == 0 else None
-            lacking = broadcast_object(lacking)
-            if lacking:
-                raise ckpt.CheckpointError(
-                    f"checkpoint EMA lacks {len(lacking)} trainable tensors, e.g. {lacking[:3]}"
-                )
-        for i, (n, p) in enumerate(named):
-            if has_saved:
-                value = shard_like(saved[n] if saved is not None and self.rank == 0 else None, p)
-            else:
-                value = local_tensor(p)
-            self._ema.shadows[i].copy_(value)
+        return backend_checkpoint.load_checkpoint(self, path)
 
     def adapter_state_dict(self, adapter: str | None = None) -> dict[str, torch.Tensor]:
         """Full tensors of one adapter under peft's names (adapter name removed, e.g.
@@ -621,5 +457,7 @@ class FSDPBackend:
         adapter = adapter or lora.adapter_name
         state = self.adapter_state_dict(adapter)
         peft_config = self.module.peft_config[adapter]
-        self._rank0(lambda: write_lora_export(path, state, peft_config))
+        backend_checkpoint.run_on_rank0(
+            self.rank, lambda: write_lora_export(path, state, peft_config)
+        )
         return Path(path)

@@ -223,8 +223,8 @@ def fault_point(point: str, step: int) -> None:
 
 
 def write_checkpoint(final: str | Path, payload: dict[str, Any]) -> Path:
-    """Write ``payload`` (see :meth:`FSDPBackend.state_dict_for_checkpoint` plus ``extra`` and
-    ``rng``: a list of per-rank states) atomically to ``final``. Rank 0 only."""
+    """Write ``payload`` (see :func:`backend_checkpoint.state_dict_for_checkpoint` plus
+    ``extra`` and ``rng``: a list of per-rank states) atomically to ``final``. Rank 0 only."""
     final = Path(final)
     current = ""  # the file being written, for the error
     manifest: dict[str, dict[str, Any]] = {}
