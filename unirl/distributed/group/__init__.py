@@ -25,8 +25,13 @@ from unirl.distributed.group.role import (
 if TYPE_CHECKING:
     from unirl.distributed.group.handle import Handle, PendingCall
     from unirl.distributed.group.layout import Slab, placement, remote
-    from unirl.distributed.group.plan import describe_plan
-    from unirl.distributed.group.pool import DevicePool, DevicePoolConfig, DryRunPool, PoolBase
+    from unirl.distributed.group.pool import (
+        DevicePool,
+        DevicePoolConfig,
+        DryRunPool,
+        PoolBase,
+        describe_plan,
+    )
     from unirl.distributed.group.runtime import ensure_ray
     from unirl.distributed.group.watchdog import StallPolicy
     from unirl.distributed.group.worker import Worker
@@ -41,7 +46,7 @@ _LAZY = {
     "Slab": "layout",
     "placement": "layout",
     "remote": "layout",
-    "describe_plan": "plan",
+    "describe_plan": "pool",
     "ensure_ray": "runtime",
     "StallPolicy": "watchdog",
     "Worker": "worker",

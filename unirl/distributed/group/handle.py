@@ -11,7 +11,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import ray
 import ray.exceptions as rex
@@ -24,16 +24,30 @@ from unirl.distributed.group.dispatch import (
 )
 from unirl.distributed.group.errors import RemoteCallError, RoleFailure
 from unirl.distributed.group.rank import RankInfo
-from unirl.distributed.group.watchdog import Watchdog, busy_ranks
-
-if TYPE_CHECKING:
-    from unirl.distributed.group.pool import PoolBase
+from unirl.distributed.group.watchdog import OwedCall, PingedPool, Watchdog
 
 # ray.get on an object ray.wait already reported ready should return at once; this bound
 # only guards against a stuck object transfer.
 _FETCH_TIMEOUT_S = 300.0
 _UNSET: Any = object()
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class WorkerPool(PingedPool, Protocol):
+    """What a Handle needs from its pool (``pool.PoolBase`` provides it), besides what the
+    stall watchdog pings: submit a Worker call, say where workers live, build process groups."""
+
+    @property
+    def node_ips(self) -> list[str]: ...
+
+    @property
+    def call_timeout_s(self) -> float | None: ...
+
+    def submit(self, pool_rank: int, method: str, *args: Any) -> ray.ObjectRef: ...
+
+    def init_process_group(
+        self, pool_ranks: tuple[int, ...], *, group_name: str, timeout_s: float | None = None
+    ) -> None: ...
 
 
 @dataclass(kw_only=True)
@@ -57,7 +71,7 @@ class PendingCall:
     node_ips: list[str]  # by pool rank, for messages
     gather_ranks: list[int] = field(default_factory=list)  # DP_SCATTER: dp leaders by dp rank
     started: float = field(default_factory=time.monotonic)
-    pool: PoolBase | None = None  # whose workers the stall watchdog pings while we wait
+    pool: PingedPool | None = None  # whose workers the stall watchdog pings while we wait
 
     @property
     def refs(self) -> list[ray.ObjectRef]:
@@ -190,6 +204,31 @@ def wait_all(pendings: list[PendingCall]) -> list[Any]:
     return [p._combine(v) for p, v in zip(pendings, values)]
 
 
+def busy_ranks(
+    pendings: list[PendingCall], outstanding: dict[Any, tuple[int, int]]
+) -> dict[tuple[int, int], OwedCall]:
+    """``(id(pool), pool_rank)`` -> the first outstanding call that worker owes, for pendings
+    whose pool pings (``stall_policy.ping_interval_s`` set)."""
+    busy: dict[tuple[int, int], OwedCall] = {}
+    for p_index, c_index in outstanding.values():
+        pending = pendings[p_index]
+        pool = pending.pool
+        if pool is None or pool.stall_policy.ping_interval_s is None:
+            continue
+        call = pending.calls[c_index]
+        key = (id(pool), call.pool_rank)
+        if key not in busy:
+            busy[key] = OwedCall(
+                role=pending.role,
+                method=pending.method,
+                rank=call.rank,
+                pool_rank=call.pool_rank,
+                node_ip=pending.node_ips[call.pool_rank],
+                pool=pool,
+            )
+    return busy
+
+
 def _note_other_failures(
     err: RemoteCallError,
     pending: PendingCall,
@@ -225,7 +264,7 @@ class Handle:
     def __init__(
         self,
         *,
-        pool: PoolBase,
+        pool: WorkerPool,
         role: str,
         pool_ranks: tuple[int, ...],
         rank_infos: list[RankInfo],

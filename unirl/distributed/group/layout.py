@@ -15,21 +15,41 @@ import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from unirl.config import require
 from unirl.distributed.group.handle import Handle
 from unirl.distributed.group.rank import ParallelSizes
 
-if TYPE_CHECKING:
-    from unirl.distributed.group.pool import PoolBase
+
+class PlacementPool(Protocol):
+    """What ``placement()`` and ``remote()`` need from a pool (``pool.PoolBase`` provides
+    it): its whole slab, its roles, and a way to build a role on a slab."""
+
+    @property
+    def root_slab(self) -> Slab: ...
+
+    @property
+    def roles(self) -> dict[str, Handle]: ...
+
+    def unique_role_name(self, base: str) -> str: ...
+
+    def create_role(
+        self,
+        name: str,
+        spec: Mapping[str, Any] | Callable[..., Any],
+        kwargs: dict[str, Any],
+        siblings: dict[str, str],
+        pool_ranks: tuple[int, ...],
+        parallel: ParallelSizes,
+    ) -> Handle: ...
 
 
 @dataclass(kw_only=True)
 class Slab:
     """A contiguous run of pool ranks claimed by a placement block."""
 
-    pool: PoolBase
+    pool: PlacementPool
     ranks: tuple[int, ...]
     exclusive: bool = False
     cursor: int = 0  # next free offset for child blocks
@@ -73,7 +93,7 @@ _STACK: contextvars.ContextVar[tuple[Slab, ...]] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def placement(
-    pool: PoolBase,
+    pool: PlacementPool,
     fraction: float = 1.0,
     *,
     devices: int | None = None,

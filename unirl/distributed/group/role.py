@@ -11,14 +11,19 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from unirl.distributed.group.rank import RankInfo
 
-if TYPE_CHECKING:
-    from unirl.distributed.group.worker import Worker
-
 ROLE_ATTR = "_unirl_role_context"
+
+
+class HostWorker(Protocol):
+    """What role code needs from the Worker hosting it (``worker.Worker`` provides it)."""
+
+    def process_group_for(self, pool_ranks: tuple[int, ...]) -> Any:
+        """The ``torch.distributed`` group over ``pool_ranks`` (WORLD for the whole pool)."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,16 +38,16 @@ class RoleContext:
 _CURRENT_ROLE: contextvars.ContextVar[RoleContext | None] = contextvars.ContextVar(
     "unirl_current_role", default=None
 )
-_WORKER: Worker | None = None
+_WORKER: HostWorker | None = None
 
 
-def set_worker(worker: Worker) -> None:
+def set_worker(worker: HostWorker) -> None:
     """Register the process's Worker (one per Ray actor process)."""
     global _WORKER
     _WORKER = worker
 
 
-def current_worker() -> Worker:
+def current_worker() -> HostWorker:
     """The Worker hosting this process; raises outside a DevicePool worker."""
     if _WORKER is None:
         raise RuntimeError(

@@ -22,17 +22,13 @@ The call's own timeout (``call_timeout_s``) still applies on top.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
 import ray
 import ray.exceptions as rex
 
 from unirl.config import require
 from unirl.distributed.group.errors import StalledCallError
-
-if TYPE_CHECKING:
-    from unirl.distributed.group.handle import PendingCall, RankCall
-    from unirl.distributed.group.pool import PoolBase
 
 # Ray concurrency group of Worker.heartbeat (one thread, next to the role calls' thread).
 HEARTBEAT_GROUP = "heartbeat"
@@ -93,11 +89,40 @@ class Beat:
     bounded: bool = False
 
 
+class PingedPool(Protocol):
+    """What the watchdog needs from a pool (``pool.PoolBase`` provides it)."""
+
+    @property
+    def stall_policy(self) -> StallPolicy: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def heartbeat(self, pool_rank: int) -> ray.ObjectRef:
+        """Ping worker ``pool_rank`` on its heartbeat thread (a ``Beat`` lands)."""
+        ...
+
+    def worker_pid(self, pool_rank: int) -> int | None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class OwedCall:
+    """A call a busy worker owes the waiting driver (``handle.busy_ranks`` lists them):
+    what a stall error names."""
+
+    role: str
+    method: str
+    rank: int  # role rank
+    pool_rank: int
+    node_ip: str
+    pool: PingedPool  # whose worker ``pool_rank`` is pinged
+
+
 @dataclass(kw_only=True)
 class _RankWatch:
     """Ping state of one busy worker during one ``wait_all``."""
 
-    pool: PoolBase
+    pool: PingedPool
     pool_rank: int
     ping: ray.ObjectRef | None = None
     sent_at: float = -float("inf")
@@ -119,15 +144,15 @@ class Watchdog:
     def owns(self, ref: ray.ObjectRef) -> bool:
         return ref in self._by_ref
 
-    def update(self, busy: dict[tuple[int, int], tuple[PendingCall, RankCall]]) -> None:
+    def update(self, busy: dict[tuple[int, int], OwedCall]) -> None:
         """Watch exactly the busy workers (``(id(pool), pool_rank)`` -> a call they owe)."""
         for key in [k for k in self._watches if k not in busy]:
             watch = self._watches.pop(key)
             if watch.ping is not None:
                 self._by_ref.pop(watch.ping, None)
-        for key, (pending, call) in busy.items():
-            if key not in self._watches and pending.pool is not None:
-                self._watches[key] = _RankWatch(pool=pending.pool, pool_rank=call.pool_rank)
+        for key, owed in busy.items():
+            if key not in self._watches:
+                self._watches[key] = _RankWatch(pool=owed.pool, pool_rank=owed.pool_rank)
 
     def send_due(self, now: float) -> None:
         """Ping each watched worker with no ping in flight whose interval has passed."""
@@ -171,9 +196,7 @@ class Watchdog:
         watch.beat = beat
         watch.unanswered_since = None
 
-    def stalled(
-        self, busy: dict[tuple[int, int], tuple[PendingCall, RankCall]], now: float
-    ) -> StalledCallError | None:
+    def stalled(self, busy: dict[tuple[int, int], OwedCall], now: float) -> StalledCallError | None:
         """The first busy worker past a bound, as an error naming role, method, rank, node."""
         for key, watch in self._watches.items():
             if watch.dead:
@@ -181,7 +204,7 @@ class Watchdog:
             if key not in busy:  # its last call just landed
                 continue
             policy = watch.pool.stall_policy
-            pending, call = busy[key]
+            owed = busy[key]
             timeout = policy.heartbeat_timeout_s
             if (
                 timeout is not None
@@ -189,13 +212,13 @@ class Watchdog:
                 and now - watch.unanswered_since >= timeout
                 and not self._landed(watch)
             ):
-                return _heartbeat_error(pending, call, watch, now - watch.unanswered_since)
+                return _heartbeat_error(owed, watch, now - watch.unanswered_since)
             beat = watch.beat
             if beat is None or beat.role is None or not beat.bounded:
                 continue
             bound = policy.measured_bound_s(beat.longest_s)
             if bound is not None and beat.running_s > bound:
-                return _measured_error(pending, call, watch, beat, bound)
+                return _measured_error(owed, watch, beat, bound)
         return None
 
     def _landed(self, watch: _RankWatch) -> bool:
@@ -210,18 +233,15 @@ class Watchdog:
         return watch.unanswered_since is None or watch.dead
 
 
-def _where(pending: PendingCall, call: RankCall, pid: int | None) -> str:
-    node = pending.node_ips[call.pool_rank]
-    return f"rank {call.rank} (pool rank {call.pool_rank}, node {node}, pid {pid or '?'})"
+def _where(owed: OwedCall, pid: int | None) -> str:
+    return f"rank {owed.rank} (pool rank {owed.pool_rank}, node {owed.node_ip}, pid {pid or '?'})"
 
 
 def _pid(watch: _RankWatch) -> int | None:
     return watch.beat.pid if watch.beat is not None else watch.pool.worker_pid(watch.pool_rank)
 
 
-def _heartbeat_error(
-    pending: PendingCall, call: RankCall, watch: _RankWatch, silent_s: float
-) -> StalledCallError:
+def _heartbeat_error(owed: OwedCall, watch: _RankWatch, silent_s: float) -> StalledCallError:
     pid = _pid(watch)
     policy = watch.pool.stall_policy
     last = ""
@@ -232,60 +252,44 @@ def _heartbeat_error(
             f"'{beat.method}' ({beat.running_s:.1f} s in)."
         )
     return StalledCallError(
-        f"role '{pending.role}' method '{pending.method}' stalled on "
-        f"{_where(pending, call, pid)}: its worker has not answered a heartbeat for "
+        f"role '{owed.role}' method '{owed.method}' stalled on "
+        f"{_where(owed, pid)}: its worker has not answered a heartbeat for "
         f"{silent_s:.1f} s (heartbeat_timeout_s={policy.heartbeat_timeout_s:g}). The process "
         "is frozen (SIGSTOP, a native call holding the GIL, swap, D-state) or its node is "
         f"unreachable.{last} The pool cannot continue; shut it down.",
-        role=pending.role,
-        method=pending.method,
-        ranks=[call.rank],
-        pool_rank=call.pool_rank,
-        node_ip=pending.node_ips[call.pool_rank],
+        role=owed.role,
+        method=owed.method,
+        ranks=[owed.rank],
+        pool_rank=owed.pool_rank,
+        node_ip=owed.node_ip,
         pid=pid,
         reason="heartbeat",
     )
 
 
 def _measured_error(
-    pending: PendingCall, call: RankCall, watch: _RankWatch, beat: Beat, bound: float
+    owed: OwedCall, watch: _RankWatch, beat: Beat, bound: float
 ) -> StalledCallError:
     policy = watch.pool.stall_policy
     running = f"role '{beat.role}' method '{beat.method}'"
     behind = (
         ""
-        if (beat.role, beat.method) == (pending.role, pending.method)
+        if (beat.role, beat.method) == (owed.role, owed.method)
         else f" (the awaited call waits behind {running})"
     )
     return StalledCallError(
-        f"role '{pending.role}' method '{pending.method}' stalled on "
-        f"{_where(pending, call, beat.pid)}{behind}: {running} has run {beat.running_s:.1f} s "
+        f"role '{owed.role}' method '{owed.method}' stalled on "
+        f"{_where(owed, beat.pid)}{behind}: {running} has run {beat.running_s:.1f} s "
         f"there, past max(stall_floor_s={policy.stall_floor_s:g}, stall_factor="
         f"{policy.stall_factor:g} x its longest earlier run {beat.longest_s:.1f} s) = "
         f"{bound:.1f} s. It is hung (a deadlock, a collective missing a peer) or far slower "
         "than before: raise stall_factor / stall_floor_s, or give the method an explicit "
         "@distributed(timeout_s=...). The pool cannot continue; shut it down.",
-        role=pending.role,
-        method=pending.method,
-        ranks=[call.rank],
-        pool_rank=call.pool_rank,
-        node_ip=pending.node_ips[call.pool_rank],
+        role=owed.role,
+        method=owed.method,
+        ranks=[owed.rank],
+        pool_rank=owed.pool_rank,
+        node_ip=owed.node_ip,
         pid=beat.pid,
         reason="measured",
     )
-
-
-def busy_ranks(
-    pendings: list[PendingCall], outstanding: dict[Any, tuple[int, int]]
-) -> dict[tuple[int, int], tuple[PendingCall, RankCall]]:
-    """``(id(pool), pool_rank)`` -> the first outstanding call that worker owes, for pendings
-    whose pool pings (``stall_policy.ping_interval_s`` set)."""
-    busy: dict[tuple[int, int], tuple[PendingCall, RankCall]] = {}
-    for p_index, c_index in outstanding.values():
-        pending = pendings[p_index]
-        pool = pending.pool
-        if pool is None or pool.stall_policy.ping_interval_s is None:
-            continue
-        call = pending.calls[c_index]
-        busy.setdefault((id(pool), call.pool_rank), (pending, call))
-    return busy
