@@ -321,24 +321,6 @@ class DevicePool(PoolBase):
             self.shutdown()
             raise
 
-    @classmethod
-    def from_config(cls, config: DevicePoolConfig) -> DevicePool:
-        return cls(
-            config.num_devices,
-            devices_per_node=config.devices_per_node,
-            device=config.device,
-            cpus_per_worker=config.cpus_per_worker,
-            name=config.name,
-            env=config.env,
-            call_timeout_s=config.call_timeout_s,
-            placement_timeout_s=config.placement_timeout_s,
-            collective_timeout_s=config.collective_timeout_s,
-            log_to_driver=config.log_to_driver,
-            heartbeat_timeout_s=config.heartbeat_timeout_s,
-            stall_factor=config.stall_factor,
-            stall_floor_s=config.stall_floor_s,
-        )
-
     # ---- construction --------------------------------------------------------------------
 
     def _cluster_summary(self, nodes: list[dict[str, Any]]) -> str:
