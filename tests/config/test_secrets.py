@@ -7,7 +7,7 @@ from pathlib import Path
 
 from unirl.config.entry import compose_recipe
 from unirl.config.secrets import REDACTED, is_secret_key, redact_secrets
-from unirl.trainer.base import OutputDir
+from unirl.trainer.output import OutputDir
 
 
 def test_secret_keys_and_what_is_kept() -> None:

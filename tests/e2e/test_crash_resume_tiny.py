@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from e2e_support import read_metrics
 
-from unirl.trainer.base import checkpoint_problem
+from unirl.trainer.output import checkpoint_problem
 
 RECIPE = "diffusion/sd3_tiny_trainside"
 COMMON = ("num_rollouts=3", "save_interval=1", "eval_interval=1", "logging.gallery_interval=0")

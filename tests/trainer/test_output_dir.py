@@ -10,7 +10,7 @@ import pytest
 from unirl.config import ConfigError
 from unirl.config.entry import compose_recipe
 from unirl.config.validate import validate
-from unirl.trainer.base import OutputDir
+from unirl.trainer.output import OutputDir
 
 
 def _validate(out: Path, *extra: str) -> None:

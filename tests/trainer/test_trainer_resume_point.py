@@ -15,8 +15,8 @@ import torch
 
 from unirl.train import CheckpointError
 from unirl.train import checkpoint as ckpt
-from unirl.trainer import base
-from unirl.trainer.base import (
+from unirl.trainer import output
+from unirl.trainer.output import (
     DRIVER_STATE,
     OutputDir,
     checkpoint_problem,
@@ -124,7 +124,7 @@ def test_driver_state_is_written_whole_or_not_at_all(
     def full_disk(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(base.os, "fsync", full_disk)
+    monkeypatch.setattr(output.os, "fsync", full_disk)
     with pytest.raises(OSError) as err:
         write_json_atomic(target, {"next_rollout": 2})
     assert ckpt.disk_full(err.value)

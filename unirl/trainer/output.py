@@ -1,0 +1,147 @@
+"""The run's output folder on the driver: its layout (``OutputDir``), which checkpoint a run
+resumes from (``resolve_resume``, ``checkpoint_problem``) and atomic JSON writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from unirl.config.run import RunConfig
+from unirl.config.secrets import redact_secrets
+from unirl.train.checkpoint import CheckpointError, verify_checkpoint
+
+CHECKPOINT_PREFIX = "step_"
+CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}\d{{6,}}")
+DRIVER_STATE = "driver_state.json"  # written last into a checkpoint folder: marks it complete
+
+
+class OutputDir:
+    """``output_dir`` layout: ``config.yaml``, ``metrics.{jsonl,csv}``, ``eval_metrics.*``,
+    ``samples/``, ``eval/``, ``checkpoints/step_<k>/``, ``lora/``."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def checkpoint(self, rollout_index: int) -> Path:
+        return self.checkpoints / f"{CHECKPOINT_PREFIX}{rollout_index:06d}"
+
+    def checkpoint_folders(self) -> list[Path]:
+        """``checkpoints/step_<k>`` folders, complete or not, oldest first; the leftovers of an
+        interrupted write (``.tmp-<pid>``, ``.old-<pid>``) are not among them."""
+        if not self.checkpoints.is_dir():
+            return []
+        return sorted(
+            (
+                p
+                for p in self.checkpoints.iterdir()
+                if p.is_dir() and CHECKPOINT_NAME.fullmatch(p.name)
+            ),
+            key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]),
+        )
+
+    def write_config(self, data: dict[str, Any]) -> None:
+        """``config.yaml``: the resolved recipe with credentials redacted, readable by the
+        owner only (it names hosts and paths of the deployment)."""
+        from omegaconf import OmegaConf
+
+        path = self.root / "config.yaml"
+        text = OmegaConf.to_yaml(OmegaConf.create(redact_secrets(data)))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(path, 0o600)  # an existing file keeps its mode through O_TRUNC
+
+    def clear_run(self) -> list[str]:
+        """Remove what an earlier run left (``overwrite=true``): checkpoints, galleries, the
+        exported adapter, the metrics files. Returns the names removed."""
+        removed = []
+        for name in ("checkpoints", "samples", "eval", "lora", "tensorboard"):
+            if (self.root / name).is_dir():
+                shutil.rmtree(self.root / name)
+                removed.append(name + "/")
+        for prefix in ("metrics", "eval_metrics"):
+            for suffix in (".jsonl", ".csv"):
+                path = self.root / f"{prefix}{suffix}"
+                if path.exists():
+                    path.unlink()
+                    removed.append(path.name)
+        return removed
+
+    def prune_checkpoints(self, keep: int) -> None:
+        if keep <= 0 or not self.checkpoints.is_dir():
+            return
+        done = sorted(
+            p
+            for p in self.checkpoints.iterdir()
+            if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)
+        )
+        for old in done[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why ``path`` is not a complete, loadable checkpoint (naming the file), or ``None``.
+
+    Complete: ``driver_state.json`` (written last) parses and the backend's files match the
+    manifest in ``trainer_state.json`` (sizes and sha256), all checked here on the driver."""
+    state = path / DRIVER_STATE
+    if not state.is_file():
+        return f"incomplete: {state} missing (the run stopped while writing this checkpoint)"
+    try:
+        json.loads(state.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        return f"{state} is not valid JSON (truncated or corrupt: {exc})"
+    try:
+        verify_checkpoint(path)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
+
+
+def resolve_resume(cfg: RunConfig, out: OutputDir) -> Path | None:
+    """``resume``: null (fresh run), ``auto`` (the newest complete, loadable checkpoint in
+    output_dir, if any; each newer one skipped is named with why, in one line) or a checkpoint
+    folder (refused, naming the file, unless complete and loadable). Runs on the driver before
+    any Ray work."""
+    if cfg.resume in (None, "", "none", "null"):
+        return None
+    if cfg.resume == "auto":
+        for path in reversed(out.checkpoint_folders()):
+            problem = checkpoint_problem(path)
+            if problem is None:
+                return path
+            print(f"[unirl] resume=auto: skipping {path.name}: {problem}", flush=True)
+        return None
+    path = Path(cfg.resume)
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise CheckpointError(
+            f"resume={cfg.resume!r} is not a complete, loadable checkpoint: {problem}. "
+            "Use resume=auto (the newest checkpoint that verifies) or another "
+            "checkpoints/step_XXXXXX folder"
+        )
+    return path
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write ``path`` whole or not at all (tmp file, fsync, rename); a failed write (a full
+    disk) removes the tmp file and raises."""
+    tmp = path.with_suffix(path.suffix + f".tmp-{os.getpid()}")
+    try:
+        with tmp.open("w") as f:
+            f.write(json.dumps(data, indent=2, default=str))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
