@@ -199,6 +199,7 @@ class FlowMatchingBundle:
 
     config: FlowMatchingBundleConfig
     scheduler_config: dict[str, Any]
+    vae: Any  # every family decodes through a VAE (``compile_vae`` compiles its decoder)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

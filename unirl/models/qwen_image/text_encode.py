@@ -45,10 +45,11 @@ def pipeline_prompt_template() -> PromptTemplate:
     empty = QwenImagePipeline(
         scheduler=None, vae=None, text_encoder=None, tokenizer=None, transformer=None
     )
+    # attributes set in the pipeline's __init__
     return PromptTemplate(
-        text=str(empty.prompt_template_encode),
-        drop_idx=int(empty.prompt_template_encode_start_idx),
-        max_length=int(empty.tokenizer_max_length),
+        text=str(getattr(empty, "prompt_template_encode")),  # noqa: B009
+        drop_idx=int(getattr(empty, "prompt_template_encode_start_idx")),  # noqa: B009
+        max_length=int(getattr(empty, "tokenizer_max_length")),  # noqa: B009
     )
 
 
@@ -90,8 +91,9 @@ def encode_qwen_prompts(
         input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True
     ).hidden_states[-1]
     valid = attention_mask.bool()
-    rows = torch.split(hidden[valid], valid.sum(dim=1).tolist(), dim=0)
-    rows = [r[template.drop_idx :] for r in rows]
+    rows = [
+        r[template.drop_idx :] for r in torch.split(hidden[valid], valid.sum(dim=1).tolist(), dim=0)
+    ]
     longest = max(r.shape[0] for r in rows)
     embeds = torch.stack(
         [torch.cat([r, r.new_zeros(longest - r.shape[0], r.shape[1])]) for r in rows]

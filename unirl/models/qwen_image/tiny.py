@@ -196,9 +196,7 @@ def text_encoder_config(spec: TinyQwenImageSpec, tokenizer: Any) -> Any:
 
 
 @torch.no_grad()
-def shape_tiny_decoder(
-    vae: torch.nn.Module, spec: TinyQwenImageSpec, generator: torch.Generator
-) -> None:
+def shape_tiny_decoder(vae: Any, spec: TinyQwenImageSpec, generator: torch.Generator) -> None:
     """Turn a random ``AutoencoderKLQwenImage`` decoder into a smooth, strongly responsive one.
 
     The decoder's channels split into *signal* channels (a random projection of the latent,
