@@ -1,16 +1,22 @@
 """A fresh run never lands on an earlier run silently: refused before Ray unless ``resume``
-or ``overwrite=true``; ``overwrite`` clears what the earlier run left."""
+or ``overwrite=true``; ``overwrite`` clears what the earlier run left. ``keep_last`` prunes
+old checkpoints after each save."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from unirl.config import ConfigError
 from unirl.config.entry import compose_recipe
+from unirl.config.run import RunConfig
 from unirl.config.validate import validate
-from unirl.trainer.output import OutputDir
+from unirl.trainer.base import StageTrainer
+from unirl.trainer.output import DRIVER_STATE, OutputDir
+from unirl.trainer.stage import Stage
 
 
 def _validate(out: Path, *extra: str) -> None:
@@ -51,3 +57,78 @@ def test_clear_run_removes_what_an_earlier_run_left(tmp_path: Path) -> None:
         ]
     )
     assert sorted(p.name for p in out.root.iterdir()) == ["config.yaml"]
+
+
+def _checkpoint(out: OutputDir, step: int, *, complete: bool = True) -> Path:
+    path = out.checkpoint(step)
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_text("x")
+    if complete:
+        (path / DRIVER_STATE).write_text("{}")
+    return path
+
+
+def test_prune_keeps_the_newest_complete_checkpoints_and_removes_dead_writers_leftovers(
+    tmp_path: Path,
+) -> None:
+    out = OutputDir(tmp_path / "run")
+    for step in (2, 4, 6, 8):
+        _checkpoint(out, step)
+    _checkpoint(out, 10, complete=False)  # a run killed while writing it
+    for leftover in ("step_000004.tmp-123", "step_000006.old-456"):
+        (out.checkpoints / leftover).mkdir()
+    for other in ("notes", "step_12"):  # not checkpoint folders: never touched
+        (out.checkpoints / other).mkdir()
+
+    assert out.prune_checkpoints(0, current=out.checkpoint(8)) == []  # 0 keeps every one
+    assert len(list(out.checkpoints.iterdir())) == 9
+
+    removed = out.prune_checkpoints(2, current=out.checkpoint(8))
+    assert [p.name for p in removed] == [
+        "step_000002",
+        "step_000004",
+        "step_000010",
+        "step_000004.tmp-123",
+        "step_000006.old-456",
+    ]
+    assert sorted(p.name for p in out.checkpoints.iterdir()) == [
+        "notes",
+        "step_000006",
+        "step_000008",
+        "step_12",
+    ]
+
+
+def test_prune_never_removes_the_checkpoint_just_written(tmp_path: Path) -> None:
+    """Resumed from an older checkpoint: newer complete ones count among the newest, and the
+    one just written stays although it is not among them."""
+    out = OutputDir(tmp_path / "run")
+    for step in (4, 6, 8):
+        _checkpoint(out, step)
+    current = _checkpoint(out, 5)
+    removed = out.prune_checkpoints(1, current=current)
+    assert [p.name for p in removed] == ["step_000004", "step_000006"]
+    assert [p.name for p in out.checkpoint_folders()] == ["step_000005", "step_000008"]
+
+
+class _Ops:
+    def save_checkpoint(self, path: str, extra: dict[str, Any]) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "model.safetensors").write_text(str(extra))
+
+
+def test_save_prunes_to_keep_last_after_driver_state_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trainer = StageTrainer.__new__(StageTrainer)  # save() alone: no pool, no roles
+    trainer.cfg = RunConfig(output_dir=str(tmp_path / "run"), keep_last=2)
+    trainer.out = OutputDir(trainer.cfg.output_dir)
+    trainer.data_source = SimpleNamespace(state_dict=lambda: {"epoch": 0})
+    stack = SimpleNamespace(state=lambda: {})
+    algorithm = SimpleNamespace(algorithm_state=lambda: {})
+    trainer.stages = [Stage(track="diffusion", stack=stack, algorithm=algorithm, ops=_Ops())]
+    for done in (10, 20, 30):
+        trainer.save(done)
+    assert [p.name for p in trainer.out.checkpoint_folders()] == ["step_000020", "step_000030"]
+    assert all((p / DRIVER_STATE).is_file() for p in trainer.out.checkpoint_folders())
+    assert "keep_last=2: removed step_000010" in capsys.readouterr().out

@@ -151,6 +151,8 @@ class RunConfig:
     train_fraction: float = 1.0
     num_rollouts: PositiveInt = 100
     save_interval: NonNegativeInt = 0
+    keep_last: NonNegativeInt = 0
+    """After each checkpoint, keep the newest ``keep_last`` complete ones (0: keep every one)."""
     eval_interval: NonNegativeInt = 0
     sync_interval: NonNegativeInt = 1
     output_dir: str = "outputs/run"

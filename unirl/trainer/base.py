@@ -407,7 +407,7 @@ class StageTrainer:
     def save(self, done: int) -> None:
         """Each training stage's backend writes its files (atomically, with a manifest);
         ``driver_state.json`` goes in last and marks the folder complete. A failed write
-        removes the folder."""
+        removes the folder. Then ``keep_last`` prunes older checkpoints."""
         path = self.out.checkpoint(done)
         for stage in self.trained:
             stage.ops.save_checkpoint(str(self._ops_path(path, stage)), {"rollout_index": done})
@@ -427,6 +427,10 @@ class StageTrainer:
             shutil.rmtree(path, ignore_errors=True)
             raise write_failure(path, path / DRIVER_STATE, exc) from exc
         print(f"[unirl] checkpoint {path}", flush=True)
+        removed = self.out.prune_checkpoints(self.cfg.keep_last, current=path)
+        if removed:
+            names = ", ".join(p.name for p in removed)
+            print(f"[unirl] keep_last={self.cfg.keep_last}: removed {names}", flush=True)
 
     def resume(self, path: Path) -> None:
         state = json.loads((path / DRIVER_STATE).read_text())

@@ -16,6 +16,8 @@ from unirl.train.checkpoint import CheckpointError, verify_checkpoint
 
 CHECKPOINT_PREFIX = "step_"
 CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}\d{{6,}}")
+# what an interrupted write leaves next to a checkpoint (``checkpoint.atomic_directory``)
+WRITE_LEFTOVER = re.compile(rf"{CHECKPOINT_PREFIX}\d{{6,}}\.(tmp|old)-\d+")
 DRIVER_STATE = "driver_state.json"  # written last into a checkpoint folder: marks it complete
 
 
@@ -76,16 +78,31 @@ class OutputDir:
                     removed.append(path.name)
         return removed
 
-    def prune_checkpoints(self, keep: int) -> None:
-        if keep <= 0 or not self.checkpoints.is_dir():
-            return
-        done = sorted(
-            p
-            for p in self.checkpoints.iterdir()
-            if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)
+    def prune_checkpoints(self, keep: int, *, current: Path) -> list[Path]:
+        """Checkpoint retention (``keep_last``): keep the newest ``keep`` complete checkpoints
+        (``driver_state.json`` present) and ``current``, the one just written; remove every
+        other ``step_<k>`` folder, and the ``step_<k>.tmp-<pid>`` / ``.old-<pid>`` folders that
+        interrupted writes left. Call it only between saves: no writer of this run is in
+        flight then, so every such leftover is a dead writer's. ``keep=0`` removes nothing.
+        Returns the folders removed; one that cannot be removed is named on stdout."""
+        if keep <= 0:
+            return []
+        folders = self.checkpoint_folders()
+        complete = [p for p in folders if (p / DRIVER_STATE).is_file()]
+        kept = {p.name for p in complete[-keep:]} | {current.name}
+        doomed = [p for p in folders if p.name not in kept]
+        doomed += sorted(
+            p for p in self.checkpoints.iterdir() if p.is_dir() and WRITE_LEFTOVER.fullmatch(p.name)
         )
-        for old in done[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        removed = []
+        for path in doomed:
+            try:
+                shutil.rmtree(path)
+            except OSError as exc:
+                print(f"[unirl] keep_last: could not remove {path}: {exc}", flush=True)
+            else:
+                removed.append(path)
+        return removed
 
 
 def checkpoint_problem(path: Path) -> str | None:
