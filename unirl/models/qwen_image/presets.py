@@ -1,6 +1,6 @@
 """Named Qwen-Image sources that need no download, and the resolver every loader goes through.
 
-- ``tiny``: a random-init toy stack (~0.6 M parameters) saved once into the shared preset
+- ``tiny``: a random-init toy stack (~0.7 M parameters) saved once into the shared preset
   cache in the diffusers layout; ``diffusers.QwenImagePipeline.from_pretrained(folder)``
   loads it.
 - ``qwen-image-arch``: random weights at the released Qwen-Image shapes, built in memory.

@@ -54,7 +54,7 @@ SCHEDULER_CONFIG: dict[str, Any] = {
 
 @dataclass(kw_only=True, frozen=True)
 class TinyQwenImageSpec:
-    """Sizes of the tiny stack (about 0.5 M parameters in all)."""
+    """Sizes of the tiny stack (about 0.7 M parameters in all)."""
 
     seed: int = 0
     vocab_size: int = 1000
