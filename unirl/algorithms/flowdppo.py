@@ -16,7 +16,9 @@ from typing import Any, Literal
 import torch
 
 from unirl.algorithms.base import StageAlgorithm, StepResult
-from unirl.algorithms.flowgrpo import (
+from unirl.algorithms.kl import KLConfig, kl_metrics
+from unirl.algorithms.losses import flow_dppo_loss
+from unirl.algorithms.replay import (
     check_flow_knobs,
     ratio_metrics,
     replay_anchors,
@@ -24,8 +26,6 @@ from unirl.algorithms.flowgrpo import (
     replayed_log_prob,
     slot_sigmas,
 )
-from unirl.algorithms.kl import KLConfig, kl_metrics
-from unirl.algorithms.losses import flow_dppo_loss
 from unirl.config.require import require
 from unirl.config.typecheck import PositiveFloat
 from unirl.models.common.denoise import StepRecord

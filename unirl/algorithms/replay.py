@@ -1,0 +1,163 @@
+"""The replay machinery the ratio-based diffusion losses share (Flow-GRPO, Flow-DPPO).
+
+π_old is anchored by replaying each trained slot with the current weights at the training
+micro-batch geometry (:func:`replay_anchors`); the training pass replays every slot again,
+one forward + backward at a time (:func:`replay_slot_losses`), adding β·KL to the frozen
+reference when ``kl`` is on (:func:`reference_step`, :func:`step_kl`). :func:`slot_sigmas`
+gives σ of a trained slot, :func:`check_flow_knobs` validates the knobs these losses share and
+:func:`ratio_metrics` summarises their ratios. A loss node brings only its per-slot term
+(``policy_terms``) and its formula in ``losses.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from unirl.algorithms.base import StageAlgorithm, StepResult
+from unirl.config.require import require
+from unirl.models.common.denoise import StepRecord, sigma_max_of
+from unirl.sde import SDEStrategy
+from unirl.sde.kernels import KLForm
+from unirl.types import Conditions, LatentSegment, host_to_device
+
+
+def check_flow_knobs(kl_form: str, old_logp_source: str) -> None:
+    """Validate the knobs every replay-based diffusion loss shares."""
+    require(
+        kl_form in ("gaussian", "reference"), "algorithm.kl_form must be 'gaussian' or 'reference'"
+    )
+    require(
+        old_logp_source in ("replay", "rollout"),
+        "algorithm.old_logp_source must be 'replay' or 'rollout'",
+    )
+
+
+@torch.no_grad()
+def replay_anchors(
+    pipeline: Any, conditions: Conditions, segment: LatentSegment, *, means: bool
+) -> LatentSegment:
+    """π_old of every trained slot, replayed with the current weights at this micro-batch's
+    geometry: ``sde_logp[B, S]`` and, when ``means``, ``sde_means[B, S, C, h, w]`` (fp32)."""
+    logps, mus = [], []
+    for k in range(segment.num_sde_steps):
+        record = pipeline.replay(conditions, segment, k)
+        logps.append(record.log_prob)
+        if means:
+            mus.append(record.mean.float())
+    out = dataclasses.replace(segment, sde_logp=torch.stack(logps, dim=1).detach())
+    if means:
+        out = dataclasses.replace(out, sde_means=torch.stack(mus, dim=1).detach())
+    return out
+
+
+def slot_sigmas(
+    segment: LatentSegment, slot: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, float | None]:
+    """``(σ[B], σ'[B], sigma_max)`` of trained slot ``slot`` of every sample (fp32, on ``device``)."""
+    sigmas = segment.sigmas.float()
+    idx = segment.sde_indices[:, slot]
+    return (
+        host_to_device(sigmas[idx], device),
+        host_to_device(sigmas[idx + 1], device),
+        sigma_max_of(sigmas),
+    )
+
+
+def reference_step(
+    algorithm: StageAlgorithm,
+    pipeline: Any,
+    conditions: Conditions,
+    segment: LatentSegment,
+    slot: int,
+) -> StepRecord:
+    """Replay slot ``slot`` under the frozen reference (the backend's adapter-disable), no grad."""
+    with torch.no_grad(), algorithm.reference():
+        record: StepRecord = pipeline.replay(conditions, segment, slot)
+    return record
+
+
+def replayed_log_prob(record: StepRecord, strategy: object) -> torch.Tensor:
+    """``log_prob[B]`` of a replayed step; a ratio loss cannot run on a strategy without one
+    (the validators refuse that recipe, so this only guards direct use)."""
+    if record.log_prob is None:
+        raise ValueError(
+            f"the replayed step has no log-prob: pipeline.strategy {type(strategy).__name__} "
+            "records none; ratio losses need FlowSDE, CPS or DanceSDE"
+        )
+    return record.log_prob
+
+
+def step_kl(
+    strategy: SDEStrategy,
+    mean: torch.Tensor,
+    ref_mean: torch.Tensor,
+    segment: LatentSegment,
+    slot: int,
+    form: KLForm,
+) -> torch.Tensor:
+    """``KL[B]`` between the policy's and the reference's step at slot ``slot`` (form: see
+    ``SDEStrategy.kl``): ``gaussian`` divides by 2·std², ``reference`` by 2·noise_scale²."""
+    sigma, sigma_next, sigma_max = slot_sigmas(segment, slot, mean.device)
+    return strategy.kl(mean, ref_mean, sigma, sigma_next, form, sigma_max=sigma_max)
+
+
+def replay_slot_losses(
+    algorithm: Any,
+    conditions: Conditions,
+    segment: LatentSegment,
+    loss_scale: float,
+    policy_terms: Callable[[int, StepRecord], tuple[torch.Tensor, dict[str, torch.Tensor]]],
+) -> StepResult:
+    """The per-slot training loop the replay losses share (Flow-GRPO, Flow-DPPO).
+
+    For each trained slot ``k``: the reference replay when the KL is on, the policy replay,
+    ``policy_terms(k, record) -> (policy loss, per-slot terms)``, plus ``β·KL`` of the step,
+    then backward scaled by ``loss_scale / S`` (one graph alive at a time). Terms are
+    concatenated over slots; with the KL on, ``kl`` and ``kl_steps[B, S]`` are added. The
+    loss comes back as a detached device scalar (no host sync per slot).
+    """
+    num_steps = segment.num_sde_steps
+    kl = algorithm.kl_controller
+    total: torch.Tensor | float = 0.0
+    parts: dict[str, list[torch.Tensor]] = {}
+    kls: list[torch.Tensor] = []
+    for k in range(num_steps):
+        ref = (
+            reference_step(algorithm, algorithm.pipeline, conditions, segment, k)
+            if kl.enabled
+            else None
+        )
+        record = algorithm.pipeline.replay(conditions, segment, k)
+        loss, terms = policy_terms(k, record)
+        if ref is not None:
+            step = step_kl(
+                algorithm.pipeline.strategy, record.mean, ref.mean, segment, k, algorithm.kl_form
+            )
+            loss = loss + kl.beta * step.mean()
+            kls.append(step.detach())
+            kl.observe(step)
+        (loss * (loss_scale / num_steps)).backward()
+        total = total + loss.detach() / num_steps
+        for name, value in terms.items():
+            parts.setdefault(name, []).append(value)
+    out = {name: torch.cat(values) for name, values in parts.items()}
+    if kls:
+        out["kl"] = torch.cat(kls)
+        out["kl_steps"] = torch.stack(kls, dim=1)  # [B, S]: per trained slot
+    return StepResult(loss=total * loss_scale, terms=out)
+
+
+def ratio_metrics(ratio: torch.Tensor, log_ratio: torch.Tensor) -> dict[str, float]:
+    """Ratio mean/std/min/max and approx_kl = ½·mean(Δlogp²) of the concatenated terms."""
+    ratio = ratio.float()
+    return {
+        "ratio/mean": float(ratio.mean()),
+        "ratio/std": float(ratio.std(unbiased=False)) if ratio.numel() > 1 else 0.0,
+        "ratio/min": float(ratio.min()),
+        "ratio/max": float(ratio.max()),
+        "approx_kl": float(0.5 * log_ratio.float().square().mean()),
+    }
