@@ -26,3 +26,13 @@ def ray_session() -> Iterator[None]:
         )
     yield
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def fresh_output_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recipes default to ``${oc.env:OUTPUT_DIR,outputs/<recipe>}`` relative to the working
+    directory; a user's earlier run there would make the fresh-run check refuse a recipe a
+    test only validates. Each test gets its own empty folder (subprocesses inherit it)."""
+    monkeypatch.setenv("OUTPUT_DIR", str(tmp_path_factory.mktemp("output") / "run"))

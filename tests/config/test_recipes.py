@@ -30,21 +30,26 @@ def test_there_are_recipes_and_broken_ones() -> None:
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_recipe_composes_and_validates(recipe: str) -> None:
-    data = compose_recipe(recipe, ["dry_run=true"])
+def test_recipe_composes_and_validates(recipe: str, tmp_path: Path) -> None:
+    # a fresh output_dir: the recipes' default folders may hold a user's earlier run
+    data = compose_recipe(recipe, ["dry_run=true", f"output_dir={tmp_path / 'run'}"])
     cfg, objs = validate(data)
     assert cfg.dry_run is True
     assert objs["sampling"].samples_per_prompt >= 1
 
 
 @pytest.mark.parametrize("case", BROKEN, ids=lambda p: p.stem)
-def test_broken_recipe_fails_with_its_message(case: Path) -> None:
+def test_broken_recipe_fails_with_its_message(case: Path, tmp_path: Path) -> None:
     spec = yaml.safe_load(case.read_text())
     assert set(spec) == {"base", "overrides", "expect"}, (
         f"{case.name}: keys must be base/overrides/expect"
     )
     with pytest.raises(ConfigError) as info:
-        validate(compose_recipe(spec["base"], spec["overrides"]))
+        # a fresh output_dir first (a case may set its own): a user's earlier run in the
+        # recipe's default folder must not answer before the check under test
+        validate(
+            compose_recipe(spec["base"], [f"output_dir={tmp_path / 'run'}", *spec["overrides"]])
+        )
     assert re.search(spec["expect"], str(info.value)), f"{case.name}: got {info.value}"
     assert "\n" not in str(info.value), f"{case.name}: the message must be one line"
 
@@ -66,11 +71,15 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cli_compose_check_and_dry_run_from_any_directory() -> None:
+def test_cli_compose_check_and_dry_run_from_any_directory(tmp_path: Path) -> None:
     out = _cli("--config-name=diffusion/sd3_tiny_trainside", "--cfg", "job", "--resolve")
     assert out.returncode == 0, out.stderr
     assert "_target_: unirl.models.sd3.SD3Bundle" in out.stdout
-    out = _cli("--config-name=diffusion/sd3_tiny_trainside", "dry_run=true")
+    out = _cli(
+        "--config-name=diffusion/sd3_tiny_trainside",
+        "dry_run=true",
+        f"output_dir={tmp_path / 'run'}",
+    )
     assert out.returncode == 0, out.stderr
     assert "placement plan" in out.stdout and "samples_per_rollout" in out.stdout
     assert "no Ray started" in out.stdout

@@ -172,7 +172,7 @@ class FamilyTester:
         track = pipeline.generate(req).tracks["diffusion"]
         track = dataclasses.replace(track, rewards=torch.arange(len(track)).float())
         track, _ = track.compute_advantages()
-        out = stack.train_track(track, 0, 0.0)
+        out = stack.train_track(track, 0)
         return SimpleNamespace(bundle=bundle, backend=backend, step=out["steps"][0])
 
     # -- the contract ----------------------------------------------------------------------------

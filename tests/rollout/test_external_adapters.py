@@ -307,7 +307,7 @@ def test_missing_stacks_fail_naming_the_extra() -> None:
         )
 
 
-def test_dry_run_of_adapter_recipes_imports_neither_stack() -> None:
+def test_dry_run_of_adapter_recipes_imports_neither_stack(tmp_path: Path) -> None:
     code = """
 import sys
 class Spy:
@@ -326,7 +326,7 @@ for name in ('sd3_sglang_native_colocate', 'sd3_sglang_full_nccl_separate', 'sd3
 print('SEEN', Spy.seen)
 """
     config_tests = str(Path(__file__).resolve().parents[1] / "config")
-    code = code.replace("CONFIG_TESTS", repr(config_tests))
+    code = code.replace("CONFIG_TESTS", repr(config_tests)).replace("OUT", repr(str(tmp_path)))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "SEEN []" in out.stdout

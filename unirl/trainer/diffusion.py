@@ -15,7 +15,6 @@ from hydra.utils import instantiate
 from unirl.config.run import RunConfig
 from unirl.config.validate import engine_kind, locate
 from unirl.distributed.group import DevicePool, placement, remote
-from unirl.sde import sigmas_from_scheduler_config
 from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.base import StageTrainer
 from unirl.trainer.dedicated import build_dedicated_layout, plan_dedicated_roles
@@ -113,11 +112,10 @@ class DiffusionTrainer(StageTrainer):
         self.describe_model(ops)
 
     def describe_model(self, ops: Any) -> None:
-        """Read the family's σ config and latent geometry (the driver authors σ and x_T)."""
-        info = ops.describe(self.sampling.height, self.sampling.width)
-        self.scheduler_config = info["scheduler_config"]
+        """Read the family's σ schedules and latent geometry (the driver authors σ and x_T)."""
+        info = ops.describe(self.sampling)
         self.latent_shape = info["latent_shape"]
-        self.image_seq_len = info["image_seq_len"]
+        self.schedules = {mode: sigmas.cpu() for mode, sigmas in info["sigmas"].items()}
         self.device_name = info["device_name"]
         print(
             f"[unirl] trainable parameters: {info['trainable_params']:,} on {info['device']}",
@@ -145,7 +143,7 @@ class DiffusionTrainer(StageTrainer):
             if mode == "train"
             else self.sampling.eval_num_inference_steps
         )
-        sigmas = self.sigmas(steps)
+        sigmas = self.schedules["train" if mode == "train" else "eval"].clone()
         if mode == "train" and self.trains_sde_steps:
             chosen = self.sde_steps.select(steps, seed=self.cfg.seed, rollout_index=rollout_index)
             sde_indices = torch.tensor([list(chosen)] * n, dtype=torch.long)
@@ -166,11 +164,6 @@ class DiffusionTrainer(StageTrainer):
             seed=self.cfg.seed if mode == "train" else self.cfg.eval.seed,
             rollout_index=rollout_index,
             mode=mode,  # type: ignore[arg-type]
-        )
-
-    def sigmas(self, steps: int) -> torch.Tensor:
-        return sigmas_from_scheduler_config(
-            self.scheduler_config, steps, image_seq_len=self.image_seq_len
         )
 
 

@@ -81,12 +81,18 @@ class TrainOps:
             ctx.close()
 
     @distributed(dispatch=Dispatch.RANK_ZERO)
-    def describe(self, height: int, width: int) -> dict[str, Any]:
+    def describe(self, sampling: Any) -> dict[str, Any]:
+        """What the driver needs to author requests, from the family: the latent of one
+        sample and the σ schedule of the train and eval step counts at the sampling size
+        (the family's σ policy, so the driver pins exactly what its pipeline would use)."""
         bundle = self.pipeline.bundle
+        height, width = int(sampling.height), int(sampling.width)
         return {
-            "scheduler_config": dict(bundle.scheduler_config),
-            "latent_shape": tuple(bundle.latent_shape(height, width)),
-            "image_seq_len": int(bundle.image_seq_len(height, width)),
+            "latent_shape": tuple(bundle.latent_shape_for(sampling)),
+            "sigmas": {
+                "train": bundle.sigmas(int(sampling.num_inference_steps), height, width),
+                "eval": bundle.sigmas(int(sampling.eval_num_inference_steps), height, width),
+            },
             "trainable_params": int(self.backend.num_trainable_params()),
             "device": str(self.backend.device),
             "device_name": torch.cuda.get_device_name(self.backend.device)
@@ -135,11 +141,11 @@ class TrainOps:
         ``torch.utils.flop_counter.FlopCounterMode`` (not timed; weights do change)."""
         from torch.utils.flop_counter import FlopCounterMode
 
-        transformer = type(self.pipeline.bundle.transformer)
+        trained = [type(m).__name__ for m in self.pipeline.bundle.trainable_modules.values()]
         with FlopCounterMode(display=False) as counter:
             resp = self.pipeline.generate(req)
         rollout_total = counter.get_total_flops()
-        rollout_transformer = _module_flops(counter, transformer.__name__)
+        rollout_transformer = sum(_module_flops(counter, name) for name in trained)
         track = resp.tracks[self.pipeline.track_name]
         n = len(track)
         gen = torch.Generator().manual_seed(rollout_index)
@@ -147,13 +153,13 @@ class TrainOps:
         track = dataclasses.replace(track, rewards=rewards)
         track, _ = track.compute_advantages()
         with FlopCounterMode(display=False) as counter:
-            self.stack.train_track(track, rollout_index, 0.0)
+            self.stack.train_track(track, rollout_index)
         return [
             {
                 "rollout_total": float(rollout_total),
                 "rollout_transformer": float(rollout_transformer),
                 "train_total": float(counter.get_total_flops()),
-                "train_transformer": float(_module_flops(counter, transformer.__name__)),
+                "train_transformer": float(sum(_module_flops(counter, n) for n in trained)),
                 "samples": float(n),
             }
         ]
