@@ -89,3 +89,26 @@ def test_reward_metrics_keep_every_scorer_counter_and_sum_counts_over_shards() -
     assert out["clip/nonfinite"] == 3.0 and out["ocr/failures"] == 1.0
     assert abs(out["guard/dark"] - 0.3) < 1e-12
     assert out["reward/mean"] == 2.5
+
+
+def test_eval_prompts_split_by_the_rollout_slab_not_num_devices(tmp_path) -> None:
+    """Separate layout with 4 devices, 1 train + 3 rollout: the eval request must split over
+    the 3 rollout ranks (it used num_devices=4 and failed at the first eval)."""
+    from types import SimpleNamespace
+
+    from unirl.config.run import RunConfig
+    from unirl.trainer.base import StageTrainer
+
+    prompts = tmp_path / "eval.txt"
+    prompts.write_text("\n".join(f"prompt {i}" for i in range(8)) + "\n")
+    cfg = RunConfig(num_devices=4, layout="separate", train_fraction=0.25)
+    assert cfg.slab_sizes() == (1, 3)
+    trainer = StageTrainer.__new__(StageTrainer)
+    trainer.cfg = cfg
+    trainer.cfg.eval.prompts_path = str(prompts)
+    trainer.cfg.eval.num_prompts = 8
+    trainer.data_source = SimpleNamespace(path=str(prompts))
+    trainer.stages = [Stage(track="diffusion", train_ranks=1, rollout_ranks=3)]
+    assert len(trainer.eval_prompts()) == 6  # 8 cut to a multiple of the 3 rollout ranks
+    trainer.cfg.eval.samples_per_prompt = 3
+    assert len(trainer.eval_prompts()) == 8  # 8 prompts x 3 samples = 24 rows split in 3
