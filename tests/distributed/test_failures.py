@@ -11,7 +11,13 @@ import pytest
 import ray
 from unirl_group_roles import Faulty, Store
 
-from unirl.distributed.group import DevicePool, RemoteCallError, placement, remote
+from unirl.distributed.group import (
+    DevicePool,
+    DevicePoolConfig,
+    RemoteCallError,
+    placement,
+    remote,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -19,7 +25,10 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module")
 def pool(ray_session: None) -> Iterator[DevicePool]:
     # Tests in this module run in order and leave the pool damaged: raise, time out, kill.
-    with DevicePool(2, device="cpu", name="faulty", call_timeout_s=20, log_to_driver=False) as p:
+    config = DevicePoolConfig(
+        num_devices=2, device="cpu", name="faulty", call_timeout_s=20, log_to_driver=False
+    )
+    with DevicePool(config) as p:
         yield p
 
 

@@ -10,7 +10,15 @@ import pytest
 import torch
 from unirl_group_roles import Items
 
-from unirl.distributed.group import DevicePool, Dispatch, Remote, distributed, placement, remote
+from unirl.distributed.group import (
+    DevicePool,
+    DevicePoolConfig,
+    Dispatch,
+    Remote,
+    distributed,
+    placement,
+    remote,
+)
 
 pytestmark = [
     pytest.mark.ray,
@@ -47,7 +55,10 @@ class GpuRole(Remote):
 
 @pytest.fixture(scope="module")
 def gpu_pool(ray_session: None) -> Iterator[DevicePool]:
-    with DevicePool(2, device="cuda", name="gpu", call_timeout_s=120, log_to_driver=False) as p:
+    config = DevicePoolConfig(
+        num_devices=2, device="cuda", name="gpu", call_timeout_s=120, log_to_driver=False
+    )
+    with DevicePool(config) as p:
         yield p
 
 

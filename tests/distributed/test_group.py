@@ -13,6 +13,7 @@ from unirl_group_roles import Collective, Items, Plain, Reader, Store
 
 from unirl.distributed.group import (
     DevicePool,
+    DevicePoolConfig,
     Dispatch,
     Handle,
     ParallelSizes,
@@ -27,7 +28,10 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module")
 def pool(ray_session: None) -> Iterator[DevicePool]:
-    with DevicePool(2, device="cpu", name="test", call_timeout_s=60, log_to_driver=False) as p:
+    config = DevicePoolConfig(
+        num_devices=2, device="cpu", name="test", call_timeout_s=60, log_to_driver=False
+    )
+    with DevicePool(config) as p:
         yield p
 
 
@@ -145,7 +149,7 @@ def test_gloo_all_reduce_world_and_subgroup(pool: DevicePool) -> None:
 def test_pool_larger_than_cluster_fails_fast(ray_session: None) -> None:
     start = time.monotonic()
     with pytest.raises(PlacementError) as err:
-        DevicePool(16, device="cpu", name="huge", log_to_driver=False)
+        DevicePool(DevicePoolConfig(num_devices=16, device="cpu", name="huge", log_to_driver=False))
     assert time.monotonic() - start < 5.0
     message = str(err.value)
     assert message.startswith(

@@ -6,13 +6,19 @@ import pytest
 from unirl_group_roles import Items, Reader, Store
 
 from unirl.config import ConfigError
-from unirl.distributed.group import DryRunPool, ParallelSizes, placement, remote
+from unirl.distributed.group import (
+    DevicePoolConfig,
+    DryRunPool,
+    ParallelSizes,
+    placement,
+    remote,
+)
 from unirl.distributed.group.dispatch import gather_results, scatter_args
 from unirl.distributed.group.rank import pool_rank_infos, slab_rank_infos
 
 
 def test_separate_layout_gives_disjoint_slabs() -> None:
-    pool = DryRunPool(4)
+    pool = DryRunPool(DevicePoolConfig(num_devices=4))
     with placement(pool, 0.5) as train:
         pass
     with placement(pool, 0.5) as roll:
@@ -22,7 +28,7 @@ def test_separate_layout_gives_disjoint_slabs() -> None:
 
 
 def test_colocated_blocks_wrap_onto_the_same_workers() -> None:
-    pool = DryRunPool(4)
+    pool = DryRunPool(DevicePoolConfig(num_devices=4))
     with placement(pool) as first:
         pass
     with placement(pool) as second:
@@ -31,7 +37,7 @@ def test_colocated_blocks_wrap_onto_the_same_workers() -> None:
 
 
 def test_nested_blocks_claim_sub_slabs_of_the_enclosing_slab() -> None:
-    pool = DryRunPool(8)
+    pool = DryRunPool(DevicePoolConfig(num_devices=8))
     with placement(pool, 0.5):
         pass
     with placement(pool, 0.5) as outer:
@@ -45,7 +51,7 @@ def test_nested_blocks_claim_sub_slabs_of_the_enclosing_slab() -> None:
 
 
 def test_exclusive_block_refuses_to_overlap() -> None:
-    pool = DryRunPool(4)
+    pool = DryRunPool(DevicePoolConfig(num_devices=4))
     with placement(pool, 0.5, shared_workers=False):
         pass
     with placement(pool, 0.5):
@@ -60,7 +66,7 @@ def test_exclusive_block_refuses_to_overlap() -> None:
 
 
 def test_fraction_must_give_whole_devices() -> None:
-    pool = DryRunPool(4)
+    pool = DryRunPool(DevicePoolConfig(num_devices=4))
     with (
         pytest.raises(ConfigError, match=r"fraction=0.3\) of a 4-device slab is 1.2 devices"),
         placement(pool, 0.3),
@@ -69,7 +75,7 @@ def test_fraction_must_give_whole_devices() -> None:
 
 
 def test_remote_outside_placement_and_sibling_on_other_workers_fail() -> None:
-    pool = DryRunPool(4)
+    pool = DryRunPool(DevicePoolConfig(num_devices=4))
     with pytest.raises(RuntimeError, match="inside `with placement"):
         remote(Store)
     with placement(pool, 0.5):
@@ -83,7 +89,9 @@ def test_remote_outside_placement_and_sibling_on_other_workers_fail() -> None:
 
 
 def test_describe_plan_lists_roles_ranks_nodes_devices() -> None:
-    pool = DryRunPool(4, devices_per_node=2, device="cuda", name="demo")
+    pool = DryRunPool(
+        DevicePoolConfig(num_devices=4, devices_per_node=2, device="cuda", name="demo")
+    )
     with placement(pool, 0.5):
         store = remote(Store, name="trainer")
         remote({"_target_": "unirl_group_roles.Reader"}, name="ref", store=store)

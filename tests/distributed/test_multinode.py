@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(
     import json, logging
     import ray
     from ray.cluster_utils import Cluster
-    from unirl.distributed.group import DevicePool, placement, remote
+    from unirl.distributed.group import DevicePool, DevicePoolConfig, placement, remote
     from unirl_group_roles import Store
 
     # No node_ip_address=127.0.0.1 here: ray.init rewrites a loopback bootstrap address to
@@ -31,8 +31,9 @@ SCRIPT = textwrap.dedent(
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
     try:
-        with DevicePool(2, devices_per_node=1, device="cpu", name="two_nodes",
-                        call_timeout_s=60, log_to_driver=False) as pool:
+        config = DevicePoolConfig(num_devices=2, devices_per_node=1, device="cpu",
+                                  name="two_nodes", call_timeout_s=60, log_to_driver=False)
+        with DevicePool(config) as pool:
             with placement(pool):
                 store = remote(Store, name="store")
             print(json.dumps({

@@ -34,6 +34,7 @@ from unirl.distributed.group import (
     DevicePool,
     DevicePoolConfig,
     StalledCallError,
+    StallPolicy,
     placement,
     remote,
 )
@@ -47,12 +48,13 @@ DRIVER = textwrap.dedent(
     """
     import json, os, signal, sys, time
     import ray
-    from unirl.distributed.group import DevicePool, placement, remote
+    from unirl.distributed.group import DevicePool, DevicePoolConfig, placement, remote
     from unirl_group_roles import Reader, Store
 
     mode = sys.argv[1]
-    with DevicePool(2, device="cpu", name="driver", heartbeat_timeout_s=5.0,
-                    log_to_driver=False) as pool:
+    config = DevicePoolConfig(num_devices=2, device="cpu", name="driver",
+                              heartbeat_timeout_s=5.0, log_to_driver=False)
+    with DevicePool(config) as pool:
         with placement(pool):
             store = remote(Store, name="store")
             reader = remote(Reader, name="reader", store=store)
@@ -240,15 +242,16 @@ def test_sigkilled_driver_leaves_no_ray_process_behind(driver) -> None:
 
 
 def test_call_far_past_its_measured_duration_fails(ray_session: None) -> None:
-    with DevicePool(
-        2,
+    config = DevicePoolConfig(
+        num_devices=2,
         device="cpu",
         name="measured",
         heartbeat_timeout_s=4.0,  # pings every 1 s
         stall_factor=1.5,
         stall_floor_s=0.3,
         log_to_driver=False,
-    ) as pool:
+    )
+    with DevicePool(config) as pool:
         with placement(pool):
             store = remote(Store, name="store")
             reader = remote(Reader, name="reader", store=store)
@@ -272,13 +275,11 @@ def test_call_far_past_its_measured_duration_fails(ray_session: None) -> None:
 
 
 def test_stall_bounds_are_validated() -> None:
-    with pytest.raises(ConfigError, match=r"stall_factor=0\.5: must be >= 1 or None"):
-        DevicePoolConfig(num_devices=1, stall_factor=0.5)
-    with pytest.raises(ConfigError, match="heartbeat_timeout_s=0: must be > 0 or None"):
-        DevicePoolConfig(num_devices=1, heartbeat_timeout_s=0)
-    with pytest.raises(ConfigError, match="stall_factor must be >= 1 or null"):
-        RunConfig(stall_factor=0.5)
-    with pytest.raises(ConfigError, match="heartbeat_timeout_s must be > 0 or null"):
-        RunConfig(heartbeat_timeout_s=-1.0)
+    # one rule and one message, whether the bounds come from a recipe or build a pool
+    for build in (DevicePoolConfig, RunConfig, StallPolicy):
+        with pytest.raises(ConfigError, match=r"^stall_factor=0\.5 must be >= 1 or null \(off\)"):
+            build(stall_factor=0.5)
+        with pytest.raises(ConfigError, match=r"^heartbeat_timeout_s=-1\.0 must be > 0 or null"):
+            build(heartbeat_timeout_s=-1.0)
     cfg = RunConfig(heartbeat_timeout_s=None, stall_factor=None)
     assert (cfg.heartbeat_timeout_s, cfg.stall_factor, cfg.stall_floor_s) == (None, None, 300.0)

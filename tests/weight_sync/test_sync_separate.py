@@ -15,7 +15,7 @@ from sync_fakes import RECIPE
 
 from unirl.config.entry import compose_recipe
 from unirl.config.validate import validate
-from unirl.distributed.group import DevicePool
+from unirl.distributed.group import DevicePool, DevicePoolConfig
 from unirl.trainer.diffusion import DiffusionTrainer
 
 ROLLOUTS = 3
@@ -31,9 +31,7 @@ def _train_with_checks(tmp_path: Path, overrides: list[str]) -> dict[str, Any]:
     )
     cfg, _ = validate(data)
     trainer = DiffusionTrainer(cfg, data)
-    pool = DevicePool(
-        cfg.num_devices, device="cpu", cpus_per_worker=1, call_timeout_s=300, log_to_driver=False
-    )
+    pool = DevicePool(DevicePoolConfig.of(cfg, call_timeout_s=300, log_to_driver=False))
     seen: list[dict[str, int]] = []
     try:
         trainer.place(pool)  # the recipe's placement: dedicated engine on its own slab

@@ -6,13 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from unirl.config.pool import PoolConfig
 from unirl.config.require import ConfigError, require
-from unirl.config.typecheck import (
-    NonNegativeInt,
-    PositiveFloat,
-    PositiveInt,
-    check_fields,
-)
+from unirl.config.typecheck import NonNegativeInt, PositiveInt, check_fields
 
 COMPONENT_BLOCKS = (
     "bundle",
@@ -138,14 +134,12 @@ class LoggingConfig:
 
 
 @dataclass(kw_only=True)
-class RunConfig:
-    """Run-level facts: devices, batch geometry, cadence, outputs. Component blocks stay as
-    ``_target_`` configs (validated by signature in ``unirl.config.validate``)."""
+class RunConfig(PoolConfig):
+    """Run-level facts: the device pool (the fields of :class:`PoolConfig`, which this class
+    derives, so a recipe sets them at its top level), batch geometry, cadence, outputs.
+    Component blocks stay as ``_target_`` configs (validated by signature in
+    ``unirl.config.validate``)."""
 
-    num_devices: PositiveInt = 1
-    devices_per_node: PositiveInt | None = None
-    device: Literal["cpu", "cuda"] = "cpu"
-    cpus_per_worker: PositiveInt = 1
     batch_size: PositiveInt = 8
     layout: Literal["colocate", "separate"] = "colocate"
     train_fraction: float = 1.0
@@ -160,13 +154,6 @@ class RunConfig:
     overwrite: bool = False
     seed: int = 0
     dry_run: bool = False
-    call_timeout_s: PositiveFloat | None = 1800.0
-    heartbeat_timeout_s: PositiveFloat | None = 30.0
-    """A busy worker silent to pings this long is frozen: the run fails (null: off)."""
-    stall_factor: PositiveFloat | None = 4.0
-    """A call past max(stall_floor_s, this x its method's longest earlier run) fails (null: off)."""
-    stall_floor_s: PositiveFloat = 300.0
-    """Least time any call may run before ``stall_factor`` can fail it."""
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -183,16 +170,7 @@ class RunConfig:
     sampling: Any = None
 
     def __post_init__(self) -> None:
-        require(self.num_devices >= 1, "num_devices must be >= 1")
-        require(
-            self.devices_per_node is None
-            or (self.devices_per_node >= 1 and self.num_devices % self.devices_per_node == 0),
-            f"devices_per_node={self.devices_per_node} must divide num_devices={self.num_devices}",
-        )
-        require(
-            self.device in ("cpu", "cuda"), f"device must be 'cpu' or 'cuda', got {self.device!r}"
-        )
-        require(self.cpus_per_worker >= 1, "cpus_per_worker must be >= 1")
+        super().__post_init__()  # the pool fields
         require(self.batch_size >= 1, "batch_size (prompts per rollout) must be >= 1")
         require(
             self.layout in ("colocate", "separate"),
@@ -207,20 +185,6 @@ class RunConfig:
         )
         for name in ("save_interval", "eval_interval", "sync_interval"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0 (0 disables it)")
-        require(
-            self.call_timeout_s is None or self.call_timeout_s > 0,
-            "call_timeout_s must be > 0 or null",
-        )
-        require(
-            self.heartbeat_timeout_s is None or self.heartbeat_timeout_s > 0,
-            "heartbeat_timeout_s must be > 0 or null (off)",
-        )
-        require(
-            self.stall_factor is None or self.stall_factor >= 1,
-            "stall_factor must be >= 1 or null (off); a call may take stall_factor x the "
-            "longest earlier run of its method",
-        )
-        require(self.stall_floor_s > 0, "stall_floor_s must be > 0")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:

@@ -19,7 +19,7 @@ import torch
 from unirl.algorithms.advantages import advantages_for
 from unirl.config.run import RunConfig
 from unirl.config.secrets import redact_secrets
-from unirl.distributed.group import DevicePool
+from unirl.distributed.group import DevicePool, DevicePoolConfig
 from unirl.logging import LocalTracker, build_trackers, contact_sheet
 from unirl.logging.progress import progress_bar
 from unirl.train.checkpoint import CheckpointError, fault_point, write_failure
@@ -180,17 +180,7 @@ class StageTrainer:
         self.out.write_config(self.data)
         trackers = make_trackers(cfg, self.out, self.data)
         self.eval_tracker = LocalTracker(self.out.root, prefix="eval_metrics")
-        pool = DevicePool(
-            cfg.num_devices,
-            devices_per_node=cfg.devices_per_node,
-            device=cfg.device,
-            cpus_per_worker=cfg.cpus_per_worker,
-            call_timeout_s=cfg.call_timeout_s,
-            heartbeat_timeout_s=cfg.heartbeat_timeout_s,
-            stall_factor=cfg.stall_factor,
-            stall_floor_s=cfg.stall_floor_s,
-            log_to_driver=True,
-        )
+        pool = DevicePool(DevicePoolConfig.of(cfg))  # the recipe's pool knobs, taken whole
         try:
             self.place(pool)
             self.stages = order_stages(self.stages)

@@ -139,7 +139,7 @@ class PendingCall:
             f"role '{self.role}' method '{self.method}' timed out after {self.timeout_s:g} s on "
             f"rank(s) {ranks}: {where}. The call may still be running there (a hang such as a "
             "collective missing a peer, or a slow step): raise @distributed(timeout_s=...) / "
-            "DevicePool(call_timeout_s=...) if it is just slow.",
+            "call_timeout_s (a recipe's top level, DevicePoolConfig) if it is just slow.",
             role=self.role,
             method=self.method,
             ranks=ranks,

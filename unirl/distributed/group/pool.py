@@ -1,6 +1,8 @@
 """``DevicePool``: placement groups + one ``Worker`` actor per device slot; ``DryRunPool``:
 the same layout arithmetic with no Ray, for ``dry_run`` plans; ``describe_plan``: the
-printable plan of either (pool shape, roles -> worker ranks -> node ip / device)."""
+printable plan of either (pool shape, roles -> worker ranks -> node ip / device). Both take a
+``DevicePoolConfig`` whole (the recipe's pool knobs, ``unirl.config.pool.PoolConfig``, plus
+the process-side fields)."""
 
 from __future__ import annotations
 
@@ -10,12 +12,13 @@ import os
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import ray
 import ray.exceptions as rex
 
 from unirl.config import require
+from unirl.config.pool import PoolConfig, fields_of
 from unirl.distributed.group.dispatch import Dispatch, DistributedSpec
 from unirl.distributed.group.errors import PlacementError
 from unirl.distributed.group.handle import Handle, PendingCall, RankCall, wait_all
@@ -26,66 +29,38 @@ from unirl.distributed.group.runtime import ensure_ray
 from unirl.distributed.group.watchdog import HEARTBEAT_GROUP, StallPolicy
 from unirl.distributed.group.worker import WORLD_GROUP, Worker
 
-DeviceKind = Literal["cpu", "cuda"]
-
 
 @dataclass(kw_only=True)
-class DevicePoolConfig:
-    """Shape of a pool. ``devices_per_node=None``: as many per node as the cluster allows.
-
-    ``heartbeat_timeout_s`` / ``stall_factor`` / ``stall_floor_s``: when a busy worker counts
-    as stalled (``watchdog.StallPolicy``; ``None`` turns a bound off).
+class DevicePoolConfig(PoolConfig):
+    """Everything a pool is built from: the knobs of :class:`~unirl.config.pool.PoolConfig`
+    (a recipe's top level; :meth:`of` takes them from a ``RunConfig``) plus what only the
+    process that builds the pool decides: its ``name`` (actor and placement-group names),
+    worker ``env``, how long placement and a collective rendezvous may take, and whether
+    worker output reaches the driver. ``stall_policy``: the watchdog's view of the stall
+    bounds (``watchdog.StallPolicy``).
     """
 
-    num_devices: int
-    devices_per_node: int | None = None
-    device: DeviceKind = "cpu"
-    cpus_per_worker: int = 1
     name: str = "unirl"
     env: dict[str, str] = field(default_factory=dict)
-    call_timeout_s: float | None = None
     placement_timeout_s: float = 120.0
     collective_timeout_s: float = 1800.0
     log_to_driver: bool = True
-    heartbeat_timeout_s: float | None = 30.0
-    stall_factor: float | None = 4.0
-    stall_floor_s: float = 300.0
 
     def __post_init__(self) -> None:
-        require(
-            isinstance(self.num_devices, int) and self.num_devices >= 1,
-            f"DevicePool num_devices={self.num_devices!r}: must be an integer >= 1",
-        )
-        require(
-            self.device in ("cpu", "cuda"),
-            f"DevicePool device={self.device!r}: use 'cpu' or 'cuda'",
-        )
-        min_cpus = 1 if self.device == "cpu" else 0
-        require(
-            isinstance(self.cpus_per_worker, int) and self.cpus_per_worker >= min_cpus,
-            f"DevicePool cpus_per_worker={self.cpus_per_worker!r}: must be an integer >= {min_cpus}",
-        )
-        if self.devices_per_node is not None:
-            require(
-                1 <= self.devices_per_node <= self.num_devices
-                and self.num_devices % self.devices_per_node == 0,
-                f"DevicePool devices_per_node={self.devices_per_node}: must divide "
-                f"num_devices={self.num_devices}",
-            )
-        for key in ("call_timeout_s",):
-            value = getattr(self, key)
-            require(value is None or value > 0, f"DevicePool {key}={value!r}: must be > 0 or None")
+        super().__post_init__()
         for key in ("placement_timeout_s", "collective_timeout_s"):
             require(getattr(self, key) > 0, f"DevicePool {key}={getattr(self, key)!r}: must be > 0")
-        _ = self.stall_policy  # validates the stall bounds
+
+    @classmethod
+    def of(cls, pool: PoolConfig, **process: Any) -> DevicePoolConfig:
+        """The config of a run's pool: ``pool``'s knobs (a ``RunConfig`` is a ``PoolConfig``)
+        and the process-side fields in ``process`` (``name``, ``log_to_driver``, ...; a pool
+        knob given there replaces ``pool``'s)."""
+        return cls(**{**fields_of(pool, PoolConfig), **process})
 
     @property
     def stall_policy(self) -> StallPolicy:
-        return StallPolicy(
-            heartbeat_timeout_s=self.heartbeat_timeout_s,
-            stall_factor=self.stall_factor,
-            stall_floor_s=self.stall_floor_s,
-        )
+        return StallPolicy.of(self)
 
     @property
     def bundle(self) -> dict[str, float]:
@@ -113,6 +88,12 @@ class PoolBase:
     """Layout shared by the real and the dry-run pool: ranks, nodes, roles, the plan."""
 
     def __init__(self, config: DevicePoolConfig) -> None:
+        require(
+            isinstance(config, DevicePoolConfig),
+            f"{type(self).__name__} takes its DevicePoolConfig whole, e.g. "
+            f"{type(self).__name__}(DevicePoolConfig(num_devices=2, device='cpu')) or "
+            f"DevicePoolConfig.of(run_config); got {config!r}",
+        )
         self.config = config
         self.rank_infos: list[RankInfo] = []
         self.node_ips: list[str] = []
@@ -216,28 +197,13 @@ class DryRunPool(PoolBase):
     show as ``node<k>``. Handles from it raise on any call.
     """
 
-    def __init__(
-        self,
-        num_devices: int,
-        *,
-        devices_per_node: int | None = None,
-        device: DeviceKind = "cpu",
-        cpus_per_worker: int = 1,
-        name: str = "unirl",
-    ) -> None:
-        config = DevicePoolConfig(
-            num_devices=num_devices,
-            devices_per_node=devices_per_node,
-            device=device,
-            cpus_per_worker=cpus_per_worker,
-            name=name,
-        )
+    def __init__(self, config: DevicePoolConfig) -> None:
         super().__init__(config)
-        per_node = devices_per_node or num_devices
-        self.rank_infos = pool_rank_infos([r // per_node for r in range(num_devices)])
+        per_node = config.devices_per_node or config.num_devices
+        self.rank_infos = pool_rank_infos([r // per_node for r in range(config.num_devices)])
         self.node_ips = [f"node{info.node_rank}" for info in self.rank_infos]
         self.device_labels = [
-            "cpu" if device == "cpu" else f"cuda (slot {info.local_rank})"
+            "cpu" if config.device == "cpu" else f"cuda (slot {info.local_rank})"
             for info in self.rank_infos
         ]
 
@@ -270,50 +236,22 @@ class DevicePool(PoolBase):
     (``{"CPU": cpus_per_worker}`` on CPU; ``{"GPU": 1, "CPU": cpus_per_worker}`` on CUDA, the
     CPU part dropped when ``cpus_per_worker=0``). Workers get pool RankInfos (node/local
     ranks from where Ray actually put each bundle) and the ``torch.distributed`` env
-    (``MASTER_ADDR`` = rank 0's node ip, ``MASTER_PORT`` free there). Use as a context
-    manager or call ``shutdown()``.
+    (``MASTER_ADDR`` = rank 0's node ip, ``MASTER_PORT`` free there). Built from one
+    ``DevicePoolConfig`` taken whole (``DevicePool(DevicePoolConfig(num_devices=4))``; a run:
+    ``DevicePoolConfig.of(run_config)``). Use as a context manager or call ``shutdown()``.
     """
 
-    def __init__(
-        self,
-        num_devices: int,
-        *,
-        devices_per_node: int | None = None,
-        device: DeviceKind = "cpu",
-        cpus_per_worker: int = 1,
-        name: str = "unirl",
-        env: Mapping[str, str] | None = None,
-        call_timeout_s: float | None = None,
-        placement_timeout_s: float = 120.0,
-        collective_timeout_s: float = 1800.0,
-        log_to_driver: bool = True,
-        heartbeat_timeout_s: float | None = 30.0,
-        stall_factor: float | None = 4.0,
-        stall_floor_s: float = 300.0,
-    ) -> None:
-        config = DevicePoolConfig(
-            num_devices=num_devices,
-            devices_per_node=devices_per_node,
-            device=device,
-            cpus_per_worker=cpus_per_worker,
-            name=name,
-            env=dict(env or {}),
-            call_timeout_s=call_timeout_s,
-            placement_timeout_s=placement_timeout_s,
-            collective_timeout_s=collective_timeout_s,
-            log_to_driver=log_to_driver,
-            heartbeat_timeout_s=heartbeat_timeout_s,
-            stall_factor=stall_factor,
-            stall_floor_s=stall_floor_s,
-        )
+    def __init__(self, config: DevicePoolConfig) -> None:
         super().__init__(config)
         self._uid = uuid.uuid4().hex[:8]
         self._placement_groups: list[Any] = []
         self._actors: list[Any] = []
         self._world_ready = False
         self.worker_info: list[dict[str, Any]] = []
-        needed_cpus = num_devices * cpus_per_worker
-        ensure_ray(num_cpus=max(os.cpu_count() or 1, needed_cpus), log_to_driver=log_to_driver)
+        needed_cpus = config.num_devices * config.cpus_per_worker
+        ensure_ray(
+            num_cpus=max(os.cpu_count() or 1, needed_cpus), log_to_driver=config.log_to_driver
+        )
         try:
             self._place()
             self._spawn()

@@ -27,7 +27,7 @@ from typing import Protocol
 import ray
 import ray.exceptions as rex
 
-from unirl.config import require
+from unirl.config.pool import StallConfig, fields_of
 from unirl.distributed.group.errors import StalledCallError
 
 # Ray concurrency group of Worker.heartbeat (one thread, next to the role calls' thread).
@@ -35,28 +35,19 @@ HEARTBEAT_GROUP = "heartbeat"
 _MAX_PING_INTERVAL_S = 5.0
 
 
-@dataclass(frozen=True, kw_only=True)
-class StallPolicy:
-    """When the driver declares a busy rank stalled (see the module docstring).
+@dataclass(kw_only=True)
+class StallPolicy(StallConfig):
+    """When the driver declares a busy rank stalled (see the module docstring): the bounds
+    of :class:`~unirl.config.pool.StallConfig` (a pool's, :meth:`of`) and their arithmetic.
 
     ``heartbeat_timeout_s=None`` turns the heartbeat bound off, ``stall_factor=None`` the
     measured one; with both off no pings are sent.
     """
 
-    heartbeat_timeout_s: float | None = 30.0
-    stall_factor: float | None = 4.0
-    stall_floor_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        require(
-            self.heartbeat_timeout_s is None or self.heartbeat_timeout_s > 0,
-            f"heartbeat_timeout_s={self.heartbeat_timeout_s!r}: must be > 0 or None (off)",
-        )
-        require(
-            self.stall_factor is None or self.stall_factor >= 1,
-            f"stall_factor={self.stall_factor!r}: must be >= 1 or None (off)",
-        )
-        require(self.stall_floor_s > 0, f"stall_floor_s={self.stall_floor_s!r}: must be > 0")
+    @classmethod
+    def of(cls, config: StallConfig) -> StallPolicy:
+        """The policy of ``config``'s stall bounds (a ``DevicePoolConfig``, a ``RunConfig``)."""
+        return cls(**fields_of(config, StallConfig))
 
     @property
     def ping_interval_s(self) -> float | None:
