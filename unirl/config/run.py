@@ -8,7 +8,13 @@ from typing import Any, Literal
 
 from unirl.config.pool import PoolConfig
 from unirl.config.require import ConfigError, require
-from unirl.config.typecheck import NonNegativeInt, PositiveInt, check_fields
+from unirl.config.typecheck import (
+    NonNegativeInt,
+    PositiveInt,
+    annotations_of,
+    check_fields,
+    config_class,
+)
 
 COMPONENT_BLOCKS = (
     "bundle",
@@ -138,7 +144,7 @@ class RunConfig(PoolConfig):
     """Run-level facts: the device pool (the fields of :class:`PoolConfig`, which this class
     derives, so a recipe sets them at its top level), batch geometry, cadence, outputs.
     Component blocks stay as ``_target_`` configs (validated by signature in
-    ``unirl.config.validate``)."""
+    ``unirl.config.validate``, which also builds their typed configs)."""
 
     batch_size: PositiveInt = 8
     layout: Literal["colocate", "separate"] = "colocate"
@@ -197,12 +203,14 @@ class RunConfig(PoolConfig):
                 f"unknown top-level key(s) {unknown}; known keys are {sorted(known)} "
                 "(check the spelling, or put component settings inside their block)"
             )
-        nested = {"advantage": AdvantageConfig, "eval": EvalConfig, "logging": LoggingConfig}
         kwargs = check_fields(data, cls, "")
-        for name, klass in nested.items():
-            block = kwargs.get(name)
+        for name, hint in annotations_of(cls).items():  # advantage, eval, logging
+            klass = config_class(hint)
+            if klass is None or name not in kwargs:
+                continue
+            block = kwargs[name]
             if block is None:
-                kwargs.pop(name, None)
+                kwargs.pop(name)
                 continue
             kwargs[name] = _typed_block(klass, block, name)
         return cls(**kwargs)
@@ -216,11 +224,6 @@ class RunConfig(PoolConfig):
             return train, self.num_devices - train
         return self.num_devices, self.num_devices
 
-    @property
-    def samples_per_rollout(self) -> int:
-        spp = _get(self.sampling, "samples_per_prompt", 1)
-        return self.batch_size * int(spp)
-
 
 def _typed_block(klass: type, block: dict[str, Any], name: str) -> Any:
     if not isinstance(block, dict):
@@ -230,11 +233,3 @@ def _typed_block(klass: type, block: dict[str, Any], name: str) -> Any:
     if unknown:
         raise ConfigError(f"{name}: unknown key(s) {unknown}; known keys are {sorted(known)}")
     return klass(**check_fields(block, klass, name))
-
-
-def _get(block: Any, key: str, default: Any = None) -> Any:
-    if block is None:
-        return default
-    if isinstance(block, dict):
-        return block.get(key, default)
-    return getattr(block, key, default)

@@ -21,6 +21,7 @@ import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
+from unirl.config.component import config_class_of
 from unirl.config.require import ConfigError
 
 _NOT_CHECKED = object()
@@ -200,16 +201,27 @@ def check_value(value: Any, annotation: Any, where: str) -> Any:
 
 def annotations_of(target: Any) -> dict[str, Any]:
     """Resolved parameter annotations of a dataclass, class (its ``__init__``) or function;
-    names whose annotation cannot be resolved are left out (not checked)."""
+    names whose annotation cannot be resolved are left out (not checked). A class that
+    declares a ``config_class`` (``unirl.config.component``) takes its knobs through
+    ``**knobs``: their annotations are the config's fields."""
     if dataclasses.is_dataclass(target) and isinstance(target, type):
         func: Any = target
         names = {f.name for f in dataclasses.fields(target) if f.init}
     else:
         func = target.__init__ if inspect.isclass(target) else target
         try:
-            names = set(inspect.signature(func).parameters)
+            params = inspect.signature(func).parameters
         except (TypeError, ValueError):
             return {}
+        names = {n for n, p in params.items() if p.kind is not p.VAR_KEYWORD}
+        knobs = config_class_of(target)
+        if knobs is not None:
+            return {**annotations_of(knobs), **_resolved(func, names)}
+    return _resolved(func, names)
+
+
+def _resolved(func: Any, names: set[str]) -> dict[str, Any]:
+    """The annotations of ``func``'s parameters ``names``, resolved where they can be."""
     try:
         hints = typing.get_type_hints(func, include_extras=True)
     except Exception:  # an unresolvable forward reference: resolve one name at a time

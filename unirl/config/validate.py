@@ -1,9 +1,11 @@
 """Cross-component validators: run by the driver on the composed recipe before any Ray work.
 
 Each check raises ``ConfigError`` with a message that names the fields involved and the fix.
-Component blocks are checked by ``_target_`` signature (a misspelt key is an error), and
-nested config dataclasses (SDE strategy, SDE-step schedule, LoRA, optimizer, sampling) are
-instantiated, which runs their own ``__post_init__`` validation. No weights are loaded.
+Component blocks are checked by ``_target_`` signature (a misspelt key is an error); the
+typed config of a component that declares one (``TrainStack`` -> ``TrainStackConfig``, a
+bundle -> its ``config_class``; ``unirl.config.component``) and nested config dataclasses
+(SDE strategy, SDE-step schedule, LoRA, optimizer, sampling) are built, which runs their own
+``__post_init__`` validation, and the checks read those objects. No weights are loaded.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from unirl.config.component import component_config, config_class_of, config_field_names
+from unirl.config.geometry import BatchGeometry
 from unirl.config.precision import canonical_precision
 from unirl.config.require import ConfigError, require
 from unirl.config.run import COMPONENT_BLOCKS, RunConfig
@@ -60,7 +64,8 @@ def locate(path: str, where: str) -> Any:
 
 
 def _signature_params(target: Any) -> tuple[set[str], bool]:
-    """Accepted keyword names of a target and whether it takes ``**kwargs``."""
+    """Accepted keyword names of a target and whether it takes ``**kwargs``. A component
+    with a ``config_class`` takes the config's fields (its ``**knobs``) and nothing else."""
     if dataclasses.is_dataclass(target):
         return {f.name for f in dataclasses.fields(target) if f.init}, False
     func = target.__init__ if inspect.isclass(target) else target
@@ -70,12 +75,18 @@ def _signature_params(target: Any) -> tuple[set[str], bool]:
     }
     names.discard("self")
     var_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    knobs = config_class_of(target)
+    if knobs is not None:
+        return names | config_field_names(knobs), False
     return names, var_kw
 
 
-def check_block(block: Any, where: str, *, instantiate_dataclasses: bool) -> Any:
+def check_block(
+    block: Any, where: str, *, instantiate_dataclasses: bool, typed_component: bool = False
+) -> Any:
     """Check a ``_target_`` block recursively; returns the instantiated object for cheap
-    dataclass targets (when allowed) or the block itself."""
+    dataclass targets (when allowed), the typed config of a component that declares a
+    ``config_class`` (when ``typed_component``: a top-level block), or the block itself."""
     if isinstance(block, list):
         return [
             check_block(b, f"{where}[{i}]", instantiate_dataclasses=instantiate_dataclasses)
@@ -104,14 +115,16 @@ def check_block(block: Any, where: str, *, instantiate_dataclasses: bool) -> Any
     for key, value in check_fields(plain, target, where).items():
         if type(value) is not type(plain[key]):  # an int given where a float is expected
             children[key] = value
+    kwargs = {k: v for k, v in children.items() if not k.startswith("_")}
     if instantiate_dataclasses and dataclasses.is_dataclass(target):
-        kwargs = {k: v for k, v in children.items() if not k.startswith("_")}
         try:
             return target(**kwargs)
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from exc
         except TypeError as exc:
             raise ConfigError(f"{where}: {exc}") from exc
+    if typed_component and config_class_of(target) is not None:
+        return component_config(target, kwargs, where)
     return block
 
 
@@ -202,9 +215,24 @@ def check_layout_and_sync(cfg: RunConfig, objs: dict[str, Any]) -> None:
         )
 
 
+def check_updates_per_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    """Several optimizer steps per rollout only for algorithms that declare
+    ``supports_multi_update`` (DiffusionNFT does not): refused here, not on the workers."""
+    updates = BatchGeometry.of(cfg, objs).num_updates_per_batch
+    target = _target(cfg, "algorithm")
+    if updates == 1 or not target:
+        return
+    require(
+        getattr(locate(target, "algorithm"), "supports_multi_update", True),
+        f"{target} does not support several updates per rollout; set "
+        f"stack.num_updates_per_batch=1 (got {updates})",
+    )
+
+
 def check_batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> None:
-    n = cfg.samples_per_rollout
-    train_dp, rollout_dp = cfg.slab_sizes()
+    geometry = BatchGeometry.of(cfg, objs)
+    n = geometry.samples_per_rollout
+    train_dp, rollout_dp = geometry.train_ranks, geometry.rollout_ranks
     require(
         train_dp >= 1 and rollout_dp >= 1,
         f"train_fraction={cfg.train_fraction} leaves a slab with no devices",
@@ -219,10 +247,8 @@ def check_batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> None:
         f"batch_size x samples_per_prompt = {n} samples is not divisible by the {train_dp} train "
         "data-parallel ranks; change batch_size or num_devices",
     )
-    stack = cfg.stack or {}
-    updates = int(stack.get("num_updates_per_batch", 1))
-    micro = int(stack.get("micro_batch_size", 1))
-    per_rank = n // train_dp
+    updates, micro = geometry.num_updates_per_batch, geometry.micro_batch_size
+    per_rank = geometry.samples_per_train_rank
     require(
         per_rank % updates == 0,
         f"{per_rank} samples per train rank cannot be split into stack.num_updates_per_batch={updates} "
@@ -253,11 +279,12 @@ def check_drop_group_shards(cfg: RunConfig, objs: dict[str, Any]) -> None:
     reward / rollout ranks and to the train ranks, so every chunk must hold whole groups."""
     if _setting(cfg, "reward", "failure_policy") != "drop_group":
         return
-    spp = int(getattr(objs.get("sampling"), "samples_per_prompt", 1))
-    n = cfg.samples_per_rollout
-    train_dp, rollout_dp = cfg.slab_sizes()
-    for slab, dp in (("rollout", rollout_dp), ("train", train_dp)):
-        per_rank = n // dp
+    geometry = BatchGeometry.of(cfg, objs)
+    spp = geometry.samples_per_prompt
+    for slab, dp, per_rank in (
+        ("rollout", geometry.rollout_ranks, geometry.samples_per_rollout_rank),
+        ("train", geometry.train_ranks, geometry.samples_per_train_rank),
+    ):
         require(
             per_rank % spp == 0,
             f"reward.failure_policy=drop_group drops whole prompt groups, but batch_size={cfg.batch_size} "
@@ -309,7 +336,7 @@ def check_reference_policy(cfg: RunConfig, objs: dict[str, Any]) -> None:
     if kl is None or not kl.enabled:
         return
     require(
-        (cfg.backend or {}).get("lora") is not None,
+        objs.get("backend.lora") is not None,
         f"algorithm.kl.beta={kl.beta} > 0 takes the reference from the frozen base by disabling "
         "the LoRA adapter; set backend.lora or algorithm.kl.beta=0",
     )
@@ -327,8 +354,8 @@ def check_old_adapter_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
         f"{target} samples with its old adapter, which only the trainside engine can switch to; "
         "use rollout._target_=unirl.rollout.TrainsideEngine",
     )
-    old = (cfg.algorithm or {}).get("old_adapter", "old")
-    extra = ((cfg.backend or {}).get("lora") or {}).get("extra_adapters") or []
+    old = _setting(cfg, "algorithm", "old_adapter")
+    extra = getattr(objs.get("backend.lora"), "extra_adapters", None) or []
     require(
         old in extra,
         f"{target} rolls out with adapter {old!r}: set backend.lora.extra_adapters=[{old}]",
@@ -400,6 +427,7 @@ def check_device(cfg: RunConfig, objs: dict[str, Any]) -> None:
 CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
     check_required_blocks,
     check_layout_and_sync,
+    check_updates_per_rollout,
     check_batch_geometry,
     check_drop_group_shards,
     check_strategy_and_algorithm,
@@ -415,8 +443,12 @@ CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
 def validate(data: dict[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
     """Type the top level, check every block, run every cross-component check.
 
-    Returns the ``RunConfig`` and the cheap objects built on the way (``"sampling"``,
-    ``"pipeline.strategy"``, …) so callers can print geometry without loading weights.
+    Returns the ``RunConfig`` and the cheap objects built on the way, keyed by block:
+    ``objs[name]`` is the typed config of a component that declares one (``"stack"`` ->
+    ``TrainStackConfig``, ``"bundle"`` -> its bundle config), the instance of a dataclass
+    block (``"sampling"``) or else the block itself; ``"<block>.<key>"`` are nested configs
+    (``"pipeline.strategy"``, ``"algorithm.kl"``, ``"backend.lora"``, …). Callers print
+    geometry from them without loading weights.
     """
     cfg = RunConfig.from_dict(data)
     objs: dict[str, Any] = {}
@@ -424,7 +456,9 @@ def validate(data: dict[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
         block = getattr(cfg, name)
         if block is None:
             continue
-        checked = check_block(block, name, instantiate_dataclasses=(name == "sampling"))
+        checked = check_block(
+            block, name, instantiate_dataclasses=(name == "sampling"), typed_component=True
+        )
         objs[name] = checked
         if isinstance(block, dict):
             objs.update(_nested_configs(block, name))

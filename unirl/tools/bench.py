@@ -122,6 +122,7 @@ def _peak_for(device_name: str, given: float | None) -> float | None:
 
 def run(data: dict[str, Any]) -> int:
     """Compose -> validate -> timed loop -> FLOP count -> JSON."""
+    from unirl.config.geometry import BatchGeometry
     from unirl.config.validate import validate
     from unirl.trainer.diffusion import DiffusionTrainer
 
@@ -142,7 +143,8 @@ def run(data: dict[str, Any]) -> int:
         "progress": "off",
     }
     data["data_source"] = {**data["data_source"], "shuffle": False}
-    cfg, _ = validate(data)
+    cfg, objs = validate(data)
+    samples = BatchGeometry.of(cfg, objs).samples_per_rollout
     out_path = Path(opts.json) if opts.json else Path(cfg.output_dir) / "bench.json"
     results: dict[str, Any] = {}
 
@@ -166,7 +168,7 @@ def run(data: dict[str, Any]) -> int:
     trainer.run(after_loop=after_loop)
     rows = [json.loads(line) for line in local.read_text().splitlines() if line.strip()]
     for r in rows:
-        r["samples"] = cfg.samples_per_rollout
+        r["samples"] = samples
     device_name = results.get("device_name", cfg.device)
     summary = summarize(
         rows,

@@ -1,4 +1,4 @@
-"""Training: FSDPBackend and TrainStack."""
+"""Training: FSDPBackend and TrainStack (its knobs: TrainStackConfig)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from unirl.train.ema import EMAConfig
 from unirl.train.lora import LoraConfig
 from unirl.train.optim import LRScheduleConfig, OptimizerConfig
 from unirl.train.parallel import FSDPConfig
-from unirl.train.stack import NonFiniteError, TrainStack
+from unirl.train.stack import NonFiniteError, TrainStack, TrainStackConfig
 
 __all__ = [
     "CheckpointError",
@@ -20,4 +20,5 @@ __all__ = [
     "NonFiniteError",
     "OptimizerConfig",
     "TrainStack",
+    "TrainStackConfig",
 ]

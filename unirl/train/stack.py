@@ -16,7 +16,8 @@ role and rank in the message.
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
@@ -40,49 +41,58 @@ class NonFiniteError(RuntimeError):
     """Too many consecutive non-finite optimizer steps."""
 
 
-class TrainStack:
-    """Drives ``algorithm`` over a track with ``backend`` (an ``FSDPBackend``)."""
+@dataclass(kw_only=True)
+class TrainStackConfig:
+    """The knobs of a ``stack:`` block (``TrainStack`` takes them whole).
 
-    def __init__(
-        self,
-        *,
-        backend: Any,
-        algorithm: StageAlgorithm,
-        micro_batch_size: PositiveInt = 1,
-        num_updates_per_batch: PositiveInt = 1,
-        max_grad_norm: PositiveFloat | None = 1.0,
-        shuffle: bool = True,
-        max_nonfinite_in_row: PositiveInt = 3,
-        seed: int = 0,
-    ) -> None:
-        require(micro_batch_size >= 1, "stack.micro_batch_size must be >= 1")
-        require(num_updates_per_batch >= 1, "stack.num_updates_per_batch must be >= 1")
+    ``micro_batch_size`` samples per forward + backward; ``num_updates_per_batch`` optimizer
+    steps per rollout (each on an equal mini-batch of this rank's shard); ``max_grad_norm``
+    clips the global gradient norm (``None``: no clipping, the norm is still logged);
+    ``shuffle`` orders the samples by a permutation seeded by ``seed`` and the rollout index;
+    ``max_nonfinite_in_row`` skipped non-finite steps in a row stop the run.
+    """
+
+    micro_batch_size: PositiveInt = 1
+    num_updates_per_batch: PositiveInt = 1
+    max_grad_norm: PositiveFloat | None = 1.0
+    shuffle: bool = True
+    max_nonfinite_in_row: PositiveInt = 3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.micro_batch_size >= 1, "stack.micro_batch_size must be >= 1")
+        require(self.num_updates_per_batch >= 1, "stack.num_updates_per_batch must be >= 1")
         require(
-            max_grad_norm is None or max_grad_norm > 0, "stack.max_grad_norm must be > 0 or null"
+            self.max_grad_norm is None or self.max_grad_norm > 0,
+            "stack.max_grad_norm must be > 0 or null",
         )
-        require(max_nonfinite_in_row >= 1, "stack.max_nonfinite_in_row must be >= 1")
+        require(self.max_nonfinite_in_row >= 1, "stack.max_nonfinite_in_row must be >= 1")
+
+
+class TrainStack:
+    """Drives ``algorithm`` over a track with ``backend`` (an ``FSDPBackend``); its knobs are
+    a :class:`TrainStackConfig` (the recipe's ``stack:`` keys, ``self.config``)."""
+
+    config_class: ClassVar[type[TrainStackConfig]] = TrainStackConfig
+
+    def __init__(self, *, backend: Any, algorithm: StageAlgorithm, **knobs: Any) -> None:
+        self.config = config = self.config_class(**knobs)
         require(
-            num_updates_per_batch == 1 or algorithm.supports_multi_update,
+            config.num_updates_per_batch == 1 or algorithm.supports_multi_update,
             f"{type(algorithm).__name__} does not support several updates per rollout; "
             "set stack.num_updates_per_batch=1",
         )
         self.backend = backend
         self.algorithm = algorithm
-        self.micro_batch_size = micro_batch_size
-        self.num_updates_per_batch = num_updates_per_batch
-        self.max_grad_norm = max_grad_norm
-        self.shuffle = shuffle
-        self.max_nonfinite_in_row = max_nonfinite_in_row
-        self.seed = seed
         self.nonfinite_in_row = 0
         self.nonfinite_total = 0
         self.global_step = 0
         algorithm.bind_backend(backend)
 
     def _order(self, n: int, rollout_index: int) -> torch.Tensor:
-        if not self.shuffle:
+        if not self.config.shuffle:
             return torch.arange(n)
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + rollout_index)
+        gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + rollout_index)
         return torch.randperm(n, generator=gen)
 
     @distributed(dispatch=Dispatch.DP_SCATTER)
@@ -92,19 +102,20 @@ class TrainStack:
         """Train on this rank's shard of ``track`` (advantages attached); returns
         ``{"steps": [metrics of each optimizer step]}``. ``progress`` (fraction of the run done)
         is not read: the trainers still pass it, and it goes with their calls."""
+        cfg = self.config
         resident_key = track.resident_key
         track = unpark(track, TRAIN_FIELDS)  # parked on this worker by the engine
         if track.advantages is None or track.segment is None or track.conditions is None:
             raise ValueError("train_track needs a track with conditions, segment and advantages")
         n = len(track)
         require(
-            n % self.num_updates_per_batch == 0,
-            f"{n} samples on this rank cannot be split into {self.num_updates_per_batch} mini-batches",
+            n % cfg.num_updates_per_batch == 0,
+            f"{n} samples on this rank cannot be split into {cfg.num_updates_per_batch} mini-batches",
         )
-        mini = n // self.num_updates_per_batch
+        mini = n // cfg.num_updates_per_batch
         require(
-            mini % self.micro_batch_size == 0,
-            f"mini-batch {mini} not divisible by micro_batch_size {self.micro_batch_size}",
+            mini % cfg.micro_batch_size == 0,
+            f"mini-batch {mini} not divisible by micro_batch_size {cfg.micro_batch_size}",
         )
         device = self.backend.device
         self.algorithm.start_rollout(rollout_index)
@@ -115,7 +126,7 @@ class TrainStack:
 
         t0 = time.perf_counter()
         micro_slices = [
-            slice(s, s + self.micro_batch_size) for s in range(0, n, self.micro_batch_size)
+            slice(s, s + cfg.micro_batch_size) for s in range(0, n, cfg.micro_batch_size)
         ]
         micro = []
         anchor_gap = 0.0
@@ -127,9 +138,9 @@ class TrainStack:
             micro.append((cond_mb, prepared, advantages[sl]))
         anchor_time = time.perf_counter() - t0
 
-        per_mini = mini // self.micro_batch_size
+        per_mini = mini // cfg.micro_batch_size
         all_metrics = []
-        for update in range(self.num_updates_per_batch):
+        for update in range(cfg.num_updates_per_batch):
             t0 = time.perf_counter()
             self.backend.zero_grad()
             losses, terms = [], []
@@ -141,7 +152,7 @@ class TrainStack:
                 terms.append(result.terms)
             # one host sync per optimizer step: loss, norm and the all-ranks finite flag together
             loss, grad_norm, finite = self._step_scalars(
-                losses, self.backend.grad_norm_clipped(self.max_grad_norm)
+                losses, self.backend.grad_norm_clipped(cfg.max_grad_norm)
             )
             metrics = {
                 "loss": loss,
@@ -158,7 +169,7 @@ class TrainStack:
                 self.nonfinite_total += 1
                 metrics["nonfinite/count"] = float(self.nonfinite_total)
                 metrics["nonfinite/skipped_step"] = 1.0
-                if self.nonfinite_in_row >= self.max_nonfinite_in_row:
+                if self.nonfinite_in_row >= cfg.max_nonfinite_in_row:
                     raise NonFiniteError(
                         f"{self.nonfinite_in_row} non-finite optimizer steps in a row (loss={loss}, "
                         f"grad_norm={grad_norm}) at global step {self.global_step}, rollout {rollout_index}, "
