@@ -17,7 +17,7 @@ from unirl.config.entry import compose_recipe
 from unirl.config.geometry import BatchGeometry
 from unirl.config.pool import PoolConfig, StallConfig
 from unirl.config.run import RunConfig
-from unirl.config.validate import validate
+from unirl.config.validate import declared, validate
 from unirl.distributed.group import DevicePool, DevicePoolConfig, DryRunPool, StallPolicy
 from unirl.models.sd3 import SD3Bundle, SD3BundleConfig
 from unirl.train import TrainStack, TrainStackConfig
@@ -89,6 +89,22 @@ def test_component_config_needs_a_config_class() -> None:
     assert component_config(TrainStack, {"_target_": "x", "micro_batch_size": 2}, "stack") == (
         TrainStackConfig(micro_batch_size=2)
     )
+
+
+def test_class_knobs_are_read_from_the_class_never_defaulted() -> None:
+    """``requires_log_prob`` & co. are declared once, on StageAlgorithm; a validator reads
+    them from the recipe's class and refuses a class that declares none (it used to assume
+    False here while the trainer assumed True)."""
+    from unirl.algorithms import DiffusionNFT, FlowGRPO
+
+    assert declared(FlowGRPO, "requires_log_prob", "algorithm", "StageAlgorithm") is True
+    assert declared(DiffusionNFT, "supports_multi_update", "algorithm", "StageAlgorithm") is False
+    with pytest.raises(
+        ConfigError,
+        match=r"^algorithm: TrainStack declares no requires_log_prob; subclass "
+        r"unirl\.algorithms\.StageAlgorithm, which declares it with its default$",
+    ):
+        declared(TrainStack, "requires_log_prob", "algorithm", "unirl.algorithms.StageAlgorithm")
 
 
 def test_train_stack_knobs_are_its_config_fields() -> None:

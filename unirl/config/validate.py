@@ -150,6 +150,28 @@ def _nested_configs(block: dict[str, Any], name: str) -> dict[str, Any]:
     return out
 
 
+def declared(target: Any, knob: str, where: str, base: str) -> Any:
+    """The class knob ``knob`` that ``target`` declares (``StageAlgorithm.requires_log_prob``,
+    ``SDEStrategy.provides_log_prob``, ...): read from the class or instance, never given a
+    default here, so the base class stays the one place its default is written."""
+    require(
+        hasattr(target, knob),
+        f"{where}: {getattr(target, '__name__', type(target).__name__)} declares no {knob}; "
+        f"subclass {base}, which declares it with its default",
+    )
+    return getattr(target, knob)
+
+
+def _algorithm_knob(cfg: RunConfig, knob: str) -> Any:
+    """A class knob of the recipe's algorithm (``None`` when the block names no class)."""
+    target = _target(cfg, "algorithm")
+    if not target:
+        return None
+    return declared(
+        locate(target, "algorithm"), knob, "algorithm", "unirl.algorithms.StageAlgorithm"
+    )
+
+
 def _target(cfg: RunConfig, name: str) -> str:
     block = getattr(cfg, name)
     return str(block.get("_target_", "")) if isinstance(block, dict) else ""
@@ -219,12 +241,12 @@ def check_updates_per_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
     """Several optimizer steps per rollout only for algorithms that declare
     ``supports_multi_update`` (DiffusionNFT does not): refused here, not on the workers."""
     updates = BatchGeometry.of(cfg, objs).num_updates_per_batch
-    target = _target(cfg, "algorithm")
-    if updates == 1 or not target:
+    if updates == 1:
         return
+    supports = _algorithm_knob(cfg, "supports_multi_update")
     require(
-        getattr(locate(target, "algorithm"), "supports_multi_update", True),
-        f"{target} does not support several updates per rollout; set "
+        supports is None or bool(supports),
+        f"{_target(cfg, 'algorithm')} does not support several updates per rollout; set "
         f"stack.num_updates_per_batch=1 (got {updates})",
     )
 
@@ -296,13 +318,10 @@ def check_drop_group_shards(cfg: RunConfig, objs: dict[str, Any]) -> None:
 
 def check_strategy_and_algorithm(cfg: RunConfig, objs: dict[str, Any]) -> None:
     strategy = objs.get("pipeline.strategy")
-    algorithm = (
-        locate(_target(cfg, "algorithm"), "algorithm") if _target(cfg, "algorithm") else None
-    )
-    needs_logp = bool(getattr(algorithm, "requires_log_prob", False))
+    needs_logp = bool(_algorithm_knob(cfg, "requires_log_prob"))
     if strategy is not None and needs_logp:
         require(
-            getattr(strategy, "provides_log_prob", True),
+            declared(strategy, "provides_log_prob", "pipeline.strategy", "unirl.sde.SDEStrategy"),
             f"algorithm {_target(cfg, 'algorithm')} is ratio-based and needs per-step log-probs, but "
             f"pipeline.strategy {type(strategy).__name__} records none; use FlowSDE, CPS or DanceSDE",
         )
@@ -345,10 +364,9 @@ def check_reference_policy(cfg: RunConfig, objs: dict[str, Any]) -> None:
 def check_old_adapter_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
     """Algorithms that sample with an old / EMA adapter (DiffusionNFT) need that adapter and a
     sampler that can switch to it (the trainside engine)."""
-    target = _target(cfg, "algorithm")
-    algorithm = locate(target, "algorithm") if target else None
-    if not getattr(algorithm, "requires_ema_rollout", False):
+    if not _algorithm_knob(cfg, "requires_ema_rollout"):
         return
+    target = _target(cfg, "algorithm")
     require(
         engine_kind(cfg) == "trainside",
         f"{target} samples with its old adapter, which only the trainside engine can switch to; "
