@@ -26,6 +26,7 @@ import torch
 from unirl.config.precision import canonical_precision, parse_dtype
 from unirl.config.require import ConfigError, require
 from unirl.config.typecheck import PositiveInt
+from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.guidance import BatchedCFG, Guidance
 from unirl.models.common.presets import ModelSourceError
 from unirl.sde.schedule import sigmas_from_scheduler_config
@@ -188,6 +189,8 @@ class FlowMatchingBundle:
     :meth:`architecture`, :meth:`check_image_size` and :meth:`trainable_from_architecture`.
     The trainable module(s) are attributes named in ``trainable_module_names``; wrappers
     (peft, FSDP) may replace them and every method goes through the attribute.
+    ``engine_maps`` (an :class:`EngineMaps`) is how the family's data crosses the external
+    engines; a family without one cannot sample through SGLang or vLLM-Omni.
     """
 
     config_class: ClassVar[type[FlowMatchingBundleConfig]] = FlowMatchingBundleConfig
@@ -196,6 +199,9 @@ class FlowMatchingBundle:
     frozen_module_names: ClassVar[tuple[str, ...]] = ()
     block_class_names: ClassVar[tuple[str, ...]] = ()
     lora_default_targets: ClassVar[tuple[str, ...]] = ()
+    # the family's dialect on SGLang / vLLM-Omni (``engine_maps.py`` of the family package);
+    # None: the external engines refuse the family (``engine_maps_for``)
+    engine_maps: ClassVar[EngineMaps | None] = None
 
     config: FlowMatchingBundleConfig
     scheduler_config: dict[str, Any]

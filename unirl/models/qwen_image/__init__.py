@@ -12,6 +12,7 @@ from unirl.models.qwen_image.arch import (
 from unirl.models.qwen_image.bundle import QwenImageBundle
 from unirl.models.qwen_image.conditions import QwenImageConditions
 from unirl.models.qwen_image.config import QwenImageBundleConfig
+from unirl.models.qwen_image.engine_maps import QwenImageEngineMaps
 from unirl.models.qwen_image.pipeline import QwenImagePipeline
 from unirl.models.qwen_image.presets import (
     PRESET_NAMES,
@@ -30,6 +31,7 @@ __all__ = [
     "QwenImageBundle",
     "QwenImageBundleConfig",
     "QwenImageConditions",
+    "QwenImageEngineMaps",
     "QwenImagePipeline",
     "TinyQwenImageSpec",
     "arch_spec",

@@ -20,11 +20,13 @@ import torch
 
 from unirl.config.precision import parse_dtype
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
+from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.guidance import Guidance, NormRescaledCFG
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.qwen_image.arch import QwenImageArchSpec, build_arch_modules
 from unirl.models.qwen_image.conditions import QwenImageConditions
 from unirl.models.qwen_image.config import QwenImageBundleConfig
+from unirl.models.qwen_image.engine_maps import QwenImageEngineMaps
 from unirl.models.qwen_image.presets import architecture_configs, resolve_model_source
 from unirl.models.qwen_image.text_encode import encode_qwen_prompts
 
@@ -87,6 +89,7 @@ class QwenImageBundle(FlowMatchingBundle):
         "add_v_proj",
         "to_add_out",
     )
+    engine_maps: ClassVar[EngineMaps | None] = QwenImageEngineMaps()
 
     # -- checks before anything is built ----------------------------------------------------
 

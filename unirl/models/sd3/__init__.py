@@ -11,6 +11,7 @@ from unirl.models.sd3.arch import (
 from unirl.models.sd3.bundle import SD3Bundle
 from unirl.models.sd3.conditions import SD3Conditions
 from unirl.models.sd3.config import SD3BundleConfig
+from unirl.models.sd3.engine_maps import SD3EngineMaps
 from unirl.models.sd3.pipeline import SD3Pipeline
 from unirl.models.sd3.presets import (
     PRESET_NAMES,
@@ -34,6 +35,7 @@ __all__ = [
     "SD3Bundle",
     "SD3BundleConfig",
     "SD3Conditions",
+    "SD3EngineMaps",
     "SD3Pipeline",
     "SD3TextStack",
     "TinySD3Spec",

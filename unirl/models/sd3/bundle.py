@@ -14,11 +14,13 @@ import torch
 from unirl.config.precision import parse_dtype
 from unirl.config.require import require
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
+from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.sd3.arch import SD3ArchSpec, build_arch_modules
 from unirl.models.sd3.attention import install_fused_attention
 from unirl.models.sd3.conditions import SD3Conditions
 from unirl.models.sd3.config import SD3BundleConfig
+from unirl.models.sd3.engine_maps import SD3EngineMaps
 from unirl.models.sd3.presets import architecture_configs, resolve_model_source
 from unirl.models.sd3.text_encode import SD3TextStack, encode_sd3_prompts
 
@@ -96,6 +98,7 @@ class SD3Bundle(FlowMatchingBundle):
         "add_v_proj",
         "to_add_out",
     )
+    engine_maps: ClassVar[EngineMaps | None] = SD3EngineMaps()
 
     # -- checks before anything is built ----------------------------------------------------
 
