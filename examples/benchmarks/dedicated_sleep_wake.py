@@ -16,7 +16,7 @@ import torch
 from unirl.models.sd3 import SD3Bundle
 from unirl.rollout import DedicatedEngine
 from unirl.sde import RandomSubsetSchedule, sigmas_from_scheduler_config
-from unirl.types import DiffusionSamplingParams, RolloutReq, Texts
+from unirl.types import DiffusionRequest, DiffusionSamplingParams, RolloutReq, Texts
 
 
 def main() -> None:
@@ -63,10 +63,15 @@ def main() -> None:
         sample_ids=torch.arange(n),
         group_ids=torch.zeros(n, dtype=torch.long),
         primitives={"text": Texts(texts=['a sign that says "OPEN"'] * n)},
-        sde_indices=torch.tensor([list(steps)] * n),
+        stage_params={
+            "diffusion": DiffusionRequest(
+                init_noise_ids=torch.arange(n),
+                sde_indices=torch.tensor([list(steps)] * n),
+                sigmas=sigmas,
+                init_noise_shape=bundle.latent_shape(size, size),
+            )
+        },
         sampling_params=params,
-        sigmas=sigmas,
-        init_noise_shape=bundle.latent_shape(size, size),
         seed=3,
     )
     before = engine.generate(req).tracks["diffusion"]

@@ -13,7 +13,7 @@ from unirl.algorithms import FlowGRPO
 from unirl.models.sd3 import SD3Bundle, SD3Pipeline
 from unirl.sde import CPS, DanceSDE, FlowSDE, RandomSubsetSchedule, sigmas_from_scheduler_config
 from unirl.train import FSDPBackend, LoraConfig, OptimizerConfig, TrainStack
-from unirl.types import DiffusionSamplingParams, RolloutReq, Texts
+from unirl.types import DiffusionRequest, DiffusionSamplingParams, RolloutReq, Texts
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +61,17 @@ def test_first_update_ratio_is_exactly_one(
         sample_ids=torch.arange(n),
         group_ids=torch.arange(n) // 4,
         primitives={"text": Texts(texts=["a red cat"] * 4 + ["a blue dog"] * 4)},
-        sde_indices=torch.tensor([list(steps)] * n),
+        stage_params={
+            "diffusion": DiffusionRequest(
+                init_noise_ids=torch.arange(n),
+                sde_indices=torch.tensor([list(steps)] * n),
+                sigmas=sigmas_from_scheduler_config(
+                    local.scheduler_config, 6, image_seq_len=local.image_seq_len(64, 64)
+                ),
+                init_noise_shape=local.latent_shape(64, 64),
+            )
+        },
         sampling_params=params,
-        sigmas=sigmas_from_scheduler_config(
-            local.scheduler_config, 6, image_seq_len=local.image_seq_len(64, 64)
-        ),
-        init_noise_shape=local.latent_shape(64, 64),
         seed=5,
     )
     track = pipeline.generate(req).tracks["diffusion"]

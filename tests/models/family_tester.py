@@ -27,7 +27,7 @@ import torch
 from unirl.algorithms import FlowGRPO
 from unirl.sde import ODE, FlowSDE
 from unirl.train import FSDPBackend, LoraConfig, OptimizerConfig, TrainStack
-from unirl.types import DiffusionSamplingParams, RolloutReq, Texts
+from unirl.types import DiffusionRequest, DiffusionSamplingParams, RolloutReq, Texts
 
 
 @dataclasses.dataclass
@@ -114,10 +114,17 @@ class FamilyTester:
             primitives={
                 "text": Texts(texts=[p for p in self.prompts for _ in range(samples_per_prompt)])
             },
-            sde_indices=torch.tensor([list(sde_steps)] * n, dtype=torch.long).reshape(n, -1),
+            stage_params={
+                "diffusion": DiffusionRequest(
+                    init_noise_ids=torch.arange(n),
+                    sde_indices=torch.tensor([list(sde_steps)] * n, dtype=torch.long).reshape(
+                        n, -1
+                    ),
+                    sigmas=bundle.sigmas(self.steps, self.height, self.width),
+                    init_noise_shape=tuple(bundle.latent_shape(self.height, self.width)),
+                )
+            },
             sampling_params=params,
-            sigmas=bundle.sigmas(self.steps, self.height, self.width),
-            init_noise_shape=tuple(bundle.latent_shape(self.height, self.width)),
             seed=seed,
         )
 
@@ -125,7 +132,7 @@ class FamilyTester:
         return self.diffusers_sample(
             pipe,
             prompts=list(req.prompts),
-            x_T=req.initial_noise(),
+            x_T=req.params_for("diffusion", DiffusionRequest).initial_noise(req.seed),
             steps=self.steps,
             guidance_scale=req.sampling_params.guidance_scale,
             negative_prompt=req.sampling_params.negative_prompt,
@@ -185,7 +192,8 @@ class FamilyTester:
         )
         track = pipeline.generate(req).tracks["diffusion"]
         ref = self.reference(diffusers_pipe, req)
-        assert torch.equal(ref.sigmas.cpu().float(), req.sigmas), (ref.sigmas, req.sigmas)
+        sigmas = req.params_for("diffusion", DiffusionRequest).sigmas
+        assert torch.equal(ref.sigmas.cpu().float(), sigmas), (ref.sigmas, sigmas)
         assert track.segment.final_latents is not None
         self.assert_within(track.segment.final_latents, ref.latents, self.latent_atol, "latents")
         self.assert_within(track.decoded.pixels, ref.pixels, self.pixel_atol, "pixels")

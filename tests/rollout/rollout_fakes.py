@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from unirl.sde import FlowSDE, sigmas_from_scheduler_config
-from unirl.types import DiffusionSamplingParams, RolloutReq, Texts
+from unirl.types import DiffusionRequest, DiffusionSamplingParams, RolloutReq, Texts
 
 BUNDLE_BLOCK = {
     "_target_": "unirl.models.sd3.SD3Bundle",
@@ -30,7 +30,8 @@ PROMPTS = ["a red cube on a table", "a quiet lake at dawn"]
 def make_request(
     scheduler_config: dict[str, Any], latent_shape: tuple[int, ...], *, spp: int = 2, steps: int = 6
 ) -> RolloutReq:
-    """2 prompts x ``spp`` samples at 64x64; trained steps 0, 2, 4 (step 0 stores x_T)."""
+    """2 prompts x ``spp`` samples at 64x64; trained steps 0, 2, 4 (step 0 stores x_T); the
+    diffusion block sits under ``stage_params["diffusion"]`` (read it with :func:`stage`)."""
     sampling = DiffusionSamplingParams(
         num_inference_steps=steps,
         guidance_scale=4.5,
@@ -42,17 +43,28 @@ def make_request(
     )
     n = len(PROMPTS) * spp
     sigmas = sigmas_from_scheduler_config(scheduler_config, steps, image_seq_len=16)
+    sample_ids = torch.arange(100, 100 + n)
     return RolloutReq(
-        sample_ids=torch.arange(100, 100 + n),
+        sample_ids=sample_ids,
         group_ids=torch.arange(len(PROMPTS)).repeat_interleave(spp),
         primitives={"text": Texts(texts=[p for p in PROMPTS for _ in range(spp)])},
-        sde_indices=torch.tensor([[0, 2, 4]] * n),
+        stage_params={
+            "diffusion": DiffusionRequest(
+                init_noise_ids=sample_ids.clone(),
+                sde_indices=torch.tensor([[0, 2, 4]] * n),
+                sigmas=sigmas,
+                init_noise_shape=tuple(latent_shape),
+            )
+        },
         sampling_params=sampling,
-        sigmas=sigmas,
-        init_noise_shape=tuple(latent_shape),
         seed=7,
         rollout_index=3,
     )
+
+
+def stage(req: RolloutReq) -> DiffusionRequest:
+    """The request's diffusion block (σ schedule, SDE steps, x_T recipe)."""
+    return req.params_for("diffusion", DiffusionRequest)
 
 
 def trainside_stack(seed: int = 0) -> tuple[Any, Any, Any]:

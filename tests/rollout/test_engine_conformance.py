@@ -18,6 +18,7 @@ from rollout_fakes import (
     BUNDLE_BLOCK,
     PIPELINE_BLOCK,
     make_request,
+    stage,
     sync_in_process,
     trainside_stack,
 )
@@ -40,22 +41,23 @@ def stack():
 def _check_contract(resp: RolloutResp, req) -> LatentSegment:
     assert set(resp.tracks) == {"diffusion"}
     track = resp.tracks["diffusion"]
-    n, s = req.sde_indices.shape
+    diffusion = stage(req)
+    n, s = diffusion.sde_indices.shape
     assert torch.equal(track.sample_ids, req.sample_ids) and torch.equal(
         track.group_ids, req.group_ids
     )
     seg = track.segment
     assert isinstance(seg, LatentSegment)
     assert torch.equal(
-        seg.sigmas, req.sigmas.float()
+        seg.sigmas, diffusion.sigmas.float()
     )  # the request's schedule, not the engine's own
-    assert torch.equal(seg.sde_indices, req.sde_indices)
-    c, h, w = req.init_noise_shape
+    assert torch.equal(seg.sde_indices, diffusion.sde_indices)
+    c, h, w = diffusion.init_noise_shape
     assert tuple(seg.latents.shape) == (n, s, c, h, w) == tuple(seg.next_latents.shape)
     assert tuple(seg.sde_logp.shape) == (n, s) and seg.sde_logp.dtype == torch.float32
     assert tuple(seg.final_latents.shape) == (n, c, h, w)
     # step 0 is trained, so latents[:, 0] is the x_T the engine started from
-    assert torch.equal(seg.latents[:, 0].float(), req.initial_noise())
+    assert torch.equal(seg.latents[:, 0].float(), diffusion.initial_noise(req.seed))
     assert isinstance(track.decoded, Images) and tuple(track.decoded.pixels.shape) == (n, 3, 64, 64)
     assert torch.isfinite(seg.sde_logp).all()
     return seg

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from rollout_fakes import BUNDLE_BLOCK, make_request
+from rollout_fakes import BUNDLE_BLOCK, make_request, stage
 
 from unirl.distributed.weight_sync import SyncManifest, TensorMeta, WeightSyncError, tensor_checksum
 from unirl.rollout import SGLangEngine, VllmOmniEngine
@@ -21,6 +21,7 @@ from unirl.rollout.engine.dedicated.trajectory import EngineContractError
 from unirl.rollout.engine.sglang.client import sha256_like_sglang
 from unirl.types import Images, LatentSegment
 
+SD3 = BUNDLE_BLOCK["_target_"]  # the family the fake servers run
 SCHED = {"shift": 3.0, "use_dynamic_shifting": False, "num_train_timesteps": 1000}
 LATENT = (16, 8, 8)
 
@@ -110,8 +111,8 @@ class FakeSGLangServer:
 
 def test_sglang_outputs_map_into_the_contract() -> None:
     req = _req()
-    server = FakeSGLangServer(sigmas=req.sigmas.clone())
-    engine = SGLangEngine(model_path="fake", client=server, storage_dtype="fp32")
+    server = FakeSGLangServer(sigmas=stage(req).sigmas.clone())
+    engine = SGLangEngine(model_path="fake", family=SD3, client=server, storage_dtype="fp32")
     resp = engine.generate(req)
     assert [c["num_outputs_per_prompt"] for c in server.calls] == [
         2,
@@ -130,7 +131,9 @@ def test_sglang_outputs_map_into_the_contract() -> None:
     assert isinstance(seg, LatentSegment) and torch.equal(track.sample_ids, req.sample_ids)
     assert tuple(seg.latents.shape) == (4, 3, *LATENT) and tuple(seg.sde_logp.shape) == (4, 3)
     # the sparse cut is the dense trajectory at the SDE steps (recomputed from the fake's seed)
-    again = FakeSGLangServer(sigmas=req.sigmas.clone()).rollout_generate(dict(server.calls[1]))
+    again = FakeSGLangServer(sigmas=stage(req).sigmas.clone()).rollout_generate(
+        dict(server.calls[1])
+    )
     traj = torch.stack([o["dit_trajectory"]["latents"] for o in again])
     logp = torch.stack([o["rollout_log_probs"] for o in again])
     idx = torch.tensor([0, 2, 4])
@@ -148,13 +151,14 @@ def test_sglang_outputs_map_into_the_contract() -> None:
 
 def test_sglang_contract_violations_raise() -> None:
     req = _req()
-    shifted = FakeSGLangServer(sigmas=req.sigmas.clone() * 0.9)
+    shifted = FakeSGLangServer(sigmas=stage(req).sigmas.clone() * 0.9)
     with pytest.raises(EngineContractError, match="sampled with σ"):
-        SGLangEngine(model_path="fake", client=shifted).generate(req)
+        SGLangEngine(model_path="fake", family=SD3, client=shifted).generate(req)
     with pytest.raises(EngineContractError, match="different x_T"):
         SGLangEngine(
             model_path="fake",
-            client=FakeSGLangServer(sigmas=req.sigmas.clone()),
+            family=SD3,
+            client=FakeSGLangServer(sigmas=stage(req).sigmas.clone()),
             init_noise="verify",
         ).generate(req)
 
@@ -175,7 +179,7 @@ def test_sglang_weight_sync_is_checked_by_the_server() -> None:
     server = FakeSGLangServer(
         sigmas=torch.zeros(2), params={"a.weight": torch.zeros(4, 4, dtype=torch.bfloat16)}
     )
-    engine = SGLangEngine(model_path="fake", client=server)
+    engine = SGLangEngine(model_path="fake", family=SD3, client=server)
     manifest = _manifest(["a.weight"])
     assert engine.prepare_sync(manifest) == {"a.weight": "torch.bfloat16"}
     value = torch.randn(4, 4).to(torch.bfloat16)
@@ -242,14 +246,14 @@ def vllm_req():
 
 
 def test_vllm_omni_pins_x_t_and_maps_outputs(vllm_req) -> None:
-    fake = FakeOmni(sigmas=vllm_req.sigmas.clone())
+    fake = FakeOmni(sigmas=stage(vllm_req).sigmas.clone())
     engine = VllmOmniEngine(
         model_path="fake", encoder=dict(BUNDLE_BLOCK), backend=fake, storage_dtype="fp32"
     )
     track = engine.generate(vllm_req).tracks["diffusion"]
     prompt, params = fake.calls[0]
     assert (
-        torch.equal(params["latents"], vllm_req.initial_noise()[:2])
+        torch.equal(params["latents"], stage(vllm_req).initial_noise(vllm_req.seed)[:2])
         and params["return_trajectory_latents"]
     )
     assert (
@@ -257,7 +261,9 @@ def test_vllm_omni_pins_x_t_and_maps_outputs(vllm_req) -> None:
         and "pooled_prompt_embeds" in prompt["additional_information"]
     )
     seg = track.segment
-    assert torch.equal(seg.latents[:, 0], vllm_req.initial_noise())  # step 0 trained: x_T itself
+    assert torch.equal(
+        seg.latents[:, 0], stage(vllm_req).initial_noise(vllm_req.seed)
+    )  # step 0 trained: x_T itself
     assert tuple(seg.sde_logp.shape) == (4, 3)
     assert (
         track.conditions.prompt_embeds.shape[0] == 4
@@ -266,7 +272,7 @@ def test_vllm_omni_pins_x_t_and_maps_outputs(vllm_req) -> None:
 
 
 def test_vllm_omni_without_log_probs_and_sigma_mismatch(vllm_req) -> None:
-    fake = FakeOmni(sigmas=vllm_req.sigmas.clone(), log_probs=False)
+    fake = FakeOmni(sigmas=stage(vllm_req).sigmas.clone(), log_probs=False)
     engine = VllmOmniEngine(
         model_path="fake", encoder=dict(BUNDLE_BLOCK), backend=fake, log_prob_attr=None
     )
@@ -279,14 +285,14 @@ def test_vllm_omni_without_log_probs_and_sigma_mismatch(vllm_req) -> None:
     shifted = VllmOmniEngine(
         model_path="fake",
         encoder=dict(BUNDLE_BLOCK),
-        backend=FakeOmni(sigmas=vllm_req.sigmas * 0.5),
+        backend=FakeOmni(sigmas=stage(vllm_req).sigmas * 0.5),
     )
     with pytest.raises(EngineContractError, match="sampled with σ"):
         shifted.generate(vllm_req)
 
 
 def test_vllm_omni_weight_sync_reads_back(vllm_req) -> None:
-    fake = FakeOmni(sigmas=vllm_req.sigmas.clone())
+    fake = FakeOmni(sigmas=stage(vllm_req).sigmas.clone())
     engine = VllmOmniEngine(model_path="fake", encoder=dict(BUNDLE_BLOCK), backend=fake)
     manifest = _manifest(["a.weight"])
     engine.prepare_sync(manifest)
@@ -300,7 +306,7 @@ def test_vllm_omni_weight_sync_reads_back(vllm_req) -> None:
 
 def test_missing_stacks_fail_naming_the_extra() -> None:
     with pytest.raises(ImportError, match=r"pip install 'unirl\[sglang\]'"):
-        SGLangEngine(model_path="stabilityai/stable-diffusion-3.5-medium")
+        SGLangEngine(model_path="stabilityai/stable-diffusion-3.5-medium", family=SD3)
     with pytest.raises(ImportError, match=r"pip install 'unirl\[vllm\]'"):
         VllmOmniEngine(
             model_path="stabilityai/stable-diffusion-3.5-medium", encoder=dict(BUNDLE_BLOCK)

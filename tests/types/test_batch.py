@@ -7,6 +7,7 @@ import torch
 
 from unirl.types import (
     Batch,
+    DiffusionRequest,
     DiffusionSamplingParams,
     Images,
     LatentSegment,
@@ -22,16 +23,23 @@ from unirl.types import (
 )
 
 
+def _diffusion(n: int = 8) -> DiffusionRequest:
+    return DiffusionRequest(
+        init_noise_ids=torch.arange(n) + 100,
+        sde_indices=torch.tensor([[1, 3]] * n),
+        sigmas=torch.linspace(1, 0, 6),
+        init_noise_shape=(4, 2, 2),
+    )
+
+
 def _req(n: int = 8) -> RolloutReq:
     return RolloutReq(
         sample_ids=torch.arange(n) + 100,
         group_ids=torch.arange(n) // 4,
         primitives={"text": Texts(texts=[f"prompt {i}" for i in range(n)])},
         metadata=[{"i": i} for i in range(n)],
-        sde_indices=torch.tensor([[1, 3]] * n),
+        stage_params={"diffusion": _diffusion(n)},
         sampling_params=DiffusionSamplingParams(samples_per_prompt=4),
-        sigmas=torch.linspace(1, 0, 6),
-        init_noise_shape=(4, 2, 2),
         seed=7,
     )
 
@@ -81,9 +89,14 @@ def test_chunk_then_concat_is_identity_for_request(n_parts: int) -> None:
     req = _req()
     parts = req.chunk(n_parts)
     assert [len(p) for p in parts] == [8 // n_parts] * n_parts
-    for p in parts:  # shared fields survive the split
+    whole = req.params_for("diffusion", DiffusionRequest)
+    for i, p in enumerate(parts):  # shared fields survive the split, per-sample ones are cut
         assert p.sampling_params is req.sampling_params and p.seed == 7
-        assert torch.equal(p.sigmas, req.sigmas)
+        part = p.params_for("diffusion", DiffusionRequest)
+        assert torch.equal(part.sigmas, whole.sigmas) and part.init_noise_shape == (4, 2, 2)
+        rows = slice(i * len(p), (i + 1) * len(p))
+        assert torch.equal(part.init_noise_ids, whole.init_noise_ids[rows])
+        assert torch.equal(part.sde_indices, whole.sde_indices[rows])
     _assert_same(RolloutReq.concat(parts), req)
 
 
@@ -163,9 +176,66 @@ def test_init_noise_is_per_id_and_split_invariant() -> None:
     assert torch.equal(init_noise(ids[2:], (2, 3), seed=1), full[2:])
     assert not torch.equal(init_noise(ids, (2, 3), seed=2), full)
     req = _req()
-    assert torch.equal(
-        RolloutReq.concat([p for p in req.chunk(4)]).initial_noise(), req.initial_noise()
-    )
+    merged = RolloutReq.concat([p for p in req.chunk(4)])
+    x_t = req.params_for("diffusion", DiffusionRequest).initial_noise(req.seed)
+    assert torch.equal(merged.params_for("diffusion", DiffusionRequest).initial_noise(7), x_t)
+    # x_T is init_noise of the ids, shard by shard: the split changes nothing
+    assert torch.equal(x_t, init_noise(torch.arange(8) + 100, (4, 2, 2), seed=7))
+    shards = [p.params_for("diffusion", DiffusionRequest).initial_noise(7) for p in req.chunk(4)]
+    assert torch.equal(torch.cat(shards), x_t)
+
+
+def test_diffusion_request_field_kinds() -> None:
+    assert DiffusionRequest.field_kinds() == {
+        "init_noise_ids": "concat",
+        "sde_indices": "concat",
+        "sigmas": "shared",
+        "init_noise_shape": "shared",
+    }
+    assert len(_diffusion(6)) == 6 and _diffusion(2).init_noise_shape == (4, 2, 2)
+    assert _diffusion(2).num_steps == 5 and _diffusion(2).num_sde_steps == 2
+
+
+def test_diffusion_request_refuses_bad_shapes_and_schedules() -> None:
+    ok = {
+        "init_noise_ids": torch.arange(2),
+        "sde_indices": torch.tensor([[0], [0]]),
+        "sigmas": torch.linspace(1, 0, 3),
+        "init_noise_shape": (1,),
+    }
+    with pytest.raises(ValueError, match=r"sde_indices must be \[N, S\]"):
+        DiffusionRequest(**{**ok, "sde_indices": torch.tensor([0, 0])})
+    with pytest.raises(ValueError, match="past the last of 2 steps"):
+        DiffusionRequest(**{**ok, "sde_indices": torch.tensor([[2], [0]])})
+    with pytest.raises(ValueError, match=r"sigmas must be \[T\+1\]"):
+        DiffusionRequest(**{**ok, "sigmas": torch.ones(1)})
+    with pytest.raises(ValueError, match="disagree on length"):
+        DiffusionRequest(**{**ok, "init_noise_ids": torch.arange(3)})
+
+
+def test_stage_params_are_checked_and_named() -> None:
+    req = _req(4)
+    assert isinstance(req.params_for("diffusion", DiffusionRequest), DiffusionRequest)
+    with pytest.raises(
+        ValueError, match=r"no DiffusionRequest for stage 'ar' \(stage_params: \['diffusion'\]\)"
+    ):
+        req.params_for("ar", DiffusionRequest)
+    with pytest.raises(ValueError, match="is a DiffusionRequest, expected Texts"):
+        req.params_for("diffusion", Texts)
+    with pytest.raises(ValueError, match=r"stage_params\['diffusion'\] has 3 rows, sample_ids 4"):
+        RolloutReq(
+            sample_ids=torch.arange(4),
+            group_ids=torch.zeros(4, dtype=torch.long),
+            stage_params={"diffusion": _diffusion(3)},
+        )
+    # a request without a diffusion block (an AR stage's) is still a request
+    plain = RolloutReq(sample_ids=torch.arange(2), group_ids=torch.zeros(2, dtype=torch.long))
+    assert plain.stage_params == {} and len(plain.chunk(2)[1]) == 1
+    # parts whose shared schedule differs cannot be merged
+    other = _req(4)
+    other.stage_params["diffusion"].sigmas = torch.linspace(1, 0.1, 6)
+    with pytest.raises(ValueError, match="shared field 'sigmas' differs"):
+        RolloutReq.concat([req, other])
 
 
 def test_compute_advantages_group_and_batch_std() -> None:

@@ -20,7 +20,7 @@ from unirl.trainer.base import StageTrainer
 from unirl.trainer.dedicated import build_dedicated_layout, plan_dedicated_roles
 from unirl.trainer.roles import RewardWorker, TrainOps
 from unirl.trainer.stage import Stage
-from unirl.types import DiffusionSamplingParams, RolloutReq, Texts
+from unirl.types import DiffusionRequest, DiffusionSamplingParams, RolloutReq, Texts
 
 TRACK = "diffusion"
 
@@ -127,7 +127,8 @@ class DiffusionTrainer(StageTrainer):
     def build_request(
         self, prompts: list[Any], rollout_index: int, *, mode: str = "train"
     ) -> RolloutReq:
-        """The driver-authored request: ids, groups, σ schedule, SDE steps and the x_T recipe."""
+        """The driver-authored request: ids, groups, and the diffusion stage's block (σ
+        schedule, SDE steps, x_T recipe) under the track's name."""
         spp = (
             self.sampling.samples_per_prompt
             if mode == "train"
@@ -150,17 +151,23 @@ class DiffusionTrainer(StageTrainer):
         else:
             sde_indices = torch.zeros((n, 0), dtype=torch.long)
         group_base = rollout_index * b
+        sample_ids = torch.arange(base, base + n, dtype=torch.long)
         return RolloutReq(
-            sample_ids=torch.arange(base, base + n, dtype=torch.long),
+            sample_ids=sample_ids,
             group_ids=torch.arange(group_base, group_base + b, dtype=torch.long).repeat_interleave(
                 spp
             ),
             primitives={"text": Texts(texts=texts)},
             metadata=metadata,
-            sde_indices=sde_indices,
+            stage_params={
+                TRACK: DiffusionRequest(
+                    init_noise_ids=sample_ids.clone(),
+                    sde_indices=sde_indices,
+                    sigmas=sigmas,
+                    init_noise_shape=tuple(self.latent_shape),
+                )
+            },
             sampling_params=self.sampling,
-            sigmas=sigmas,
-            init_noise_shape=tuple(self.latent_shape),
             seed=self.cfg.seed if mode == "train" else self.cfg.eval.seed,
             rollout_index=rollout_index,
             mode=mode,  # type: ignore[arg-type]

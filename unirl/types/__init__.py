@@ -16,6 +16,7 @@ from unirl.types.rollout import (
 )
 from unirl.types.sampling import ARSamplingParams, DiffusionSamplingParams
 from unirl.types.segments import LatentSegment, TextSegment
+from unirl.types.stage_request import DiffusionRequest
 
 __all__ = [
     "STATUS_DROPPED",
@@ -23,6 +24,7 @@ __all__ = [
     "ARSamplingParams",
     "Batch",
     "Conditions",
+    "DiffusionRequest",
     "DiffusionSamplingParams",
     "FieldKind",
     "Images",

@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 
 from unirl.types.batch import Batch, batch_field
 from unirl.types.conditions import Conditions
 from unirl.types.segments import LatentSegment, TextSegment
+
+B = TypeVar("B", bound=Batch)
 
 STATUS_OK = 0
 STATUS_DROPPED = 1
@@ -28,8 +30,9 @@ def init_noise(
 ) -> torch.Tensor:
     """x_T for each id, regenerated deterministically on CPU in fp32: ``[len(ids), *shape]``.
 
-    Every engine calls this with the request's ``init_noise_ids`` and ``init_noise_shape`` so
-    all engines start from identical noise whatever the data-parallel split.
+    Every engine calls this with the diffusion request's ``init_noise_ids`` and
+    ``init_noise_shape`` (``DiffusionRequest.initial_noise``) so all engines start from
+    identical noise whatever the data-parallel split.
     """
     out = torch.empty((len(ids), *shape), dtype=torch.float32)
     gen = torch.Generator(device="cpu")
@@ -44,20 +47,17 @@ class RolloutReq(Batch):
     """What the driver asks an engine to sample.
 
     ``primitives`` maps a modality to its per-sample inputs (``{"text": Texts}``);
-    ``sigmas[T+1]`` is the one σ schedule every engine must use; ``sde_indices[N, S]`` the
-    stochastic/trained steps per sample (identical within a group); x_T is
-    ``init_noise(init_noise_ids, init_noise_shape, seed)``.
+    ``stage_params`` maps a stage (track) name to that stage's typed request block, e.g.
+    ``{"diffusion": DiffusionRequest}`` (σ schedule, SDE steps, x_T recipe); read one with
+    :meth:`params_for`. ``seed`` seeds every noise stream of the request.
     """
 
     sample_ids: torch.Tensor = batch_field("concat")
     group_ids: torch.Tensor = batch_field("concat")
     primitives: dict[str, Batch] = batch_field("concat", default_factory=dict)
     metadata: list[dict[str, Any]] = batch_field("concat", default_factory=list)
-    init_noise_ids: torch.Tensor | None = batch_field("concat", default=None)
-    sde_indices: torch.Tensor | None = batch_field("concat", default=None)
+    stage_params: dict[str, Batch] = batch_field("concat", default_factory=dict)
     sampling_params: Any = batch_field("shared", default=None)
-    sigmas: torch.Tensor | None = batch_field("shared", default=None)
-    init_noise_shape: tuple[int, ...] | None = batch_field("shared", default=None)
     seed: int = batch_field("shared", default=0)
     rollout_index: int = batch_field("shared", default=0)
     mode: Literal["train", "eval"] = batch_field("shared", default="train")
@@ -68,8 +68,16 @@ class RolloutReq(Batch):
             raise ValueError(f"RolloutReq.group_ids has {len(self.group_ids)} rows, sample_ids {n}")
         if not self.metadata:
             self.metadata = [{} for _ in range(n)]
-        if self.init_noise_ids is None:
-            self.init_noise_ids = self.sample_ids.clone()
+        for stage, block in self.stage_params.items():
+            if not isinstance(block, Batch):
+                raise TypeError(
+                    f"RolloutReq.stage_params[{stage!r}] must be a Batch block, got "
+                    f"{type(block).__name__}"
+                )
+            if len(block) != n:
+                raise ValueError(
+                    f"RolloutReq.stage_params[{stage!r}] has {len(block)} rows, sample_ids {n}"
+                )
         self.validate_lengths()
 
     @property
@@ -79,12 +87,20 @@ class RolloutReq(Batch):
             raise KeyError("RolloutReq has no 'text' primitive")
         return list(text.texts)  # type: ignore[attr-defined]
 
-    def initial_noise(self) -> torch.Tensor:
-        if self.init_noise_shape is None or self.init_noise_ids is None:
+    def params_for(self, stage: str, kind: type[B]) -> B:
+        """The ``kind`` block of stage ``stage``; raises ``ValueError`` naming what is there."""
+        block = self.stage_params.get(stage)
+        if block is None:
             raise ValueError(
-                "RolloutReq.init_noise_shape is not set; the driver must pin the x_T recipe"
+                f"RolloutReq carries no {kind.__name__} for stage {stage!r} (stage_params: "
+                f"{sorted(self.stage_params)}); the driver authors it in build_request"
             )
-        return init_noise(self.init_noise_ids, tuple(self.init_noise_shape), self.seed)
+        if not isinstance(block, kind):
+            raise ValueError(
+                f"RolloutReq.stage_params[{stage!r}] is a {type(block).__name__}, expected "
+                f"{kind.__name__}"
+            )
+        return block
 
 
 @dataclass(kw_only=True)

@@ -23,6 +23,7 @@ from unirl.models.common.denoise import (
 from unirl.models.common.guidance import Guidance, guidance_of
 from unirl.types import (
     Conditions,
+    DiffusionRequest,
     DiffusionSamplingParams,
     Images,
     LatentSegment,
@@ -116,22 +117,24 @@ class FlowMatchingPipeline:
     def generate(self, req: RolloutReq) -> RolloutResp:
         """Sample every request row; returns one track named ``track_name``.
 
+        The σ schedule, SDE steps and x_T recipe come from the request's
+        ``DiffusionRequest`` under ``track_name``.
+
         Every tensor of the track (conditions, trajectory, decoded pixels) is on the
         pipeline's device: the engine decides what leaves the worker and moves it to CPU
         then (a trainside engine keeps a training rollout's tensors where they are, so the
         reward sibling converts the pixels on the device).
         """
         params: DiffusionSamplingParams = req.sampling_params
+        stage = req.params_for(self.track_name, DiffusionRequest)
         timings: dict[str, float] = {}
         guidance = params.guidance_for(req.mode)
         t0 = time.perf_counter()
         conditions = self.encode(req.prompts, params, guidance).to(self.device)
         timings["text_encode"] = time.perf_counter() - t0
 
-        if req.sigmas is None or req.sde_indices is None:
-            raise ValueError("RolloutReq must pin sigmas and sde_indices (the driver builds them)")
-        x_T = req.initial_noise()
-        num_sde = int(req.sde_indices.shape[1])
+        x_T = stage.initial_noise(req.seed)
+        num_sde = stage.num_sde_steps
         sde_noise = None
         if num_sde:
             sde_noise = init_noise(
@@ -151,8 +154,8 @@ class FlowMatchingPipeline:
                     self,
                     conditions=conditions.select(torch.arange(len(req))[rows]),
                     x_T=x_T[rows].to(self.device),
-                    sigmas=req.sigmas,
-                    sde_indices=req.sde_indices[rows],
+                    sigmas=stage.sigmas,
+                    sde_indices=stage.sde_indices[rows],
                     sde_noise=None if sde_noise is None else sde_noise[rows],
                     strategy=self.strategy,
                     guidance_scale=guidance,

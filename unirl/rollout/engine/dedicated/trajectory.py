@@ -1,7 +1,8 @@
 """Adapting a serving engine's trajectory outputs into the rollout contract.
 
 External engines (SGLang, vLLM-Omni) return per-sample dense trajectories
-(``latents[N, T+1, C, h, w]``: x at every σ of the schedule, the last one the clean sample),
+(``latents[N, T+1, *latent]``: x at every σ of the schedule, the last one the clean sample, in
+our latent layout once the family's engine maps converted it),
 their own σ schedule and per-step log-probs. These helpers check them against the request
 (same σ schedule; same x_T or, by policy, record the engine's own) and cut the sparse
 ``LatentSegment`` training replays from. Nothing backend-specific leaves this module.
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from unirl.types import LatentSegment, RolloutReq
+from unirl.types import DiffusionRequest, LatentSegment
 
 
 class EngineContractError(RuntimeError):
@@ -21,16 +22,15 @@ class EngineContractError(RuntimeError):
 
 
 def check_sigmas(
-    engine: str, got: torch.Tensor | None, req: RolloutReq, *, atol: float = 1e-5
+    engine: str, got: torch.Tensor | None, stage: DiffusionRequest, *, atol: float = 1e-5
 ) -> None:
-    """The engine must have used the request's σ schedule (``sigmas[T+1]``)."""
-    assert req.sigmas is not None
+    """The engine must have used the request's σ schedule (``stage.sigmas[T+1]``)."""
     if got is None:
         raise EngineContractError(
             f"{engine}: the engine returned no σ schedule; cannot check it against the request"
         )
     got = got.detach().float().cpu().reshape(-1)
-    want = req.sigmas.detach().float().cpu().reshape(-1)
+    want = stage.sigmas.detach().float().cpu().reshape(-1)
     if got.shape != want.shape or not torch.allclose(got, want, atol=atol, rtol=0.0):
         raise EngineContractError(
             f"{engine}: sampled with σ = {[round(x, 5) for x in got.tolist()]} but the request pins "
@@ -42,7 +42,8 @@ def check_sigmas(
 def segment_from_trajectory(
     *,
     engine: str,
-    req: RolloutReq,
+    stage: DiffusionRequest,
+    seed: int,
     trajectory: torch.Tensor,
     log_probs: torch.Tensor | None,
     guidance_scale: float,
@@ -51,31 +52,29 @@ def segment_from_trajectory(
     init_noise: str = "verify",
     atol: float = 0.0,
 ) -> LatentSegment:
-    """The sparse segment of ``trajectory[N, T+1, C, h, w]`` at the request's SDE steps.
+    """The sparse segment of ``trajectory[N, T+1, *latent]`` at the stage's SDE steps.
 
+    ``stage`` is the request's ``DiffusionRequest`` and ``seed`` the request's seed (its x_T).
     ``log_probs``: ``[N, T]`` (every step; gathered at ``sde_indices``) or ``[N, S]`` (only
     the SDE steps, in order). ``init_noise``: ``verify`` (``trajectory[:, 0]`` must equal the
     request's x_T within ``atol``) or ``record`` (the engine drew its own x_T; the segment keeps
     the engine's latents, so training replays what was sampled).
     """
-    assert req.sde_indices is not None and req.sigmas is not None
-    n, s = req.sde_indices.shape
-    steps = req.sigmas.numel() - 1
+    n, s = stage.sde_indices.shape
+    steps = stage.num_steps
     if trajectory.ndim < 3 or tuple(trajectory.shape[:2]) != (n, steps + 1):
         raise EngineContractError(
             f"{engine}: trajectory must be [N={n}, T+1={steps + 1}, ...], got {list(trajectory.shape)}"
         )
-    if req.init_noise_shape is not None and tuple(trajectory.shape[2:]) != tuple(
-        req.init_noise_shape
-    ):
+    if tuple(trajectory.shape[2:]) != stage.init_noise_shape:
         raise EngineContractError(
-            f"{engine}: latent shape {list(trajectory.shape[2:])} differs from the request's {list(req.init_noise_shape)}"
+            f"{engine}: latent shape {list(trajectory.shape[2:])} differs from the request's {list(stage.init_noise_shape)}"
         )
     if init_noise not in ("verify", "record"):
         raise ValueError(f"init_noise must be 'verify' or 'record', got {init_noise!r}")
     traj = trajectory.detach().cpu()
     if init_noise == "verify":
-        x_t = req.initial_noise()
+        x_t = stage.initial_noise(seed)
         if not torch.allclose(traj[:, 0].float(), x_t, atol=atol, rtol=0.0):
             worst = (traj[:, 0].float() - x_t).abs().max().item()
             raise EngineContractError(
@@ -83,7 +82,7 @@ def segment_from_trajectory(
                 "pin the latents in the engine call or set the adapter's init_noise: record"
             )
     rows = torch.arange(n).unsqueeze(1).expand(n, s)
-    idx = req.sde_indices.cpu()
+    idx = stage.sde_indices.cpu()
     latents = traj[rows, idx].to(storage_dtype)
     next_latents = traj[rows, idx + 1].to(storage_dtype)
     sde_logp = None
@@ -100,7 +99,7 @@ def segment_from_trajectory(
         if not torch.isfinite(sde_logp).all():
             raise EngineContractError(f"{engine}: non-finite per-step log-probs at the SDE steps")
     return LatentSegment(
-        sigmas=req.sigmas.detach().float().cpu(),
+        sigmas=stage.sigmas.detach().float().cpu(),
         sde_indices=idx.clone(),
         latents=latents,
         next_latents=next_latents,
@@ -129,16 +128,14 @@ def pixels_from_output(images: Any) -> torch.Tensor:
     return batch.float().clamp(0.0, 1.0)
 
 
-def prompt_groups(req: RolloutReq) -> list[list[int]]:
+def prompt_groups(prompts: list[str], sde_indices: torch.Tensor) -> list[list[int]]:
     """Runs of consecutive rows sharing prompt and SDE steps (one engine call each)."""
-    prompts = req.prompts
-    assert req.sde_indices is not None
     groups: list[list[int]] = []
-    for i in range(len(req)):
+    for i in range(len(prompts)):
         if (
             groups
             and prompts[i] == prompts[groups[-1][0]]
-            and torch.equal(req.sde_indices[i], req.sde_indices[groups[-1][0]])
+            and torch.equal(sde_indices[i], sde_indices[groups[-1][0]])
         ):
             groups[-1].append(i)
         else:

@@ -3,6 +3,6 @@ engine is built without an injected client."""
 
 from __future__ import annotations
 
-from unirl.rollout.engine.sglang.engine import SGLangEngine, sd3_conditions
+from unirl.rollout.engine.sglang.engine import SGLangEngine
 
-__all__ = ["SGLangEngine", "sd3_conditions"]
+__all__ = ["SGLangEngine"]

@@ -3,9 +3,10 @@
 One server per rollout worker (launched as a child process, or reached at ``server_url``).
 ``generate`` sends one ``/rollout/generate`` call per prompt group and maps the per-sample
 outputs (dense trajectory, σ schedule, per-step log-probs, encoded conditions, images) into a
-``RolloutTrack`` with a sparse ``LatentSegment``. Weight-sync receivers forward the tensors to
-the server (``/update_weights_from_tensor``) and verify them with the server's SHA-256
-checker before reporting success. See README.md: no GPU run of this adapter was possible here.
+``RolloutTrack`` with a sparse ``LatentSegment``; the ``engine_maps`` of the family it serves
+turn the recorded denoising env into that family's conditions and its latent layout into ours.
+Weight-sync receivers forward the tensors to the server (``/update_weights_from_tensor``) and
+verify them with the server's SHA-256 checker before reporting success. See README.md: no GPU run of this adapter was possible here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from unirl.distributed.weight_sync.checksum import tensor_checksum
 from unirl.distributed.weight_sync.group import free_port
 from unirl.distributed.weight_sync.manifest import SyncManifest, WeightSyncError
 from unirl.distributed.weight_sync.receiver import WeightReceiver
+from unirl.models.common.engine_maps import EngineMapError, engine_maps_for
 from unirl.rollout.engine.dedicated.trajectory import (
     EngineContractError,
     check_sigmas,
@@ -31,53 +33,23 @@ from unirl.rollout.engine.dedicated.trajectory import (
     segment_from_trajectory,
 )
 from unirl.rollout.engine.sglang.client import sha256_like_sglang
-from unirl.types import Images, RolloutReq, RolloutResp, RolloutTrack, noise_seed
-
-
-def _row(value: Any, ndim: int, what: str) -> torch.Tensor:
-    """One sample's tensor with leading singleton dims dropped down to ``ndim`` dims."""
-    t = torch.as_tensor(value)
-    while t.ndim > ndim and t.shape[0] == 1:
-        t = t[0]
-    if t.ndim != ndim:
-        raise EngineContractError(
-            f"sglang: {what} has shape {list(t.shape)}, expected {ndim} dims per sample"
-        )
-    return t.float()
-
-
-def sd3_conditions(envs: list[dict[str, Any]]) -> Any:
-    """``SD3Conditions`` from SGLang's per-sample ``denoising_env`` (``pos_cond_kwargs`` /
-    ``neg_cond_kwargs`` holding ``encoder_hidden_states [L, D]`` and ``pooled_projections [Dp]``)."""
-    from unirl.models.sd3 import SD3Conditions
-
-    def stacked(side: str, key: str, ndim: int) -> torch.Tensor | None:
-        values = []
-        for env in envs:
-            kwargs = (env or {}).get(side) or {}
-            if key not in kwargs:
-                if side == "neg_cond_kwargs":
-                    return None  # no CFG
-                raise EngineContractError(
-                    f"sglang: denoising_env.{side} has no {key!r} (keys: {sorted(kwargs)}); training replay "
-                    "needs the encoded conditions (rollout_return_denoising_env=true)"
-                )
-            values.append(_row(kwargs[key], ndim, f"{side}.{key}"))
-        return torch.stack(values)
-
-    return SD3Conditions(
-        prompt_embeds=stacked("pos_cond_kwargs", "encoder_hidden_states", 2),
-        pooled_prompt_embeds=stacked("pos_cond_kwargs", "pooled_projections", 1),
-        negative_prompt_embeds=stacked("neg_cond_kwargs", "encoder_hidden_states", 2),
-        negative_pooled_prompt_embeds=stacked("neg_cond_kwargs", "pooled_projections", 1),
-    )
+from unirl.types import (
+    DiffusionRequest,
+    Images,
+    RolloutReq,
+    RolloutResp,
+    RolloutTrack,
+    noise_seed,
+)
 
 
 class SGLangEngine(WeightReceiver):
     """Rollout through SGLang's diffusion engine (``sglang.multimodal_gen``).
 
-    ``model_path``: what the server loads. ``server_url``: use a running server instead of
-    launching one (``launch=false``). ``server_args``: extra ``sglang serve`` flags.
+    ``model_path``: what the server loads. ``family``: the bundle class of that model (the
+    recipe's ``${bundle._target_}``); its ``engine_maps`` map SGLang's denoising env into the
+    family's conditions (a family without one is refused here, before any server starts).
+    ``server_url``: use a running server instead of launching one (``launch=false``). ``server_args``: extra ``sglang serve`` flags.
     ``dtype``: the server's weight dtype (for the SHA-256 read-back check).
     ``sde_type``: SGLang's ``rollout_sde_type``. ``init_noise``: ``record`` (SGLang draws x_T
     from its own generator; the segment keeps the engine's latents) or ``verify``.
@@ -86,11 +58,13 @@ class SGLangEngine(WeightReceiver):
     """
 
     engine_kind = "sglang"
+    track_name = "diffusion"
 
     def __init__(
         self,
         *,
         model_path: str,
+        family: str | type,
         server_url: str | None = None,
         launch: bool = True,
         server_args: list[str] | None = None,
@@ -111,6 +85,7 @@ class SGLangEngine(WeightReceiver):
             server_url is not None or launch or client is not None,
             "rollout: set server_url or launch=true",
         )
+        self.maps = engine_maps_for(family, "sglang")
         self.model_path = model_path
         self.dtype = parse_dtype(dtype, "rollout.dtype")
         self.storage_dtype = parse_dtype(storage_dtype, "rollout.storage_dtype")
@@ -136,26 +111,22 @@ class SGLangEngine(WeightReceiver):
 
     # -- sampling ----------------------------------------------------------------------------------
 
-    def _payload(self, req: RolloutReq, rows: list[int]) -> dict[str, Any]:
+    def _payload(self, req: RolloutReq, stage: DiffusionRequest, rows: list[int]) -> dict[str, Any]:
         params = req.sampling_params
-        assert req.sde_indices is not None
-        guidance = params.guidance_for(req.mode)
         return {
             "prompt": req.prompts[rows[0]],
             "negative_prompt": params.negative_prompt,
             "seed": noise_seed(req.seed, int(req.sample_ids[rows[0]]), "sglang") % (2**31),
             "width": params.width,
             "height": params.height,
-            "num_inference_steps": int(req.sigmas.numel() - 1)
-            if req.sigmas is not None
-            else params.num_inference_steps,
+            "num_inference_steps": stage.num_steps,
             "num_outputs_per_prompt": len(rows),
-            "guidance_scale": guidance,
+            **self.maps.sglang_guidance(params.guidance_for(req.mode)),
             "rollout": True,
             "rollout_sde_type": self.sde_type,
             "rollout_noise_level": params.eta,
             "rollout_debug_mode": False,
-            "rollout_sde_step_indices": [int(i) for i in req.sde_indices[rows[0]].tolist()],
+            "rollout_sde_step_indices": [int(i) for i in stage.sde_indices[rows[0]].tolist()],
             "rollout_return_dit_trajectory": True,
             "rollout_return_denoising_env": True,
         }
@@ -167,10 +138,11 @@ class SGLangEngine(WeightReceiver):
             raise RuntimeError(
                 "SGLangEngine.generate while asleep; the driver calls wake_up() first"
             )
+        stage = req.params_for(self.track_name, DiffusionRequest)
         t0 = time.perf_counter()
         outputs: list[dict[str, Any]] = []
-        for rows in prompt_groups(req):
-            got = self.client.rollout_generate(self._payload(req, rows))
+        for rows in prompt_groups(req.prompts, stage.sde_indices):
+            got = self.client.rollout_generate(self._payload(req, stage, rows))
             if len(got) != len(rows):
                 raise EngineContractError(f"sglang: asked for {len(rows)} samples, got {len(got)}")
             outputs.extend(got)
@@ -181,12 +153,16 @@ class SGLangEngine(WeightReceiver):
                 raise EngineContractError(
                     f"sglang: {len(missing)} sample(s) came back without {key!r} (rollout=true?)"
                 )
-        trajectory = torch.stack([torch.as_tensor(o["dit_trajectory"]["latents"]) for o in outputs])
-        check_sigmas("sglang", torch.as_tensor(outputs[0]["dit_trajectory"]["sigmas"]), req)
+        trajectory = self.maps.from_engine_latents(
+            torch.stack([torch.as_tensor(o["dit_trajectory"]["latents"]) for o in outputs]),
+            stage.init_noise_shape,
+        )
+        check_sigmas("sglang", torch.as_tensor(outputs[0]["dit_trajectory"]["sigmas"]), stage)
         params = req.sampling_params
         segment = segment_from_trajectory(
             engine="sglang",
-            req=req,
+            stage=stage,
+            seed=req.seed,
             trajectory=trajectory,
             log_probs=torch.stack(
                 [torch.as_tensor(o["rollout_log_probs"]).reshape(-1) for o in outputs]
@@ -201,13 +177,20 @@ class SGLangEngine(WeightReceiver):
             group_ids=req.group_ids.clone(),
             prompts=req.prompts,
             metadata=[dict(m) for m in req.metadata],
-            conditions=sd3_conditions([o.get("denoising_env") or {} for o in outputs]),
+            conditions=self._conditions([o.get("denoising_env") or {} for o in outputs]),
             segment=segment,
             decoded=Images(
                 pixels=pixels_from_output([torch.as_tensor(o["generated_output"]) for o in outputs])
             ),
         )
-        return RolloutResp(tracks={"diffusion": track}, timings={"rollout": t_rollout})
+        return RolloutResp(tracks={self.track_name: track}, timings={"rollout": t_rollout})
+
+    def _conditions(self, envs: list[dict[str, Any]]) -> Any:
+        """The family's conditions from the per-sample denoising envs (its engine maps)."""
+        try:
+            return self.maps.sglang_conditions(envs)
+        except EngineMapError as exc:
+            raise EngineContractError(f"sglang: {exc}") from exc
 
     @distributed(dispatch=Dispatch.BROADCAST)
     def sleep(self) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 The adapter encodes prompts with its own copy of the family's text encoders (the ``encoder``
 bundle block: the same encoding code the trainer replays with), passes the embeddings and the
 request's x_T (pinned ``latents``) to vLLM-Omni, asks for the dense trajectory, and cuts the
-sparse ``LatentSegment`` at the request's SDE steps. Per-step log-probs are mapped when the
+sparse ``LatentSegment`` at the request's SDE steps. The family's ``engine_maps`` (from the
+encoder's bundle class) name the embedding kwargs, the CFG knob and the latent layout. Per-step log-probs are mapped when the
 backend returns them; otherwise ``sde_logp`` stays empty and the recipe must use
 ``old_logp_source: replay``. See README.md: no GPU run of this adapter was possible here.
 """
@@ -22,6 +23,7 @@ from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.distributed.weight_sync.ipc import IpcPayload
 from unirl.distributed.weight_sync.manifest import SyncManifest, WeightSyncError, compare_checksums
 from unirl.distributed.weight_sync.receiver import WeightReceiver
+from unirl.models.common.engine_maps import EngineMapError, engine_maps_for
 from unirl.rollout.engine.dedicated.engine import build_bundle, plain_block
 from unirl.rollout.engine.dedicated.trajectory import (
     EngineContractError,
@@ -30,14 +32,15 @@ from unirl.rollout.engine.dedicated.trajectory import (
     prompt_groups,
     segment_from_trajectory,
 )
-from unirl.types import Images, RolloutReq, RolloutResp, RolloutTrack
+from unirl.types import DiffusionRequest, Images, RolloutReq, RolloutResp, RolloutTrack
 
 
 class VllmOmniEngine(WeightReceiver):
     """Rollout through vLLM-Omni (``vllm_omni.entrypoints.omni.Omni``).
 
     ``model_path``: what vLLM-Omni loads. ``encoder``: a bundle block (``${bundle}``) whose
-    text encoders encode prompts (its transformer is freed after construction).
+    text encoders encode prompts (its transformer is freed after construction); its class is
+    the family whose ``engine_maps`` the adapter uses (refused when it has none).
     ``omni_kwargs``: extra ``Omni(...)`` arguments. ``log_prob_attr``: the output attribute
     holding per-step log-probs (``null`` when the backend records none). ``dtype``: the
     server's weight dtype. ``backend``: a ready backend object (tests inject a fake); when
@@ -45,6 +48,7 @@ class VllmOmniEngine(WeightReceiver):
     """
 
     engine_kind = "vllm_omni"
+    track_name = "diffusion"
 
     def __init__(
         self,
@@ -61,6 +65,15 @@ class VllmOmniEngine(WeightReceiver):
             encoder is not None,
             "rollout.encoder: give the bundle block (encoder: ${bundle}) used to encode prompts",
         )
+        plain = plain_block(encoder)
+        built_here = isinstance(plain, Mapping)
+        require(
+            not built_here or "_target_" in plain,
+            "rollout.encoder must be a bundle block with _target_ (encoder: ${bundle})",
+        )
+        # the family's dialect (embedding kwargs, CFG knob, latent layout): a family without
+        # one is refused before any stack loads
+        self.maps = engine_maps_for(plain["_target_"] if built_here else type(encoder), "vllm_omni")
         self.dtype = parse_dtype(dtype, "rollout.dtype")
         self.storage_dtype = parse_dtype(storage_dtype, "rollout.storage_dtype")
         if backend is None:  # fails first, naming the extra, when vllm-omni is missing
@@ -70,7 +83,6 @@ class VllmOmniEngine(WeightReceiver):
                 model_path=model_path, omni_kwargs=omni_kwargs, log_prob_attr=log_prob_attr or ""
             )
         self.backend = backend
-        built_here = isinstance(plain_block(encoder), Mapping)
         self.encoder = build_bundle(encoder, dtype=None, device=None)
         if built_here and hasattr(self.encoder, "transformer"):
             self.encoder.transformer = None  # our own copy: only its text encoders are used
@@ -85,36 +97,28 @@ class VllmOmniEngine(WeightReceiver):
                 "VllmOmniEngine.generate while asleep; the driver calls wake_up() first"
             )
         params = req.sampling_params
+        stage = req.params_for(self.track_name, DiffusionRequest)
         guidance = params.guidance_for(req.mode)
         t0 = time.perf_counter()
         conditions = self.encoder.encode_prompts(
             req.prompts, negative=guidance > 1.0, negative_prompt=params.negative_prompt
         )
-        x_t = req.initial_noise()
+        x_t = stage.initial_noise(req.seed)
         samples: list[dict[str, Any]] = []
-        assert req.sigmas is not None
-        for rows in prompt_groups(req):
+        for rows in prompt_groups(req.prompts, stage.sde_indices):
             first = rows[0]
-            prompt = {
-                "prompt": req.prompts[first],
-                "prompt_embeds": conditions.prompt_embeds[first : first + 1],
-                "negative_prompt_embeds": None
-                if conditions.negative_prompt_embeds is None
-                else conditions.negative_prompt_embeds[first : first + 1],
-                "additional_information": {
-                    "pooled_prompt_embeds": conditions.pooled_prompt_embeds[first : first + 1],
-                    "negative_pooled_prompt_embeds": None
-                    if conditions.negative_pooled_prompt_embeds is None
-                    else conditions.negative_pooled_prompt_embeds[first : first + 1],
-                },
-            }
+            try:
+                embeds = self.maps.vllm_omni_prompt(conditions, first)
+            except EngineMapError as exc:
+                raise EngineContractError(f"vllm_omni: {exc}") from exc
+            prompt = {"prompt": req.prompts[first], **embeds}
             call = {
-                "num_inference_steps": int(req.sigmas.numel() - 1),
-                "guidance_scale": guidance,
+                "num_inference_steps": stage.num_steps,
+                **self.maps.vllm_omni_guidance(guidance),
                 "height": params.height,
                 "width": params.width,
                 "num_outputs_per_prompt": len(rows),
-                "latents": x_t[rows],
+                "latents": self.maps.to_engine_latents(x_t[rows]),
                 "return_trajectory_latents": True,
             }
             got = self.backend.generate(prompt, call)
@@ -128,18 +132,23 @@ class VllmOmniEngine(WeightReceiver):
         if timesteps is not None:  # vLLM-Omni reports timesteps = σ · 1000 for the T model calls
             check_sigmas(
                 "vllm_omni",
-                torch.cat([torch.as_tensor(timesteps).float() / 1000.0, req.sigmas[-1:].float()]),
-                req,
+                torch.cat([torch.as_tensor(timesteps).float() / 1000.0, stage.sigmas[-1:].float()]),
+                stage,
             )
         logps = [s.get("log_probs") for s in samples]
         if self.has_log_probs and any(lp is None for lp in logps):
             raise EngineContractError(
                 "vllm_omni: log_prob_attr is set but the backend returned no per-step log-probs"
             )
+        trajectory = self.maps.from_engine_latents(
+            torch.stack([torch.as_tensor(s["trajectory_latents"]) for s in samples]),
+            stage.init_noise_shape,
+        )
         segment = segment_from_trajectory(
             engine="vllm_omni",
-            req=req,
-            trajectory=torch.stack([torch.as_tensor(s["trajectory_latents"]) for s in samples]),
+            stage=stage,
+            seed=req.seed,
+            trajectory=trajectory,
             log_probs=torch.stack([torch.as_tensor(lp).reshape(-1) for lp in logps])
             if self.has_log_probs
             else None,
@@ -158,7 +167,7 @@ class VllmOmniEngine(WeightReceiver):
             segment=segment,
             decoded=Images(pixels=pixels_from_output([s["image"] for s in samples])),
         )
-        return RolloutResp(tracks={"diffusion": track}, timings={"rollout": t_rollout})
+        return RolloutResp(tracks={self.track_name: track}, timings={"rollout": t_rollout})
 
     @distributed(dispatch=Dispatch.BROADCAST)
     def sleep(self) -> dict[str, Any]:
