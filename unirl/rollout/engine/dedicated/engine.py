@@ -101,7 +101,8 @@ class DedicatedEngine(WeightReceiver):
     ``_recursive_: false`` on the rollout block so Hydra leaves them to the engine).
     ``dtype``: the copy's precision (default ``bf16`` on CUDA, ``fp32`` on CPU).
     ``device``: ``cpu`` | ``cuda`` | ``auto``. ``compile``: ``torch.compile`` the transformer.
-    ``trainable_attr``: the bundle attribute weight syncs write into.
+    ``trainable_attr``: the bundle attribute weight syncs write into (default: the family's
+    first ``trainable_module_names`` entry, e.g. ``transformer``).
     """
 
     engine_kind = "dedicated"
@@ -115,7 +116,7 @@ class DedicatedEngine(WeightReceiver):
         device: Literal["cpu", "cuda", "auto"] | None = None,
         compile: bool = False,
         forward_batch_size: PositiveInt | None = None,
-        trainable_attr: str = "transformer",
+        trainable_attr: str | None = None,
     ) -> None:
         require(
             forward_batch_size is None or forward_batch_size >= 1,
@@ -144,6 +145,14 @@ class DedicatedEngine(WeightReceiver):
         self.pipeline = build_pipeline(pipeline, self.bundle)
         if forward_batch_size is not None:
             self.pipeline.forward_batch_size = forward_batch_size
+        if trainable_attr is None:  # the family names its trainable module(s)
+            names = getattr(self.bundle, "trainable_module_names", None)
+            require(
+                bool(names),
+                f"rollout.trainable_attr: {type(self.bundle).__name__} declares no "
+                "trainable_module_names; name the module weight syncs write into",
+            )
+            trainable_attr = str(names[0])
         self.trainable_attr = trainable_attr
         module = getattr(self.bundle, trainable_attr, None)
         require(
