@@ -96,12 +96,9 @@ class TrainStack:
         return torch.randperm(n, generator=gen)
 
     @distributed(dispatch=Dispatch.DP_SCATTER)
-    def train_track(
-        self, track: RolloutTrack, rollout_index: int = 0, progress: float = 0.0
-    ) -> dict[str, Any]:
+    def train_track(self, track: RolloutTrack, rollout_index: int = 0) -> dict[str, Any]:
         """Train on this rank's shard of ``track`` (advantages attached); returns
-        ``{"steps": [metrics of each optimizer step]}``. ``progress`` (fraction of the run done)
-        is not read: the trainers still pass it, and it goes with their calls."""
+        ``{"steps": [metrics of each optimizer step]}``."""
         cfg = self.config
         resident_key = track.resident_key
         track = unpark(track, TRAIN_FIELDS)  # parked on this worker by the engine
