@@ -13,7 +13,7 @@ import torch
 from hydra.utils import instantiate
 
 from unirl.config.run import RunConfig
-from unirl.config.validate import engine_kind, locate
+from unirl.config.validate import declared, engine_kind, locate
 from unirl.distributed.group import DevicePool, placement, remote
 from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.base import StageTrainer
@@ -57,7 +57,9 @@ class DiffusionTrainer(StageTrainer):
         self.sde_steps = self.sampling.sde_steps or AllSteps()
         # ratio losses train recorded SDE steps; likelihood-free ones (NFT) sample with the ODE
         algorithm_cls = locate(str(cfg.algorithm["_target_"]), "algorithm")
-        self.trains_sde_steps = bool(getattr(algorithm_cls, "requires_log_prob", True))
+        self.trains_sde_steps = bool(
+            declared(algorithm_cls, "requires_log_prob", "algorithm", "StageAlgorithm")
+        )
         self.dedicated: Any = None
 
     @property

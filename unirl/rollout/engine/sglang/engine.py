@@ -60,6 +60,13 @@ class SGLangEngine(WeightReceiver):
     engine_kind = "sglang"
     track_name = "diffusion"
 
+    @classmethod
+    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+        """Before Ray: the family this engine serves has SGLang maps (no server starts)."""
+        family = block.get("family")
+        if family is not None:
+            engine_maps_for(family, "sglang")  # ConfigError naming the family and the engine
+
     def __init__(
         self,
         *,

@@ -48,6 +48,14 @@ class VllmOmniEngine(WeightReceiver):
     """
 
     engine_kind = "vllm_omni"
+
+    @classmethod
+    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+        """Before Ray: the encoder's family has vLLM-Omni maps (no stack loads)."""
+        encoder = block.get("encoder")
+        if isinstance(encoder, Mapping) and "_target_" in encoder:
+            engine_maps_for(encoder["_target_"], "vllm_omni")  # ConfigError naming the family
+
     track_name = "diffusion"
 
     def __init__(
