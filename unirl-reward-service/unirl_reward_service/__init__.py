@@ -4,8 +4,24 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from unirl_reward_service.app import RewardServer, create_app
-from unirl_reward_service.config import (
+
+def _require_unirl() -> None:
+    """UniRL is not among this package's dependencies (the ``unirl`` on the public package
+    index is another project): say how to install it rather than fail on an import below."""
+    try:
+        import unirl.reward  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "unirl-reward-service needs UniRL installed from its repository first: "
+            "pip install -e <UniRL clone> (the `unirl` on the public package index is a "
+            f"different project). Importing unirl.reward failed: {exc}"
+        ) from exc
+
+
+_require_unirl()  # before the modules below, which import unirl
+
+from unirl_reward_service.app import RewardServer, create_app  # noqa: E402
+from unirl_reward_service.config import (  # noqa: E402
     RewardConfig,
     ServerConfig,
     ServiceConfig,
