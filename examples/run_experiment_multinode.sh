@@ -11,7 +11,7 @@
 #   RAY_PORT             Ray GCS port (default 6379)
 #   NNODES, GPUS_PER_NODE  what the head waits for before starting (CPUS_PER_NODE for CPU runs)
 #   WAIT_TIMEOUT         seconds to wait for the cluster (default 600)
-#   ENTRY, DRY_RUN=1     as in run_experiment_single_node.sh
+#   ENTRY, DRY_RUN=1     as in run_experiment_single_node.sh (W&B too: an override, not REPORT_TO_WANDB)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 role="${ROLE:?set ROLE=head or ROLE=worker}"
@@ -29,6 +29,10 @@ case "${role}" in
   head)
     recipe="${1:?usage: ROLE=head $0 <domain>/<recipe> [overrides...]}"
     shift
+    if [[ -n "${REPORT_TO_WANDB:-}" && "${REPORT_TO_WANDB}" != "0" ]]; then
+      echo "REPORT_TO_WANDB is not read: add logging.trackers=[local,wandb] (with the recipe's other trackers) and logging.wandb_project=<project> to the overrides; pip install 'unirl[wandb]'" >&2
+      exit 2
+    fi
     node_ip="${NODE_IP:-$(hostname -I 2>/dev/null | awk '{print $1}')}"
     node_ip="${node_ip:-127.0.0.1}"
     run ray start --head --node-ip-address="${node_ip}" --port="${port}" --num-gpus="${gpus}" --disable-usage-stats

@@ -8,7 +8,12 @@
 #   DRY_RUN=1            print the command (and the environment it sets) instead of running it
 #   START_RAY=1          start a local Ray head first and wait until it has NUM_GPUS GPUs
 #   NUM_GPUS             devices the wait expects (default: what nvidia-smi lists, else 0)
-#   PRETRAINED_MODEL, DATA_PATH, OUTPUT_DIR, REPORT_TO_WANDB   read by the recipes
+#   PRETRAINED_MODEL, DATA_PATH, OUTPUT_DIR   read by the recipes
+#
+# Weights & Biases is a tracker the recipe's overrides choose, e.g.
+#   logging.trackers=[local,tensorboard,wandb] logging.wandb_project=<project>
+# (the recipe's own trackers listed too; pip install 'unirl[wandb]'). REPORT_TO_WANDB is refused
+# rather than ignored: no launcher can add W&B without replacing the recipe's tracker list.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 recipe="${1:?usage: $0 <domain>/<recipe> [overrides...]}"
@@ -17,6 +22,11 @@ entry="${ENTRY:-train_diffusion}"
 export RAY_USAGE_STATS_ENABLED="${RAY_USAGE_STATS_ENABLED:-0}"
 export PYTHONUNBUFFERED=1
 cmd=(python -m "unirl.${entry}" "--config-name=${recipe}" "$@")
+
+if [[ -n "${REPORT_TO_WANDB:-}" && "${REPORT_TO_WANDB}" != "0" ]]; then
+  echo "REPORT_TO_WANDB is not read: add logging.trackers=[local,wandb] (with the recipe's other trackers) and logging.wandb_project=<project> to the overrides; pip install 'unirl[wandb]'" >&2
+  exit 2
+fi
 
 if [[ "${DRY_RUN:-0}" == "1" ]]; then
   echo "ENTRY=${entry} RAY_ADDRESS=${RAY_ADDRESS:-<local>}"

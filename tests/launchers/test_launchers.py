@@ -66,6 +66,29 @@ def test_multinode_head_waits_for_the_cluster_before_running() -> None:
     assert worker.stdout.strip() == "ray start --address=10.1.2.3:6379 --num-gpus=8 --block"
 
 
+def test_report_to_wandb_is_refused_naming_the_override() -> None:
+    """No launcher can add W&B without replacing the recipe's tracker list, so the variable
+    is refused with the override to use instead of being ignored; workers run no recipe."""
+    head = {"ROLE": "head", "NODE_IP": "10.1.2.3"}
+    for script, env in (
+        ("run_experiment_single_node.sh", {}),
+        ("run_experiment_multinode.sh", head),
+    ):
+        out = _run(script, "diffusion/sd3_trainside", DRY_RUN="1", REPORT_TO_WANDB="1", **env)
+        assert out.returncode == 2 and out.stdout == "", script
+        assert "REPORT_TO_WANDB is not read: add logging.trackers=[local,wandb]" in out.stderr
+        off = _run(script, "diffusion/sd3_trainside", DRY_RUN="1", REPORT_TO_WANDB="0", **env)
+        assert off.returncode == 0 and "wandb" not in off.stdout, off.stderr
+    worker = _run(
+        "run_experiment_multinode.sh",
+        DRY_RUN="1",
+        ROLE="worker",
+        HEAD_ADDR="10.1.2.3",
+        REPORT_TO_WANDB="1",
+    )
+    assert worker.returncode == 0 and worker.stdout.startswith("ray start --address=10.1.2.3")
+
+
 def test_multinode_rejects_a_bad_role_and_a_worker_without_head() -> None:
     assert _run("run_experiment_multinode.sh", ROLE="chief").returncode == 2
     out = _run("run_experiment_multinode.sh", ROLE="worker", DRY_RUN="1", HEAD_ADDR="")
