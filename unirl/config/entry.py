@@ -5,6 +5,9 @@ Recipes live in ``<repo>/examples/<domain>/<name>.yaml`` and are addressed as
 ``# @package _global_`` and ``defaults: [/unirl_run, _self_]``: the ``unirl_run`` node (built
 from ``RunConfig``'s defaults) declares every top-level key, so ``dry_run=true`` or
 ``resume=...`` overrides work on any recipe while a misspelt override fails in Hydra.
+
+``hydra_entry`` builds a domain's main: Hydra's flags in any position, one folder per
+multirun job, and a failure reported in one line (the traceback goes to ``train.log``).
 """
 
 from __future__ import annotations
@@ -12,23 +15,108 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
+import shutil
 import sys
+import tempfile
+import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from unirl.config.require import ConfigError, UserFacingError
 from unirl.config.run import RunConfig
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 
-# Hydra writes nothing by itself: the trainer owns output_dir (resolved config, logs).
-_HYDRA_DEFAULT_ARGS = (
-    ("hydra.run.dir=", "hydra.run.dir=."),
-    ("hydra.output_subdir=", "hydra.output_subdir=null"),
-    ("hydra/job_logging=", "hydra/job_logging=none"),
-    ("hydra/hydra_logging=", "hydra/hydra_logging=none"),
+# Hydra writes nothing by itself: the trainer owns output_dir (resolved config, train.log).
+# Added to the command line after the user's overrides (``hydra_command_line``), each only
+# when the user did not set that key, so ``hydra.run.dir=...`` on the command line wins.
+HYDRA_DEFAULTS = (
+    ("hydra.run.dir", "."),
+    ("hydra.output_subdir", "null"),
+    ("hydra/job_logging", "none"),
+    ("hydra/hydra_logging", "none"),
 )
+SWEEP_DIR_KEY = "hydra.sweep.dir"
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandLine:
+    """The user's arguments as Hydra's own parser reads them: ``overrides`` (``key=value``,
+    in order) and ``flags`` (every other argument with its value, in order)."""
+
+    overrides: list[str]
+    flags: list[str]
+    multirun: bool
+
+
+def split_command_line(given: list[str]) -> CommandLine | None:
+    """Split ``given`` with Hydra's parser, flags and overrides in any order
+    (``k=v --cfg job``, ``--cfg job k=v``, ``k=v -m``, ``--info``); ``None`` when the parser
+    refuses it or it asks for ``--version``: Hydra then reads the arguments as given and
+    reports its own error."""
+    from hydra._internal.utils import get_args_parser
+
+    if "--version" in given:
+        return None
+    parser = get_args_parser()
+
+    def refuse(message: str) -> NoReturn:
+        raise ValueError(message)
+
+    parser.error = refuse  # type: ignore[method-assign]
+    try:
+        parsed = parser.parse_intermixed_args(given)
+    except ValueError:
+        return None
+    overrides = list(parsed.overrides)
+    flags, pending = [], list(overrides)
+    for arg in given:  # the overrides are the positionals, in order; the rest are flags
+        if pending and arg == pending[0]:
+            pending.pop(0)
+        else:
+            flags.append(arg)
+    return CommandLine(overrides=overrides, flags=flags, multirun=bool(parsed.multirun))
+
+
+def override_key(override: str) -> str:
+    """``backend.optimizer.lr`` of ``backend.optimizer.lr=1e-3`` (``+``/``++``/``~`` and a
+    ``@package`` dropped); a config group keeps its ``/`` (``hydra/job_logging``)."""
+    return override.lstrip("+~").split("=", 1)[0].split("@", 1)[0]
+
+
+def hydra_command_line(line: CommandLine, *, sweep_dir: str | None = None) -> list[str]:
+    """What Hydra parses: the user's overrides, then the defaults the user did not set, then
+    the flags. Overrides before flags keep every flag working in any position (argparse
+    takes one run of positionals, and ``--info`` would swallow an override after it)."""
+    given = {override_key(o) for o in line.overrides}
+    extra = [f"{key}={value}" for key, value in HYDRA_DEFAULTS if key not in given]
+    if sweep_dir is not None and SWEEP_DIR_KEY not in given:
+        extra.append(f"{SWEEP_DIR_KEY}='{sweep_dir}'")
+    return [*line.overrides, *extra, *line.flags]
+
+
+def swept_keys(overrides: list[str]) -> set[str]:
+    """Keys a multirun sweeps over (``lr=1e-3,2e-3``, ``range(...)``, ``glob(...)``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # Hydra reports a malformed override itself
+        return set()
+    return {o.key_or_group for o in parsed if o.is_sweep_override()}
+
+
+def job_output_dir(
+    output_dir: str, job_num: int, job_overrides: list[str], swept: set[str]
+) -> Path:
+    """A multirun job's own folder: ``<output_dir>/<job num>_<its swept overrides>``
+    (``0_backend.optimizer.lr=0.001``, values as Hydra formats them); just the number when nothing on the command line was
+    swept. ``output_dir`` itself may be swept: it stays the parent and leaves the name."""
+    chosen = [o for o in job_overrides if override_key(o) in swept - {"output_dir"}]
+    label = re.sub(r"[^A-Za-z0-9._=,+-]", "_", ",".join(chosen))[:120]
+    return Path(output_dir) / (f"{job_num}_{label}" if label else str(job_num))
 
 
 def run_defaults() -> dict[str, Any]:
@@ -72,39 +160,97 @@ def compose_recipe(name: str, overrides: list[str] | None = None) -> dict[str, A
     return data  # type: ignore[return-value]
 
 
+def report_failure(exc: Exception) -> None:
+    """One ``[unirl] error:`` line first, then where the traceback is. A failure inside a run
+    arrives with ``unirl_failure_line`` and ``unirl_train_log`` set by the trainer's console
+    log (which knows remote failures: role, method, rank and the remote error in one line);
+    anything else gets ``Type: first line`` and its traceback here."""
+    line = getattr(exc, "unirl_failure_line", None)
+    if not line:
+        first = next(iter(str(exc).strip().splitlines()), "")
+        line = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    print(f"[unirl] error: {line}", file=sys.stderr, flush=True)
+    log = getattr(exc, "unirl_train_log", None)
+    if log:
+        print(f"[unirl] the full traceback is in {log}", file=sys.stderr, flush=True)
+    else:
+        traceback.print_exception(exc, file=sys.stderr)
+
+
+def run_reporting(run: Callable[[dict[str, Any]], int | None], data: dict[str, Any]) -> int:
+    """``run(data)``'s exit code; a failure is reported (see :func:`report_failure`), not
+    raised: 2 for a configuration or user-facing error (one line, no traceback), else 1."""
+    try:
+        return run(data) or 0
+    except ConfigError as exc:
+        print(f"[unirl] configuration error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except UserFacingError as exc:  # a refused resume, a model path that resolves to nothing
+        print(f"[unirl] error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except Exception as exc:
+        report_failure(exc)
+        return 1
+
+
 def hydra_entry(
     default_config: str, run: Callable[[dict[str, Any]], int | None]
 ) -> Callable[[], None]:
-    """A Hydra main for one domain: composes the recipe, resolves it and calls ``run``."""
+    """A Hydra main for one domain: composes the recipe, resolves it and calls ``run``.
+
+    Hydra's flags work in any position; ``-m`` runs each job into its own folder under
+    ``output_dir`` (:func:`job_output_dir`), and a failed job is reported and the sweep goes
+    on, exiting non-zero at the end (as Hydra's own launcher does)."""
     import hydra
     from omegaconf import DictConfig, OmegaConf
 
     register_run_defaults()
+    swept: set[str] = set()
+    failed_jobs: list[str] = []
 
     @hydra.main(config_path=str(examples_dir()), config_name=default_config, version_base=None)
     def _main(cfg: DictConfig) -> None:
-        try:
-            data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-            assert isinstance(data, dict)
-            code = run(data)  # type: ignore[arg-type]
-        except ConfigError as exc:
-            print(f"[unirl] configuration error: {exc}", file=sys.stderr, flush=True)
-            sys.exit(2)
-        except UserFacingError as exc:  # a refused resume, a model path that resolves to nothing
-            print(f"[unirl] error: {exc}", file=sys.stderr, flush=True)
-            sys.exit(2)
-        if code:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        job = HydraConfig.get()
+        multirun = job.mode == RunMode.MULTIRUN
+        if multirun:
+            folder = job_output_dir(
+                str(cfg.output_dir), int(job.job.num), list(job.overrides.task), swept
+            )
+            cfg.output_dir = str(folder)
+            print(f"[unirl] multirun job {job.job.num}: output_dir {folder}", flush=True)
+        data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        assert isinstance(data, dict)
+        code = run_reporting(run, data)  # type: ignore[arg-type]
+        if code and multirun:
+            failed_jobs.append(f"job {job.job.num} ({cfg.output_dir}): exit code {code}")
+        elif code:
             sys.exit(code)
 
     def main() -> None:
         given = sys.argv[1:]
-        extra = [
-            arg
-            for prefix, arg in _HYDRA_DEFAULT_ARGS
-            if not any(a.startswith(prefix) for a in given)
-        ]
-        sys.argv = [sys.argv[0], *given, *extra]
+        line = split_command_line(given)
         os.environ.setdefault("HYDRA_FULL_ERROR", "0")
-        _main()
+        if line is None:  # Hydra reads the arguments as given and reports its own error
+            sys.argv = [sys.argv[0], *given]
+            _main()
+            return
+        swept.update(swept_keys(line.overrides))
+        # a multirun's sweep folder (Hydra writes the unredacted multirun.yaml there) is a
+        # temporary one unless the user names it; each job writes to its own output_dir
+        named = any(override_key(o) == SWEEP_DIR_KEY for o in line.overrides)
+        sweep_dir = tempfile.mkdtemp(prefix="unirl-sweep-") if line.multirun and not named else None
+        sys.argv = [sys.argv[0], *hydra_command_line(line, sweep_dir=sweep_dir)]
+        try:
+            _main()
+        finally:
+            if sweep_dir is not None:
+                shutil.rmtree(sweep_dir, ignore_errors=True)
+        if failed_jobs:
+            for failure in failed_jobs:
+                print(f"[unirl] multirun: {failure}", file=sys.stderr, flush=True)
+            sys.exit(1)
 
     return main

@@ -23,6 +23,7 @@ from unirl.distributed.group import DevicePool, DevicePoolConfig
 from unirl.logging import LocalTracker, build_trackers, contact_sheet
 from unirl.logging.progress import progress_bar
 from unirl.train.checkpoint import CheckpointError, fault_point, write_failure
+from unirl.trainer.console import TRAIN_LOG, ConsoleLog
 from unirl.trainer.output import DRIVER_STATE, OutputDir, resolve_resume, write_json_atomic
 from unirl.trainer.roles import light_track, pixels_of
 from unirl.trainer.stage import Stage, order_stages, propagate_rewards
@@ -167,7 +168,14 @@ class StageTrainer:
     # -- the run -------------------------------------------------------------------------------
 
     def run(self, after_loop: Callable[[Any, Any], None] | None = None) -> int:
-        """The whole run; ``after_loop(trainer, ops)`` (the benchmark) runs before shutdown."""
+        """The whole run; ``after_loop(trainer, ops)`` (the benchmark) runs before shutdown.
+        The console goes to ``train.log`` as well, with the traceback of a failure
+        (``ConsoleLog``); a resumed run appends to it."""
+        resuming = self.cfg.resume not in (None, "", "none", "null")
+        with ConsoleLog(self.out.root / TRAIN_LOG, append=resuming):
+            return self._run(after_loop)
+
+    def _run(self, after_loop: Callable[[Any, Any], None] | None) -> int:
         cfg = self.cfg
         resume_from = resolve_resume(cfg, self.out)  # verified here, before any Ray work
         if cfg.overwrite and resume_from is None:

@@ -22,8 +22,9 @@ DRIVER_STATE = "driver_state.json"  # written last into a checkpoint folder: mar
 
 
 class OutputDir:
-    """``output_dir`` layout: ``config.yaml``, ``metrics.{jsonl,csv}``, ``eval_metrics.*``,
-    ``samples/``, ``eval/``, ``checkpoints/step_<k>/``, ``lora/``."""
+    """``output_dir`` layout: ``config.yaml``, ``train.log`` (``console.ConsoleLog``),
+    ``metrics.{jsonl,csv}``, ``eval_metrics.*``, ``samples/``, ``eval/``,
+    ``checkpoints/step_<k>/``, ``lora/``."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
