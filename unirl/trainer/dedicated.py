@@ -78,6 +78,27 @@ def plan_dedicated_roles(cfg: RunConfig) -> list[tuple[str, str, str]]:
     ]
 
 
+def train_roles(cfg: RunConfig) -> dict[str, Handle]:
+    """The training roles of a diffusion stage, created in the current placement block:
+    bundle, pipeline, backend, algorithm, stack and ops (``TrainOps``)."""
+    bundle = remote(cfg.bundle, name="bundle")
+    pipeline = remote(cfg.pipeline, name="pipeline", bundle=bundle)
+    backend = remote(cfg.backend, name="backend", bundle=bundle)
+    algorithm = remote(cfg.algorithm, name="algorithm", pipeline=pipeline)
+    stack = remote(cfg.stack, name="stack", backend=backend, algorithm=algorithm)
+    ops = remote(
+        TrainOps, name="ops", backend=backend, pipeline=pipeline, stack=stack, algorithm=algorithm
+    )
+    return {
+        "bundle": bundle,
+        "pipeline": pipeline,
+        "backend": backend,
+        "algorithm": algorithm,
+        "stack": stack,
+        "ops": ops,
+    }
+
+
 @dataclass(kw_only=True)
 class DedicatedRoles:
     """Handles of a dedicated-engine run; ``rollout`` is the ``SyncedRollout`` stand-in."""
@@ -169,28 +190,7 @@ class DedicatedLayout:
         )
 
     def _train_roles(self) -> dict[str, Handle]:
-        cfg = self.cfg
-        bundle = remote(cfg.bundle, name="bundle")
-        pipeline = remote(cfg.pipeline, name="pipeline", bundle=bundle)
-        backend = remote(cfg.backend, name="backend", bundle=bundle)
-        algorithm = remote(cfg.algorithm, name="algorithm", pipeline=pipeline)
-        stack = remote(cfg.stack, name="stack", backend=backend, algorithm=algorithm)
-        ops = remote(
-            TrainOps,
-            name="ops",
-            backend=backend,
-            pipeline=pipeline,
-            stack=stack,
-            algorithm=algorithm,
-        )
-        return {
-            "bundle": bundle,
-            "pipeline": pipeline,
-            "backend": backend,
-            "algorithm": algorithm,
-            "stack": stack,
-            "ops": ops,
-        }
+        return train_roles(self.cfg)
 
     def _build_colocate(self, pool: DevicePool) -> DedicatedRoles:
         cfg = self.cfg

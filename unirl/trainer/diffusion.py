@@ -17,8 +17,8 @@ from unirl.config.validate import declared, engine_kind, locate
 from unirl.distributed.group import DevicePool, placement, remote
 from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.base import StageTrainer
-from unirl.trainer.dedicated import build_dedicated_layout, plan_dedicated_roles
-from unirl.trainer.roles import RewardWorker, TrainOps
+from unirl.trainer.dedicated import build_dedicated_layout, plan_dedicated_roles, train_roles
+from unirl.trainer.roles import RewardWorker
 from unirl.trainer.stage import Stage
 from unirl.types import DiffusionRequest, DiffusionSamplingParams, RolloutReq, Texts
 
@@ -75,22 +75,11 @@ class DiffusionTrainer(StageTrainer):
         if engine_kind(cfg) == "trainside":
             if cfg.num_devices > 1:
                 pool.init_process_group(list(range(cfg.num_devices)), group_name="world")
-            with placement(pool, fraction=1.0):
-                bundle = remote(cfg.bundle, name="bundle")
-                pipeline = remote(cfg.pipeline, name="pipeline", bundle=bundle)
-                backend = remote(cfg.backend, name="backend", bundle=bundle)
-                rollout = remote(cfg.rollout, name="rollout", pipeline=pipeline)
+            with placement(pool, fraction=1.0):  # every role a sibling on every worker
+                train = train_roles(cfg)
+                rollout = remote(cfg.rollout, name="rollout", pipeline=train["pipeline"])
                 reward = remote(RewardWorker, name="reward", service=cfg.reward)
-                algorithm = remote(cfg.algorithm, name="algorithm", pipeline=pipeline)
-                stack = remote(cfg.stack, name="stack", backend=backend, algorithm=algorithm)
-                ops = remote(
-                    TrainOps,
-                    name="ops",
-                    backend=backend,
-                    pipeline=pipeline,
-                    stack=stack,
-                    algorithm=algorithm,
-                )
+            algorithm, stack, ops = train["algorithm"], train["stack"], train["ops"]
         else:  # [dedicated engines] colocate / separate layout + weight sync: trainer/dedicated.py
             self.dedicated = sync = build_dedicated_layout(cfg, pool)
             roles = self.dedicated.roles

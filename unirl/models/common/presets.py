@@ -203,3 +203,26 @@ class ModelSources:
             return [json.loads((folder / part / "config.json").read_text()) for part in parts]
         except (OSError, ValueError):
             return None
+
+    def architecture_configs(
+        self,
+        path_or_preset: str,
+        *,
+        tiny: Callable[[], tuple[dict[str, Any], dict[str, Any]]],
+        arch: Callable[[str], Any],
+    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """``(transformer config, VAE config)`` of a source, read without building weights:
+        ``tiny()`` for the tiny preset, ``arch(name)`` (a spec with ``transformer`` and
+        ``vae`` dicts) for an ``*-arch`` preset, the folder's ``config.json`` files otherwise;
+        None for a hub checkpoint that is not in the local cache (checked when it loads)."""
+        kind, name = self.classify(path_or_preset)
+        if kind == "tiny":
+            return tiny()
+        if kind == "arch":
+            spec = arch(name)
+            return dict(spec.transformer), dict(spec.vae)
+        folder = Path(name) if kind == "folder" else self.cached_snapshot(name)
+        if folder is None:
+            return None
+        configs = self.component_configs(folder, ("transformer", "vae"))
+        return None if configs is None else (configs[0], configs[1])

@@ -84,18 +84,12 @@ def arch_spec(name: str) -> QwenImageArchSpec:
 def architecture_configs(path_or_preset: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """``(transformer config, VAE config)`` of a source, read without building weights; None
     for a hub checkpoint that is not in the local cache (checked when the bundle loads)."""
-    kind, name = SOURCES.classify(path_or_preset)
-    if kind == "tiny":
+
+    def tiny() -> tuple[dict[str, Any], dict[str, Any]]:
         spec = TinyQwenImageSpec()
         return transformer_config(spec), vae_config(spec)
-    if kind == "arch":
-        arch = arch_spec(name)
-        return dict(arch.transformer), dict(arch.vae)
-    folder = Path(name) if kind == "folder" else SOURCES.cached_snapshot(name)
-    if folder is None:
-        return None
-    configs = SOURCES.component_configs(folder, ("transformer", "vae"))
-    return None if configs is None else (configs[0], configs[1])
+
+    return SOURCES.architecture_configs(path_or_preset, tiny=tiny, arch=arch_spec)
 
 
 def resolve_model_source(path_or_preset: str) -> Path | QwenImageArchSpec:
