@@ -1,5 +1,13 @@
 """On the real tiny SD3 (fp32, CPU): the first update of FlowGRPO is exactly on-policy — ratio
-exactly 1 — for the Flow, CPS and Dance kernels, through the real pipeline, backend and stack."""
+exactly 1 — for the Flow, CPS and Dance kernels, through the real pipeline, backend and stack.
+
+Replay-sourced anchors run the training forward's geometry, so the ratio is exactly 1 under
+either ``cfg_gradient``. Rollout-sourced anchors are the sampler's log-probs, from its batched
+``[uncond; cond]`` forward: bit-equal to the replay only at equal geometry, i.e. with
+``cfg_gradient="both"``. ``cond_only`` replays the unconditional rows as their own N-row
+forward, and the tiny SD3's matmuls round differently at N and 2N rows: the sampler-vs-replay
+gap is then one float32 ulp of the log-prob (measured 1.19e-7), bounded here by 1e-6.
+"""
 
 from __future__ import annotations
 
@@ -29,9 +37,12 @@ def bundle() -> SD3Bundle:
     [FlowSDE(eta=0.7), CPS(eta=0.8), CPS(eta=0.8, log_prob_form="gaussian"), DanceSDE(eta=0.3)],
     ids=str,
 )
-@pytest.mark.parametrize("old_logp_source", ["replay", "rollout"])
+@pytest.mark.parametrize(
+    ("old_logp_source", "cfg_gradient"),
+    [("replay", "cond_only"), ("replay", "both"), ("rollout", "both")],
+)
 def test_first_update_ratio_is_exactly_one(
-    bundle: SD3Bundle, strategy, old_logp_source: str
+    bundle: SD3Bundle, strategy, old_logp_source: str, cfg_gradient: str
 ) -> None:
     local = copy.copy(bundle)
     local.transformer = copy.deepcopy(bundle.transformer)
@@ -43,7 +54,12 @@ def test_first_update_ratio_is_exactly_one(
         device="cpu",
     )
     pipeline = SD3Pipeline(bundle=local, strategy=strategy)
-    algorithm = FlowGRPO(pipeline=pipeline, clip_range=1e-3, old_logp_source=old_logp_source)
+    algorithm = FlowGRPO(
+        pipeline=pipeline,
+        clip_range=1e-3,
+        old_logp_source=old_logp_source,
+        cfg_gradient=cfg_gradient,
+    )
     # one mini-batch whose micro-batch equals the rollout batch: both anchor sources are exact
     stack = TrainStack(
         backend=backend,
@@ -81,7 +97,10 @@ def test_first_update_ratio_is_exactly_one(
     step = out["steps"][0]
     assert step["ratio/min"] == 1.0 and step["ratio/max"] == 1.0, step
     assert step["approx_kl"] == 0.0
-    assert step["old_logp/rollout_vs_replay_max"] == 0.0
+    if cfg_gradient == "both":  # the sampler's geometry: bit for bit
+        assert step["old_logp/rollout_vs_replay_max"] == 0.0
+    else:  # the unconditional rows in their own forward (see the module docstring)
+        assert step["old_logp/rollout_vs_replay_max"] <= 1e-6
     assert step["grad_norm"] > 0  # the update is real
     if old_logp_source == "rollout":  # the same data after the step is off-policy: weights moved
         again = stack.train_track(track, 1)["steps"][0]

@@ -8,7 +8,9 @@ targets, arch checks). On the ``tiny`` preset, fp32 on CPU, the inherited tests 
     σ schedule (asserted equal to the scheduler's), x_T and prompts — latents and pixels;
 (b) the first Flow-GRPO update through the real ``FSDPBackend`` + LoRA + ``TrainStack`` is
     exactly on-policy: ``ratio/min == ratio/max == 1.0`` with replay-sourced old log-probs;
-(c) replay reproduces the recorded log-probs bit for bit at equal batch geometry;
+(c) replay reproduces the recorded log-probs bit for bit at equal batch geometry
+    (``cfg_gradient="both"``); the ``cond_only`` replay (the unconditional rows as their own
+    forward) stays within 1e-6 of them;
 (d) the exported LoRA loads into the diffusers pipeline with ``load_lora_weights(folder)``
     and moves its output exactly as our adapter moves ours;
 (e) the ``<family>-arch`` preset has the released shapes (built on the meta device).
@@ -202,7 +204,11 @@ class FamilyTester:
         step = trained.step
         assert step["ratio/min"] == 1.0 and step["ratio/max"] == 1.0, step
         assert step["approx_kl"] == 0.0
-        assert step["old_logp/rollout_vs_replay_max"] == 0.0
+        # the default cfg_gradient=cond_only replays the unconditional rows as their own
+        # no-grad forward: bit-equal to the sampler only where its geometry is the same
+        # (separate forwards, e.g. Qwen-Image); batched CFG (SD3) differs by float32 rounding.
+        # The equal-geometry replay is bit-exact: test_replay_reproduces_logprobs_bit_for_bit.
+        assert step["old_logp/rollout_vs_replay_max"] <= 1e-6
         assert step["grad_norm"] > 0  # the update is real
 
     def test_replay_reproduces_logprobs_bit_for_bit(self) -> None:
@@ -218,6 +224,9 @@ class FamilyTester:
             for slot in range(2):
                 record = pipeline.replay(track.conditions, segment, slot)
                 assert torch.equal(record.log_prob, segment.sde_logp[:, slot]), slot
+                split = pipeline.replay(track.conditions, segment, slot, cfg_gradient="cond_only")
+                gap = (split.log_prob - segment.sde_logp[:, slot]).abs().max()
+                assert float(gap) <= 1e-6, (slot, float(gap))
 
     def test_exported_lora_loads_into_diffusers(
         self, trained: SimpleNamespace, tmp_path: Path

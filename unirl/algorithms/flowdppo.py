@@ -29,6 +29,7 @@ from unirl.algorithms.replay import (
 from unirl.config.require import require
 from unirl.config.typecheck import PositiveFloat
 from unirl.models.common.denoise import StepRecord
+from unirl.models.common.guidance import CFGGradient
 from unirl.types import Conditions, LatentSegment
 
 
@@ -42,6 +43,7 @@ class FlowDPPO(StageAlgorithm):
     ``pipeline.record_means=true``). σ_t comes from ``pipeline.strategy.step_std`` for the
     sigmas of each sample's slot, so Flow, Dance and CPS kernels each get their own σ_t.
     ``kl`` / ``kl_form``: optional KL to the frozen base with a fixed or adaptive β, as in
+    :class:`FlowGRPO`. ``cfg_gradient``: ``cond_only`` (default) or ``both``, as in
     :class:`FlowGRPO`.
 
     The loss of a micro-batch is the mean over its trained steps of each step's kept-term
@@ -57,17 +59,19 @@ class FlowDPPO(StageAlgorithm):
         kl: KLConfig | Mapping[str, Any] | None = None,
         kl_form: Literal["gaussian", "reference"] = "gaussian",
         old_logp_source: Literal["replay", "rollout"] = "replay",
+        cfg_gradient: CFGGradient = "cond_only",
     ) -> None:
         super().__init__(kl=kl)
         require(
             kl_threshold > 0,
             "algorithm.kl_threshold must be > 0 (D >= 0 always, so 0 would drop every term that moves)",
         )
-        check_flow_knobs(kl_form, old_logp_source)
+        check_flow_knobs(kl_form, old_logp_source, cfg_gradient)
         self.pipeline = pipeline
         self.kl_threshold = kl_threshold
         self.kl_form = kl_form
         self.old_logp_source = old_logp_source
+        self.cfg_gradient: CFGGradient = cfg_gradient
 
     @torch.no_grad()
     def prepare_segment(self, conditions: Conditions, segment: LatentSegment) -> LatentSegment:
@@ -78,7 +82,9 @@ class FlowDPPO(StageAlgorithm):
                     "rollout; set pipeline.record_means=true or old_logp_source=replay"
                 )
             return segment
-        return replay_anchors(self.pipeline, conditions, segment, means=True)
+        return replay_anchors(
+            self.pipeline, conditions, segment, means=True, cfg_gradient=self.cfg_gradient
+        )
 
     def compute_loss_and_backward(
         self,

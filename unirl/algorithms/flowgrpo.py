@@ -32,6 +32,7 @@ from unirl.algorithms.replay import (
 from unirl.config.require import require
 from unirl.config.typecheck import PositiveFloat
 from unirl.models.common.denoise import StepRecord
+from unirl.models.common.guidance import CFGGradient
 from unirl.types import Conditions, LatentSegment
 
 
@@ -57,6 +58,14 @@ class FlowGRPO(StageAlgorithm):
     It anchors the Gaussian means too (``sde_means``) and needs a normalised Gaussian log-prob
     (FlowSDE, DanceSDE, or CPS with ``log_prob_form="gaussian"``). Its ratios are much closer
     to 1 than plain ones, so tune ``clip_range`` down (GRPO-Guard setups use a few 1e-6).
+
+    ``cfg_gradient`` (with guidance on): ``cond_only`` (the default, flow_grpo's training
+    forward: the unconditional prediction runs as its own no-grad forward, ∇v = g·∇v_c) or
+    ``both`` (one batched forward, gradient through both halves, ∇v = (1 − g)·∇v_u + g·∇v_c).
+    The π_old anchor replays with the same forwards, so the first ratio is exactly 1 either
+    way; ``old_logp_source="rollout"`` with ``cond_only`` compares the sampler's batched
+    ``[uncond; cond]`` forward with two N-row forwards, exact only where the model's rows do
+    not depend on the batch they share (true of the tiny CPU models the tests use).
     """
 
     def __init__(
@@ -67,11 +76,12 @@ class FlowGRPO(StageAlgorithm):
         kl: KLConfig | Mapping[str, Any] | None = None,
         kl_form: Literal["gaussian", "reference"] = "gaussian",
         old_logp_source: Literal["replay", "rollout"] = "replay",
+        cfg_gradient: CFGGradient = "cond_only",
         ratio_norm: Literal["none", "grpo_guard"] = "none",
     ) -> None:
         super().__init__(kl=kl)
         require(clip_range > 0, "algorithm.clip_range must be > 0")
-        check_flow_knobs(kl_form, old_logp_source)
+        check_flow_knobs(kl_form, old_logp_source, cfg_gradient)
         require(
             ratio_norm in ("none", "grpo_guard"),
             "algorithm.ratio_norm must be 'none' or 'grpo_guard'",
@@ -88,6 +98,7 @@ class FlowGRPO(StageAlgorithm):
         self.clip_range = clip_range
         self.kl_form = kl_form
         self.old_logp_source = old_logp_source
+        self.cfg_gradient: CFGGradient = cfg_gradient
         self.ratio_norm = ratio_norm
 
     @torch.no_grad()
@@ -102,7 +113,9 @@ class FlowGRPO(StageAlgorithm):
                     "sde_means; set pipeline.record_means=true or old_logp_source=replay"
                 )
             return segment
-        return replay_anchors(self.pipeline, conditions, segment, means=guard)
+        return replay_anchors(
+            self.pipeline, conditions, segment, means=guard, cfg_gradient=self.cfg_gradient
+        )
 
     def compute_loss_and_backward(
         self,

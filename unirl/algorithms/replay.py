@@ -20,13 +20,19 @@ import torch
 from unirl.algorithms.base import StageAlgorithm, StepResult
 from unirl.config.require import require
 from unirl.models.common.denoise import StepRecord, sigma_max_of
+from unirl.models.common.guidance import CFG_GRADIENTS, CFGGradient
 from unirl.sde import SDEStrategy
 from unirl.sde.kernels import KLForm
 from unirl.types import Conditions, LatentSegment, host_to_device
 
 
-def check_flow_knobs(kl_form: str, old_logp_source: str) -> None:
+def check_flow_knobs(kl_form: str, old_logp_source: str, cfg_gradient: str = "cond_only") -> None:
     """Validate the knobs every replay-based diffusion loss shares."""
+    require(
+        cfg_gradient in CFG_GRADIENTS,
+        "algorithm.cfg_gradient must be 'cond_only' (flow_grpo: no gradient through the "
+        "unconditional prediction) or 'both' (gradient through both CFG halves)",
+    )
     require(
         kl_form in ("gaussian", "reference"), "algorithm.kl_form must be 'gaussian' or 'reference'"
     )
@@ -38,13 +44,20 @@ def check_flow_knobs(kl_form: str, old_logp_source: str) -> None:
 
 @torch.no_grad()
 def replay_anchors(
-    pipeline: Any, conditions: Conditions, segment: LatentSegment, *, means: bool
+    pipeline: Any,
+    conditions: Conditions,
+    segment: LatentSegment,
+    *,
+    means: bool,
+    cfg_gradient: CFGGradient = "both",
 ) -> LatentSegment:
     """π_old of every trained slot, replayed with the current weights at this micro-batch's
-    geometry: ``sde_logp[B, S]`` and, when ``means``, ``sde_means[B, S, C, h, w]`` (fp32)."""
+    geometry: ``sde_logp[B, S]`` and, when ``means``, ``sde_means[B, S, C, h, w]`` (fp32).
+    ``cfg_gradient`` must be the training forward's, so the anchor runs the same forwards
+    (the split no-grad unconditional one for ``cond_only``) and the first ratio is exactly 1."""
     logps, mus = [], []
     for k in range(segment.num_sde_steps):
-        record = pipeline.replay(conditions, segment, k)
+        record = pipeline.replay(conditions, segment, k, cfg_gradient=cfg_gradient)
         logps.append(record.log_prob)
         if means:
             mus.append(record.mean.float())
@@ -114,7 +127,8 @@ def replay_slot_losses(
 ) -> StepResult:
     """The per-slot training loop the replay losses share (Flow-GRPO, Flow-DPPO).
 
-    For each trained slot ``k``: the reference replay when the KL is on, the policy replay,
+    For each trained slot ``k``: the reference replay when the KL is on (no grad, the family's
+    plain guided forward), the policy replay with ``algorithm.cfg_gradient``,
     ``policy_terms(k, record) -> (policy loss, per-slot terms)``, plus ``β·KL`` of the step,
     then backward scaled by ``loss_scale / S`` (one graph alive at a time). Terms are
     concatenated over slots; with the KL on, ``kl`` and ``kl_steps[B, S]`` are added. The
@@ -131,7 +145,9 @@ def replay_slot_losses(
             if kl.enabled
             else None
         )
-        record = algorithm.pipeline.replay(conditions, segment, k)
+        record = algorithm.pipeline.replay(
+            conditions, segment, k, cfg_gradient=algorithm.cfg_gradient
+        )
         loss, terms = policy_terms(k, record)
         if ref is not None:
             step = step_kl(

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from unirl.models.common.guidance import guidance_of
+from unirl.models.common.guidance import CFGGradient, guidance_of
 from unirl.models.common.protocols import FlowMatchingFamily
 from unirl.types import Conditions, LatentSegment, host_to_device
 
@@ -37,12 +37,17 @@ def guided_velocity(
     sigma: torch.Tensor,
     fwd_conditions: Any,
     guidance_scale: float,
+    *,
+    cfg_gradient: CFGGradient = "both",
 ) -> torch.Tensor:
     """fp32 velocity ``v[B, ...]`` through the family's guidance (sampling and replay alike).
 
-    ``fwd_conditions`` comes from :func:`forward_conditions`.
+    ``fwd_conditions`` comes from :func:`forward_conditions`; ``cfg_gradient`` says which CFG
+    branches carry a gradient (``unirl.models.common.guidance``).
     """
-    return guidance_of(family).velocity(family, latents, sigma, fwd_conditions, guidance_scale)
+    return guidance_of(family).velocity(
+        family, latents, sigma, fwd_conditions, guidance_scale, cfg_gradient=cfg_gradient
+    )
 
 
 def sigma_max_of(sigmas: torch.Tensor) -> float | None:
@@ -173,11 +178,15 @@ def replay_step(
     segment: LatentSegment,
     slot: int,
     strategy: Any,
+    cfg_gradient: CFGGradient = "both",
 ) -> StepRecord:
     """Recompute trained slot ``slot`` of every sample in ``segment`` under the current weights.
 
     Autograd follows the caller's grad mode. ``fwd_conditions`` is
     ``forward_conditions(family, conditions, segment.guidance_scale)`` for the same rows.
+    ``cfg_gradient="cond_only"`` runs the unconditional rows as their own no-grad forward
+    (a different batch geometry from sampling's batched CFG: bit-equal to the rollout's
+    log-probs only where the model's rows do not depend on the batch they run in).
     """
     assert segment.latents is not None and segment.next_latents is not None
     device = segment.latents.device
@@ -186,7 +195,9 @@ def replay_step(
     sigma = host_to_device(sigmas[step_index], device)
     sigma_next = host_to_device(sigmas[step_index + 1], device)
     x = segment.latents[:, slot]
-    v = guided_velocity(family, x, sigma, fwd_conditions, segment.guidance_scale)
+    v = guided_velocity(
+        family, x, sigma, fwd_conditions, segment.guidance_scale, cfg_gradient=cfg_gradient
+    )
     out = strategy.step(
         v,
         x,

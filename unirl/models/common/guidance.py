@@ -16,17 +16,26 @@ replayed. Three kinds (docs/math.md, *Classifier-free guidance*):
   refused, since such a model was trained without an unconditional branch.
 
 Guidance is off (one conditional forward) whenever the scale is at most 1. Every returned
-velocity is fp32; both branches carry gradients when autograd is on (the undetached form).
+velocity is fp32. ``cfg_gradient`` says which branches carry a gradient when autograd is on
+(docs/math.md, *Classifier-free guidance in the training forward*): ``"both"`` (the undetached
+form, ∇v = (1 − g)·∇v_u + g·∇v_c; batched CFG keeps its one ``[uncond; cond]`` forward) or
+``"cond_only"`` (flow_grpo's form, ∇v = g·∇v_c: the unconditional rows run as their own
+forward under ``torch.no_grad()``, so they hold no autograd state). The two differ in batch
+geometry, so a replay that must agree bit for bit with another (the π_old anchor and the
+trained step) uses the same ``cfg_gradient`` in both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
 from unirl.types import Conditions
+
+CFGGradient = Literal["cond_only", "both"]
+CFG_GRADIENTS: tuple[CFGGradient, ...] = ("cond_only", "both")
 
 
 class VelocityModel(Protocol):
@@ -59,8 +68,11 @@ class Guidance(Protocol):
         sigma: torch.Tensor,
         fwd_conditions: Any,
         scale: float,
+        *,
+        cfg_gradient: CFGGradient = "both",
     ) -> torch.Tensor:
-        """fp32 ``v`` with the shape of ``latents[N, ...]`` at ``sigma[N]``."""
+        """fp32 ``v`` with the shape of ``latents[N, ...]`` at ``sigma[N]``; ``cfg_gradient``:
+        which branches carry a gradient (see the module docstring)."""
         ...
 
 
@@ -83,9 +95,19 @@ class BatchedCFG:
         sigma: torch.Tensor,
         fwd_conditions: Any,
         scale: float,
+        *,
+        cfg_gradient: CFGGradient = "both",
     ) -> torch.Tensor:
         if not guided(scale):
             return family.predict_velocity(latents, sigma, fwd_conditions).float()
+        if cfg_gradient == "cond_only":
+            n = latents.shape[0]
+            uncond, cond = fwd_conditions.split([n, n])
+            with torch.no_grad():
+                v_u = family.predict_velocity(latents, sigma, uncond)
+            v_c = family.predict_velocity(latents, sigma, cond)
+            v_uncond = v_u.float()
+            return v_uncond + scale * (v_c.float() - v_uncond)
         v = family.predict_velocity(
             torch.cat([latents, latents]), torch.cat([sigma, sigma]), fwd_conditions
         )
@@ -121,12 +143,15 @@ class NormRescaledCFG:
         sigma: torch.Tensor,
         fwd_conditions: Any,
         scale: float,
+        *,
+        cfg_gradient: CFGGradient = "both",
     ) -> torch.Tensor:
         if not guided(scale):
             return family.predict_velocity(latents, sigma, fwd_conditions).float()
         cond, uncond = fwd_conditions
         v_cond = family.predict_velocity(latents, sigma, cond).float()
-        v_uncond = family.predict_velocity(latents, sigma, uncond).float()
+        with torch.set_grad_enabled(torch.is_grad_enabled() and cfg_gradient == "both"):
+            v_uncond = family.predict_velocity(latents, sigma, uncond).float()
         combined = v_uncond + scale * (v_cond - v_uncond)
         cond_norm = torch.norm(v_cond, dim=self.channel_dim, keepdim=True)
         combined_norm = torch.norm(combined, dim=self.channel_dim, keepdim=True)
@@ -152,6 +177,8 @@ class NoGuidance:
         sigma: torch.Tensor,
         fwd_conditions: Any,
         scale: float,
+        *,
+        cfg_gradient: CFGGradient = "both",
     ) -> torch.Tensor:
         return family.predict_velocity(latents, sigma, fwd_conditions).float()
 

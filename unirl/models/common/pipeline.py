@@ -20,7 +20,7 @@ from unirl.models.common.denoise import (
     replay_step,
     sample_trajectory,
 )
-from unirl.models.common.guidance import Guidance, guidance_of
+from unirl.models.common.guidance import CFGGradient, Guidance, guidance_of
 from unirl.types import (
     Conditions,
     DiffusionRequest,
@@ -195,9 +195,22 @@ class FlowMatchingPipeline:
 
     # -- training-side replay -------------------------------------------------------------------
 
-    def replay(self, conditions: Conditions, segment: LatentSegment, slot: int) -> StepRecord:
-        """Log-prob, mean and std of trained slot ``slot`` under the current weights."""
+    def replay(
+        self,
+        conditions: Conditions,
+        segment: LatentSegment,
+        slot: int,
+        *,
+        cfg_gradient: CFGGradient = "both",
+    ) -> StepRecord:
+        """Log-prob, mean and std of trained slot ``slot`` under the current weights;
+        ``cfg_gradient``: which CFG branches carry a gradient (the algorithm's knob)."""
         fwd = forward_conditions(self, conditions, segment.guidance_scale)
         return replay_step(
-            self, fwd_conditions=fwd, segment=segment, slot=slot, strategy=self.strategy
+            self,
+            fwd_conditions=fwd,
+            segment=segment,
+            slot=slot,
+            strategy=self.strategy,
+            cfg_gradient=cfg_gradient,
         )
