@@ -59,13 +59,18 @@ class TinyPipeline(FlowMatchingPipeline):
 
 
 def make_pipeline(
-    strategy: object | None = None, *, storage_dtype: str = "fp32", record_means: bool = False
+    strategy: object | None = None,
+    *,
+    storage_dtype: str = "fp32",
+    record_means: bool = False,
+    record_uncond: bool = False,
 ) -> TinyPipeline:
     return TinyPipeline(
         bundle=TinyBundle(),
         strategy=strategy if strategy is not None else FlowSDE(eta=0.7),
         storage_dtype=storage_dtype,
         record_means=record_means,
+        record_uncond=record_uncond,
     )
 
 
@@ -97,6 +102,8 @@ def sample(
         guidance_scale=guidance_scale,
         storage_dtype=pipeline.storage_dtype,
         record_means=pipeline.record_means,
+        record_uncond=pipeline.record_uncond,
+        policy_version=pipeline.policy_version,
     )
     return conditions, segment
 

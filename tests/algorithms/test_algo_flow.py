@@ -407,3 +407,66 @@ def test_cfg_gradient_is_validated() -> None:
         FlowGRPO(pipeline=make_pipeline(), cfg_gradient="uncond")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="cfg_gradient"):
         FlowDPPO(pipeline=make_pipeline(), cfg_gradient="none")  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- v_u reuse
+class _Backend:
+    """What the loss reads of the backend: the policy version (bumped per optimizer step)."""
+
+    def __init__(self, version: int) -> None:
+        self.policy_version = version
+
+
+def _reuse_run(
+    version: int, make_algo, *, moved: bool = False
+) -> tuple[float, list[torch.Tensor], dict]:
+    """Anchor and one update with the backend at ``version`` (the rollout is stamped 3);
+    ``moved``: the weights change after anchoring while the version is left stale."""
+    pipeline = make_pipeline(record_uncond=True, record_means=True)
+    pipeline.bundle.policy_version = 3  # what the rollout is stamped with
+    conditions, segment = sample(pipeline, guidance_scale=GUIDANCE)
+    assert segment.uncond_version == 3 and segment.sde_uncond.dtype == torch.float32
+    algo = make_algo(pipeline)
+    algo.backend = _Backend(version)
+    prepared = anchor(algo, conditions, segment, 2, ADV)
+    if moved:
+        update(algo, prepared)
+        sgd_step(pipeline.bundle, lr=0.05)
+    loss, terms = update(algo, prepared)
+    return (
+        float(loss),
+        [p.grad.clone() for p in pipeline.bundle.parameters()],
+        algo.summarize(terms),
+    )
+
+
+@pytest.mark.parametrize(
+    "make_algo",
+    [lambda p: FlowGRPO(pipeline=p, clip_range=1.0), lambda p: FlowDPPO(pipeline=p)],
+    ids=["flowgrpo", "flowdppo"],
+)
+def test_reused_uncond_equals_the_no_grad_recompute(make_algo) -> None:
+    """Same version: v_u from the rollout; other version: the no-grad forward. On this family
+    the two are bit-equal (fp32 storage), so loss and gradients are too."""
+    loss_reused, grads_reused, m_reused = _reuse_run(3, make_algo)
+    loss_recomputed, grads_recomputed, m_recomputed = _reuse_run(4, make_algo)
+    assert m_reused["uncond_reused"] == 6.0 and m_reused["uncond_recomputed"] == 0.0
+    assert m_recomputed["uncond_reused"] == 0.0 and m_recomputed["uncond_recomputed"] == 6.0
+    assert loss_reused == loss_recomputed
+    assert all(torch.equal(a, b) for a, b in zip(grads_reused, grads_recomputed, strict=True))
+    # why the version is checked: a stale v_u after the weights moved is a different loss
+    stale, _, _ = _reuse_run(3, make_algo, moved=True)
+    fresh, _, _ = _reuse_run(4, make_algo, moved=True)
+    assert stale != fresh
+
+
+def test_reuse_is_refused_for_cfg_gradient_both_and_absent_without_record() -> None:
+    with pytest.raises(ConfigError, match="record_uncond"):
+        FlowGRPO(pipeline=make_pipeline(record_uncond=True), cfg_gradient="both")
+    pipeline = make_pipeline()
+    conditions, segment = sample(pipeline, guidance_scale=GUIDANCE)
+    assert segment.sde_uncond is None and segment.uncond_version == -1
+    algo = FlowGRPO(pipeline=pipeline)
+    algo.backend = _Backend(-1)
+    metrics = algo.summarize(run_update(algo, conditions, segment, micro=2, advantages=ADV))
+    assert "uncond_reused" not in metrics

@@ -105,3 +105,57 @@ def test_first_update_ratio_is_exactly_one(
     if old_logp_source == "rollout":  # the same data after the step is off-policy: weights moved
         again = stack.train_track(track, 1)["steps"][0]
         assert again["ratio/min"] != 1.0 or again["ratio/max"] != 1.0
+
+
+def test_recorded_uncond_is_reused_until_the_first_optimizer_step(bundle: SD3Bundle) -> None:
+    """Two mini-batches of one rollout through the real backend: the first reuses the
+    rollout's v_u (the version the rollout was stamped with is current), the backend's
+    optimizer step bumps the version, the second recomputes it without grad."""
+    local = copy.copy(bundle)
+    local.transformer = copy.deepcopy(bundle.transformer)
+    backend = FSDPBackend(
+        bundle=local,
+        lora=LoraConfig(rank=4, alpha=8, targets=["to_q", "to_k", "to_v", "to_out.0"]),
+        optimizer=OptimizerConfig(lr=1e-2),
+        param_dtype="fp32",
+        device="cpu",
+    )
+    pipeline = SD3Pipeline(bundle=local, strategy=FlowSDE(eta=0.7), record_uncond=True)
+    algorithm = FlowGRPO(pipeline=pipeline, clip_range=1e-3)
+    stack = TrainStack(
+        backend=backend,
+        algorithm=algorithm,
+        micro_batch_size=4,
+        num_updates_per_batch=2,
+        shuffle=False,
+    )
+    n = 8
+    req = RolloutReq(
+        sample_ids=torch.arange(n),
+        group_ids=torch.arange(n) // 4,
+        primitives={"text": Texts(texts=["a red cat"] * 4 + ["a blue dog"] * 4)},
+        stage_params={
+            "diffusion": DiffusionRequest(
+                init_noise_ids=torch.arange(n),
+                sde_indices=torch.tensor([[1, 3]] * n),
+                sigmas=sigmas_from_scheduler_config(
+                    local.scheduler_config, 6, image_seq_len=local.image_seq_len(64, 64)
+                ),
+                init_noise_shape=local.latent_shape(64, 64),
+            )
+        },
+        sampling_params=DiffusionSamplingParams(
+            num_inference_steps=6, guidance_scale=4.5, height=64, width=64, samples_per_prompt=4
+        ),
+        seed=5,
+    )
+    version = backend.policy_version
+    track = pipeline.generate(req).tracks["diffusion"]
+    assert track.segment.uncond_version == version
+    track = dataclasses.replace(track, rewards=torch.arange(n).float())
+    track, _ = track.compute_advantages()
+    first, second = stack.train_track(track, 0)["steps"]
+    assert first["ratio/min"] == 1.0 == first["ratio/max"]
+    assert (first["uncond_reused"], first["uncond_recomputed"]) == (2.0, 0.0)
+    assert (second["uncond_reused"], second["uncond_recomputed"]) == (0.0, 2.0)
+    assert backend.policy_version == version + 2

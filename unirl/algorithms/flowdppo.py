@@ -20,11 +20,14 @@ from unirl.algorithms.kl import KLConfig, kl_metrics
 from unirl.algorithms.losses import flow_dppo_loss
 from unirl.algorithms.replay import (
     check_flow_knobs,
+    check_record_uncond,
     ratio_metrics,
     replay_anchors,
     replay_slot_losses,
     replayed_log_prob,
+    reuses_uncond,
     slot_sigmas,
+    uncond_metrics,
 )
 from unirl.config.require import require
 from unirl.config.typecheck import PositiveFloat
@@ -67,6 +70,7 @@ class FlowDPPO(StageAlgorithm):
             "algorithm.kl_threshold must be > 0 (D >= 0 always, so 0 would drop every term that moves)",
         )
         check_flow_knobs(kl_form, old_logp_source, cfg_gradient)
+        check_record_uncond(pipeline, cfg_gradient)
         self.pipeline = pipeline
         self.kl_threshold = kl_threshold
         self.kl_form = kl_form
@@ -83,7 +87,12 @@ class FlowDPPO(StageAlgorithm):
                 )
             return segment
         return replay_anchors(
-            self.pipeline, conditions, segment, means=True, cfg_gradient=self.cfg_gradient
+            self.pipeline,
+            conditions,
+            segment,
+            means=True,
+            cfg_gradient=self.cfg_gradient,
+            reuse_uncond=bool(reuses_uncond(self, segment)),
         )
 
     def compute_loss_and_backward(
@@ -153,4 +162,5 @@ class FlowDPPO(StageAlgorithm):
             }
         )
         out.update(kl_metrics(terms, self.kl_controller.beta))
+        out.update(uncond_metrics(terms))
         return out

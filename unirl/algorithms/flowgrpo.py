@@ -23,11 +23,14 @@ from unirl.algorithms.kl import KLConfig, kl_metrics
 from unirl.algorithms.losses import clipped_surrogate, grpo_guard_log_ratio
 from unirl.algorithms.replay import (
     check_flow_knobs,
+    check_record_uncond,
     ratio_metrics,
     replay_anchors,
     replay_slot_losses,
     replayed_log_prob,
+    reuses_uncond,
     slot_sigmas,
+    uncond_metrics,
 )
 from unirl.config.require import require
 from unirl.config.typecheck import PositiveFloat
@@ -82,6 +85,7 @@ class FlowGRPO(StageAlgorithm):
         super().__init__(kl=kl)
         require(clip_range > 0, "algorithm.clip_range must be > 0")
         check_flow_knobs(kl_form, old_logp_source, cfg_gradient)
+        check_record_uncond(pipeline, cfg_gradient)
         require(
             ratio_norm in ("none", "grpo_guard"),
             "algorithm.ratio_norm must be 'none' or 'grpo_guard'",
@@ -114,7 +118,12 @@ class FlowGRPO(StageAlgorithm):
                 )
             return segment
         return replay_anchors(
-            self.pipeline, conditions, segment, means=guard, cfg_gradient=self.cfg_gradient
+            self.pipeline,
+            conditions,
+            segment,
+            means=guard,
+            cfg_gradient=self.cfg_gradient,
+            reuse_uncond=bool(reuses_uncond(self, segment)),
         )
 
     def compute_loss_and_backward(
@@ -169,4 +178,5 @@ class FlowGRPO(StageAlgorithm):
         out["clipfrac/below"] = float((ratio < 1 - eps).float().mean())
         out["policy_loss"] = float(terms["policy_loss"].float().mean())
         out.update(kl_metrics(terms, self.kl_controller.beta))
+        out.update(uncond_metrics(terms))
         return out

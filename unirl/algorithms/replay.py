@@ -20,7 +20,7 @@ import torch
 from unirl.algorithms.base import StageAlgorithm, StepResult
 from unirl.config.require import require
 from unirl.models.common.denoise import StepRecord, sigma_max_of
-from unirl.models.common.guidance import CFG_GRADIENTS, CFGGradient
+from unirl.models.common.guidance import CFG_GRADIENTS, CFGGradient, guided
 from unirl.sde import SDEStrategy
 from unirl.sde.kernels import KLForm
 from unirl.types import Conditions, LatentSegment, host_to_device
@@ -42,6 +42,42 @@ def check_flow_knobs(kl_form: str, old_logp_source: str, cfg_gradient: str = "co
     )
 
 
+def check_record_uncond(pipeline: Any, cfg_gradient: str) -> None:
+    """A recorded unconditional velocity carries no gradient: only ``cond_only`` may use it."""
+    require(
+        not getattr(pipeline, "record_uncond", False) or cfg_gradient == "cond_only",
+        "pipeline.record_uncond=true reuses the rollout's unconditional velocity, which carries "
+        "no gradient; it needs algorithm.cfg_gradient=cond_only (or set record_uncond=false)",
+    )
+
+
+def reuses_uncond(algorithm: Any, segment: LatentSegment) -> bool | None:
+    """Whether the trained steps of ``segment`` take v_u from the rollout (``True``: the policy
+    version the rollout stamped is the backend's current one), recompute it without grad
+    (``False``: an optimizer step since, or no version known), or neither applies (``None``: no
+    recorded v_u, no guidance, or ``cfg_gradient=both``). Checked, never assumed."""
+    if (
+        segment.sde_uncond is None
+        or not guided(segment.guidance_scale)
+        or algorithm.cfg_gradient != "cond_only"
+    ):
+        return None
+    version = getattr(algorithm.backend, "policy_version", None)
+    return version is not None and segment.uncond_version >= 0 and segment.uncond_version == version
+
+
+def uncond_metrics(terms: dict[str, torch.Tensor]) -> dict[str, float]:
+    """``uncond_reused`` / ``uncond_recomputed``: trained-step replays whose v_u came from the
+    rollout / from a no-grad forward (only when the rollout recorded v_u)."""
+    if "uncond_reused" not in terms:
+        return {}
+    reused = float(terms["uncond_reused"].sum())
+    return {
+        "uncond_reused": reused,
+        "uncond_recomputed": float(terms["uncond_reused"].numel()) - reused,
+    }
+
+
 @torch.no_grad()
 def replay_anchors(
     pipeline: Any,
@@ -50,14 +86,18 @@ def replay_anchors(
     *,
     means: bool,
     cfg_gradient: CFGGradient = "both",
+    reuse_uncond: bool = False,
 ) -> LatentSegment:
     """π_old of every trained slot, replayed with the current weights at this micro-batch's
     geometry: ``sde_logp[B, S]`` and, when ``means``, ``sde_means[B, S, C, h, w]`` (fp32).
     ``cfg_gradient`` must be the training forward's, so the anchor runs the same forwards
-    (the split no-grad unconditional one for ``cond_only``) and the first ratio is exactly 1."""
+    (the split no-grad unconditional one for ``cond_only``) and the first ratio is exactly 1;
+    ``reuse_uncond`` (see :func:`reuses_uncond`) likewise takes v_u from the rollout."""
     logps, mus = [], []
     for k in range(segment.num_sde_steps):
-        record = pipeline.replay(conditions, segment, k, cfg_gradient=cfg_gradient)
+        record = pipeline.replay(
+            conditions, segment, k, cfg_gradient=cfg_gradient, reuse_uncond=reuse_uncond
+        )
         logps.append(record.log_prob)
         if means:
             mus.append(record.mean.float())
@@ -128,7 +168,8 @@ def replay_slot_losses(
     """The per-slot training loop the replay losses share (Flow-GRPO, Flow-DPPO).
 
     For each trained slot ``k``: the reference replay when the KL is on (no grad, the family's
-    plain guided forward), the policy replay with ``algorithm.cfg_gradient``,
+    plain guided forward), the policy replay with ``algorithm.cfg_gradient`` (v_u taken
+    from the rollout while :func:`reuses_uncond` says so, counted in ``uncond_reused[S]``),
     ``policy_terms(k, record) -> (policy loss, per-slot terms)``, plus ``β·KL`` of the step,
     then backward scaled by ``loss_scale / S`` (one graph alive at a time). Terms are
     concatenated over slots; with the KL on, ``kl`` and ``kl_steps[B, S]`` are added. The
@@ -139,6 +180,7 @@ def replay_slot_losses(
     total: torch.Tensor | float = 0.0
     parts: dict[str, list[torch.Tensor]] = {}
     kls: list[torch.Tensor] = []
+    reuse = reuses_uncond(algorithm, segment)  # one optimizer step never happens mid-batch
     for k in range(num_steps):
         ref = (
             reference_step(algorithm, algorithm.pipeline, conditions, segment, k)
@@ -146,9 +188,11 @@ def replay_slot_losses(
             else None
         )
         record = algorithm.pipeline.replay(
-            conditions, segment, k, cfg_gradient=algorithm.cfg_gradient
+            conditions, segment, k, cfg_gradient=algorithm.cfg_gradient, reuse_uncond=bool(reuse)
         )
         loss, terms = policy_terms(k, record)
+        if reuse is not None:
+            terms = {**terms, "uncond_reused": torch.tensor([float(reuse)])}
         if ref is not None:
             step = step_kl(
                 algorithm.pipeline.strategy, record.mean, ref.mean, segment, k, algorithm.kl_form

@@ -203,6 +203,13 @@ class FSDPBackend:
             ParamEMA(self._trainable, self.ema_config) if self.ema_config is not None else None
         )
         self.step = 0
+        # the version of the trained weights: bumped at every optimizer step and checkpoint
+        # load, published as ``bundle.policy_version`` (None while another weight view is
+        # swapped in), so a rollout's recorded unconditional velocity is reused only by the
+        # policy that computed it
+        self._bundle = bundle
+        self.policy_version = 0
+        self._publish_version(self.policy_version)
         self.moved_bytes: dict[str, int] = {"offload": 0, "onload": 0}
 
     @classmethod
@@ -313,13 +320,32 @@ class FSDPBackend:
         self._reduce_grads()
         return grad_norm_and_clip(self._trainable, max_norm)
 
+    def _publish_version(self, version: int | None) -> None:
+        self._bundle.policy_version = version
+
+    @contextlib.contextmanager
+    def _other_weights(self) -> Iterator[None]:
+        """Inside: the module holds a view other than the trained policy (no version)."""
+        self._publish_version(None)
+        try:
+            yield
+        finally:
+            self._publish_version(self.policy_version)
+
+    def bump_policy_version(self) -> int:
+        """The trained weights changed: a new ``policy_version`` (returned)."""
+        self.policy_version += 1
+        self._publish_version(self.policy_version)
+        return self.policy_version
+
     def optimizer_step(self) -> None:
-        """AdamW step, LR schedule step, ``step += 1``, EMA update."""
+        """AdamW step, LR schedule step, ``step += 1``, ``policy_version += 1``, EMA update."""
         self._reduce_grads()
         self.optimizer.step()
         self._grads_reduced = False
         self.scheduler.step()
         self.step += 1
+        self.bump_policy_version()
         if self._ema is not None:
             self._ema.update(self.step)
 
@@ -342,14 +368,14 @@ class FSDPBackend:
     def adapter_disabled(self) -> Iterator[None]:
         """The frozen base model (every adapter bypassed) inside the block, without a copy."""
         self._require_lora("adapter_disabled")
-        with adapters_disabled(self.module):
+        with self._other_weights(), adapters_disabled(self.module):
             yield
 
     @contextlib.contextmanager
     def set_active_adapter(self, name: str) -> Iterator[None]:
         """Run with adapter ``name`` (e.g. NFT's ``"old"``) instead of the trained one."""
         self._require_lora("set_active_adapter")
-        with adapter_active(self.module, name):
+        with self._other_weights(), adapter_active(self.module, name):
             yield
 
     def add_adapter(
@@ -376,6 +402,8 @@ class FSDPBackend:
         """``dst ← decay·dst + (1 − decay)·src`` (``src`` defaults to the trained adapter);
         ``decay=0`` copies. Shard-local, no communication."""
         lora = self._require_lora("sync_adapter")
+        if (src or lora.adapter_name) != lora.adapter_name and dst == lora.adapter_name:
+            self.bump_policy_version()
         reshard(self.module)
         copy_adapter(self.module, src=src or lora.adapter_name, dst=dst, decay=decay)
 
@@ -385,7 +413,7 @@ class FSDPBackend:
         require(self._ema is not None, "ema_weights needs backend.ema")
         assert self._ema is not None
         reshard(self.module)  # the next forward gathers the EMA values, not a stale copy
-        with self._ema.swapped_in():
+        with self._other_weights(), self._ema.swapped_in():
             try:
                 yield
             finally:
@@ -432,7 +460,9 @@ class FSDPBackend:
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore parameters, optimizer, schedule, EMA, step and RNG from ``path`` (rank 0
         reads, then broadcasts and shards); returns the saved ``extra`` on every rank."""
-        return backend_checkpoint.load_checkpoint(self, path)
+        extra = backend_checkpoint.load_checkpoint(self, path)
+        self.bump_policy_version()
+        return extra
 
     def adapter_state_dict(self, adapter: str | None = None) -> dict[str, torch.Tensor]:
         """Full tensors of one adapter under peft's names (adapter name removed, e.g.

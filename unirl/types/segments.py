@@ -20,6 +20,9 @@ class LatentSegment(Batch):
     later, both in the storage dtype. ``sde_logp[N, S]`` (fp32, mean over C·H·W) and
     ``sde_means[N, S, C, h, w]`` are recorded when the strategy provides them.
     ``final_latents[N, C, h, w]`` is the clean sample x₀ (decode, NFT).
+    ``sde_uncond[N, S, C, h, w]`` (fp32, ``pipeline.record_uncond``) is the
+    unconditional velocity v_u the sampler computed at each trained step, and
+    ``uncond_version`` the policy version it was computed at (-1: unknown, never reused).
 
     ``sigmas`` and ``sde_indices`` are schedule metadata: they stay on the host through
     :meth:`to`, so indexing them never waits on the device queue (the σ values a step needs
@@ -35,7 +38,9 @@ class LatentSegment(Batch):
     final_latents: torch.Tensor | None = batch_field("concat", default=None)
     sde_logp: torch.Tensor | None = batch_field("concat", default=None)
     sde_means: torch.Tensor | None = batch_field("concat", default=None)
+    sde_uncond: torch.Tensor | None = batch_field("concat", default=None)
     guidance_scale: float = batch_field("shared", default=1.0)
+    uncond_version: int = batch_field("shared", default=-1)
     strategy: str = batch_field("shared", default="flow")
 
     def __post_init__(self) -> None:
@@ -44,7 +49,7 @@ class LatentSegment(Batch):
                 f"LatentSegment.sde_indices must be [N, S], got {tuple(self.sde_indices.shape)}"
             )
         n, s = self.sde_indices.shape
-        for name in ("latents", "next_latents", "sde_means"):
+        for name in ("latents", "next_latents", "sde_means", "sde_uncond"):
             t = getattr(self, name)
             if t is not None and tuple(t.shape[:2]) != (n, s):
                 raise ValueError(

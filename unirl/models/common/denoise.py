@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from unirl.models.common.guidance import CFGGradient, guidance_of
+from unirl.models.common.guidance import CFGGradient, guidance_of, guided
 from unirl.models.common.protocols import FlowMatchingFamily
 from unirl.types import Conditions, LatentSegment, host_to_device
 
@@ -39,14 +39,24 @@ def guided_velocity(
     guidance_scale: float,
     *,
     cfg_gradient: CFGGradient = "both",
+    v_uncond: torch.Tensor | None = None,
+    uncond_out: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """fp32 velocity ``v[B, ...]`` through the family's guidance (sampling and replay alike).
 
-    ``fwd_conditions`` comes from :func:`forward_conditions`; ``cfg_gradient`` says which CFG
-    branches carry a gradient (``unirl.models.common.guidance``).
+    ``fwd_conditions`` comes from :func:`forward_conditions`; ``cfg_gradient``, ``v_uncond``
+    (a reused unconditional velocity) and ``uncond_out`` (record it): see
+    ``unirl.models.common.guidance``.
     """
     return guidance_of(family).velocity(
-        family, latents, sigma, fwd_conditions, guidance_scale, cfg_gradient=cfg_gradient
+        family,
+        latents,
+        sigma,
+        fwd_conditions,
+        guidance_scale,
+        cfg_gradient=cfg_gradient,
+        v_uncond=v_uncond,
+        uncond_out=uncond_out,
     )
 
 
@@ -87,6 +97,8 @@ def sample_trajectory(
     guidance_scale: float,
     storage_dtype: torch.dtype = torch.float32,
     record_means: bool = False,
+    record_uncond: bool = False,
+    policy_version: int = -1,
 ) -> LatentSegment:
     """Run the full denoise loop from ``x_T[N, C, h, w]`` along ``sigmas[T+1]``.
 
@@ -94,6 +106,8 @@ def sample_trajectory(
     holds the driver-seeded noise for them (None when ``S == 0``). Returns a ``LatentSegment``
     on ``x_T``'s device with ``latents``/``next_latents`` at the SDE steps, ``sde_logp[N, S]``
     when the strategy provides log-probs, ``sde_means`` when asked, and ``final_latents``.
+    ``record_uncond`` (guided runs only) stores the unconditional velocity of every SDE step
+    in ``sde_uncond`` (fp32), stamped with ``policy_version``.
     """
     device = x_T.device
     sigmas_cpu = sigmas.detach().float().cpu()
@@ -115,6 +129,15 @@ def sample_trajectory(
         else None
     )
     provides_logp = bool(getattr(strategy, "provides_log_prob", True))
+    record_uncond = record_uncond and guided(guidance_scale)
+    # fp32 whatever the storage dtype: v_u enters μ scaled by (1 − g)·Δ/std², and bf16's
+    # rounding of it moved log p by 1.1e-3 on the test family (ten times a 1e-4 clip range)
+    uncond = (
+        torch.empty((n, s, *latent_shape), dtype=torch.float32, device=device)
+        if record_uncond
+        else None
+    )
+    uncond_out: list[torch.Tensor] | None = [] if record_uncond else None
 
     # index tensors of every SDE step, on the device before the loop: no copies inside it
     step_rows = [positions[j].ge(0).nonzero().squeeze(1) for j in range(num_steps)]
@@ -128,7 +151,8 @@ def sample_trajectory(
     for j in range(num_steps):
         sigma = sigmas_dev[j].expand(n)
         sigma_next = sigmas_dev[j + 1].expand(n)
-        v = guided_velocity(family, x, sigma, fwd_cond, guidance_scale)
+        v = guided_velocity(family, x, sigma, fwd_cond, guidance_scale, uncond_out=uncond_out)
+        v_u = uncond_out.pop() if uncond_out else None
         ode_next = (x.float() + v * (sigma_next - sigma).view(-1, *([1] * (x.ndim - 1)))).to(
             storage_dtype
         )
@@ -153,6 +177,8 @@ def sample_trajectory(
             logp[rows_dev, slots_dev] = out.log_prob.float()
         if means is not None:
             means[rows_dev, slots_dev] = out.mean.float()
+        if uncond is not None and v_u is not None:
+            uncond[rows_dev, slots_dev] = v_u.index_select(0, rows_dev)
         if bool(step_mask.all()):
             x = out.next_latents.to(storage_dtype)
         else:
@@ -166,6 +192,8 @@ def sample_trajectory(
         final_latents=x,
         sde_logp=logp if provides_logp else None,
         sde_means=means,
+        sde_uncond=uncond,
+        uncond_version=int(policy_version) if uncond is not None else -1,
         guidance_scale=float(guidance_scale),
         strategy=str(getattr(strategy, "name", type(strategy).__name__)),
     )
@@ -179,6 +207,7 @@ def replay_step(
     slot: int,
     strategy: Any,
     cfg_gradient: CFGGradient = "both",
+    reuse_uncond: bool = False,
 ) -> StepRecord:
     """Recompute trained slot ``slot`` of every sample in ``segment`` under the current weights.
 
@@ -187,6 +216,8 @@ def replay_step(
     ``cfg_gradient="cond_only"`` runs the unconditional rows as their own no-grad forward
     (a different batch geometry from sampling's batched CFG: bit-equal to the rollout's
     log-probs only where the model's rows do not depend on the batch they run in).
+    ``reuse_uncond`` takes the unconditional velocity from ``segment.sde_uncond`` instead of
+    a forward (the caller checks that the policy is the one that recorded it).
     """
     assert segment.latents is not None and segment.next_latents is not None
     device = segment.latents.device
@@ -195,8 +226,19 @@ def replay_step(
     sigma = host_to_device(sigmas[step_index], device)
     sigma_next = host_to_device(sigmas[step_index + 1], device)
     x = segment.latents[:, slot]
+    v_uncond = None
+    if reuse_uncond:
+        if segment.sde_uncond is None:
+            raise ValueError("reuse_uncond needs segment.sde_uncond (pipeline.record_uncond)")
+        v_uncond = segment.sde_uncond[:, slot]
     v = guided_velocity(
-        family, x, sigma, fwd_conditions, segment.guidance_scale, cfg_gradient=cfg_gradient
+        family,
+        x,
+        sigma,
+        fwd_conditions,
+        segment.guidance_scale,
+        cfg_gradient=cfg_gradient,
+        v_uncond=v_uncond,
     )
     out = strategy.step(
         v,

@@ -22,7 +22,9 @@ form, ∇v = (1 − g)·∇v_u + g·∇v_c; batched CFG keeps its one ``[uncond;
 ``"cond_only"`` (flow_grpo's form, ∇v = g·∇v_c: the unconditional rows run as their own
 forward under ``torch.no_grad()``, so they hold no autograd state). The two differ in batch
 geometry, so a replay that must agree bit for bit with another (the π_old anchor and the
-trained step) uses the same ``cfg_gradient`` in both.
+trained step) uses the same ``cfg_gradient`` in both. ``v_uncond`` hands in the unconditional
+velocity the rollout recorded (``uncond_out`` is how the sampler records it), skipping that
+forward; the caller checks that the policy is still the one that computed it.
 """
 
 from __future__ import annotations
@@ -70,9 +72,14 @@ class Guidance(Protocol):
         scale: float,
         *,
         cfg_gradient: CFGGradient = "both",
+        v_uncond: torch.Tensor | None = None,
+        uncond_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """fp32 ``v`` with the shape of ``latents[N, ...]`` at ``sigma[N]``; ``cfg_gradient``:
-        which branches carry a gradient (see the module docstring)."""
+        which branches carry a gradient (see the module docstring). ``v_uncond[N, ...]``: an
+        unconditional velocity to use instead of its forward (the rollout's, reused; implies
+        ``cond_only``); ``uncond_out``: a list the computed unconditional velocity (fp32,
+        detached) is appended to (the sampler records it)."""
         ...
 
 
@@ -97,22 +104,27 @@ class BatchedCFG:
         scale: float,
         *,
         cfg_gradient: CFGGradient = "both",
+        v_uncond: torch.Tensor | None = None,
+        uncond_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         if not guided(scale):
             return family.predict_velocity(latents, sigma, fwd_conditions).float()
-        if cfg_gradient == "cond_only":
+        if cfg_gradient == "cond_only" or v_uncond is not None:
             n = latents.shape[0]
             uncond, cond = fwd_conditions.split([n, n])
-            with torch.no_grad():
-                v_u = family.predict_velocity(latents, sigma, uncond)
-            v_c = family.predict_velocity(latents, sigma, cond)
-            v_uncond = v_u.float()
-            return v_uncond + scale * (v_c.float() - v_uncond)
-        v = family.predict_velocity(
-            torch.cat([latents, latents]), torch.cat([sigma, sigma]), fwd_conditions
-        )
-        v_uncond, v_cond = v.float().chunk(2)
-        return v_uncond + scale * (v_cond - v_uncond)
+            if v_uncond is None:
+                with torch.no_grad():
+                    v_uncond = family.predict_velocity(latents, sigma, uncond)
+            v_u = v_uncond.detach().float()
+            v_c = family.predict_velocity(latents, sigma, cond).float()
+        else:
+            v = family.predict_velocity(
+                torch.cat([latents, latents]), torch.cat([sigma, sigma]), fwd_conditions
+            )
+            v_u, v_c = v.float().chunk(2)
+        if uncond_out is not None:
+            uncond_out.append(v_u.detach())
+        return v_u + scale * (v_c - v_u)
 
 
 @dataclass(frozen=True)
@@ -145,13 +157,21 @@ class NormRescaledCFG:
         scale: float,
         *,
         cfg_gradient: CFGGradient = "both",
+        v_uncond: torch.Tensor | None = None,
+        uncond_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         if not guided(scale):
             return family.predict_velocity(latents, sigma, fwd_conditions).float()
         cond, uncond = fwd_conditions
         v_cond = family.predict_velocity(latents, sigma, cond).float()
-        with torch.set_grad_enabled(torch.is_grad_enabled() and cfg_gradient == "both"):
-            v_uncond = family.predict_velocity(latents, sigma, uncond).float()
+        if v_uncond is None:
+            with torch.set_grad_enabled(torch.is_grad_enabled() and cfg_gradient == "both"):
+                v_uncond = family.predict_velocity(latents, sigma, uncond)
+        else:
+            v_uncond = v_uncond.detach()
+        v_uncond = v_uncond.float()
+        if uncond_out is not None:
+            uncond_out.append(v_uncond.detach())
         combined = v_uncond + scale * (v_cond - v_uncond)
         cond_norm = torch.norm(v_cond, dim=self.channel_dim, keepdim=True)
         combined_norm = torch.norm(combined, dim=self.channel_dim, keepdim=True)
@@ -179,6 +199,8 @@ class NoGuidance:
         scale: float,
         *,
         cfg_gradient: CFGGradient = "both",
+        v_uncond: torch.Tensor | None = None,
+        uncond_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         return family.predict_velocity(latents, sigma, fwd_conditions).float()
 

@@ -49,6 +49,12 @@ class FlowMatchingPipeline:
     ``storage_dtype`` is the dtype trajectories are carried and stored in (bf16 halves the
     memory; log-probs stay exact because kernels round before taking them).
     ``forward_batch_size`` bounds how many samples one denoise loop runs at once.
+    ``record_uncond`` stores the unconditional velocity of every trained step of a guided
+    rollout (``segment.sde_uncond``, fp32: bf16 would move log p by ~1e-3) with the policy
+    version it was computed at (``bundle.policy_version``, kept by the backend that trains the
+    bundle; -1 when the bundle has none, e.g. a dedicated engine's copy, and then it is never
+    reused), so a ``cfg_gradient=cond_only`` loss can skip the unconditional forward while the
+    policy is unchanged.
     """
 
     track_name = "diffusion"
@@ -60,6 +66,7 @@ class FlowMatchingPipeline:
         strategy: Any,
         storage_dtype: str = "fp32",
         record_means: bool = False,
+        record_uncond: bool = False,
         forward_batch_size: PositiveInt | None = None,
         decode_chunk_size: PositiveInt | None = None,
     ) -> None:
@@ -67,6 +74,7 @@ class FlowMatchingPipeline:
         self.strategy = strategy
         self.storage_dtype = parse_dtype(storage_dtype, "pipeline.storage_dtype")
         self.record_means = record_means
+        self.record_uncond = record_uncond
         self.forward_batch_size = forward_batch_size
         self.decode_chunk_size = decode_chunk_size
 
@@ -75,6 +83,13 @@ class FlowMatchingPipeline:
     @property
     def device(self) -> torch.device:
         return self.bundle.device
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights sampling runs with (``bundle.policy_version``, bumped
+        by the training backend at every optimizer step), -1 when unknown."""
+        version = getattr(self.bundle, "policy_version", None)
+        return -1 if version is None else int(version)
 
     @property
     def guidance(self) -> Guidance:
@@ -161,6 +176,8 @@ class FlowMatchingPipeline:
                     guidance_scale=guidance,
                     storage_dtype=self.storage_dtype,
                     record_means=self.record_means,
+                    record_uncond=self.record_uncond,
+                    policy_version=self.policy_version,
                 )
             )
         segment = LatentSegment.concat(segments)
@@ -202,9 +219,11 @@ class FlowMatchingPipeline:
         slot: int,
         *,
         cfg_gradient: CFGGradient = "both",
+        reuse_uncond: bool = False,
     ) -> StepRecord:
         """Log-prob, mean and std of trained slot ``slot`` under the current weights;
-        ``cfg_gradient``: which CFG branches carry a gradient (the algorithm's knob)."""
+        ``cfg_gradient``: which CFG branches carry a gradient (the algorithm's knob);
+        ``reuse_uncond``: take v_u from ``segment.sde_uncond`` (the caller checked the version)."""
         fwd = forward_conditions(self, conditions, segment.guidance_scale)
         return replay_step(
             self,
@@ -213,4 +232,5 @@ class FlowMatchingPipeline:
             slot=slot,
             strategy=self.strategy,
             cfg_gradient=cfg_gradient,
+            reuse_uncond=reuse_uncond,
         )
