@@ -1,7 +1,7 @@
 """The contract every flow-matching family proves, written once.
 
 A family's test module subclasses :class:`FamilyTester` as ``Test<Family>Family`` and supplies
-the hooks at the top of the class (bundle factory, diffusers pipeline loader and call, LoRA
+the hooks at the top of the class (bundle factory, diffusers pipeline class, tiny folder and call, LoRA
 targets, arch checks). On the ``tiny`` preset, fp32 on CPU, the inherited tests prove:
 
 (a) ODE sampling through our pipeline equals the family's diffusers pipeline for the same
@@ -42,6 +42,28 @@ class DiffusersSample:
     sigmas: torch.Tensor
 
 
+def run_diffusers(
+    pipe: Any, *, prompts: list[str], negative_prompt: str, **kwargs: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One call of a diffusers pipeline: ``(final latents as diffusers holds them, pixels)``;
+    the latents after the last step are captured by a step-end callback."""
+    captured: dict[str, torch.Tensor] = {}
+
+    def grab(_pipe: Any, _i: int, _t: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+        captured["latents"] = tensors["latents"]
+        return {}
+
+    out = pipe(
+        prompt=prompts,
+        negative_prompt=[negative_prompt] * len(prompts),
+        output_type="pt",
+        callback_on_step_end=grab,
+        callback_on_step_end_tensor_inputs=["latents"],
+        **kwargs,
+    )
+    return captured["latents"], out.images
+
+
 class FamilyTester:
     """Subclass as ``Test<Family>Family`` and fill in the hooks below."""
 
@@ -57,9 +79,20 @@ class FamilyTester:
         """A fresh fp32 CPU bundle of the ``tiny`` preset."""
         raise NotImplementedError
 
+    diffusers_class: ClassVar[Any]  # the family's diffusers pipeline class
+
+    def tiny_path(self) -> Path:
+        """The ``tiny`` preset's folder (built on first use)."""
+        raise NotImplementedError
+
     def load_diffusers(self) -> Any:
         """The family's diffusers pipeline loaded from the same ``tiny`` folder (fresh)."""
-        raise NotImplementedError
+        from unirl.models.common.progress import hf_progress_bars_disabled
+
+        with hf_progress_bars_disabled():
+            pipe = self.diffusers_class.from_pretrained(self.tiny_path(), local_files_only=True)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
 
     def diffusers_sample(
         self,

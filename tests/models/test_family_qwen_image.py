@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
-from family_tester import DiffusersSample, FamilyTester
+from diffusers import QwenImagePipeline as DiffusersQwenImagePipeline
+from family_tester import DiffusersSample, FamilyTester, run_diffusers
 
 from unirl.models.qwen_image import (
     QwenImageBundle,
@@ -19,6 +21,7 @@ TEXT_TOKENS = 64
 
 class TestQwenImageFamily(FamilyTester):
     pipeline_class = QwenImagePipeline
+    diffusers_class = DiffusersQwenImagePipeline
     guidance_scale = 4.0
 
     def make_bundle(self, **overrides: Any) -> QwenImageBundle:
@@ -31,18 +34,10 @@ class TestQwenImageFamily(FamilyTester):
         }
         return QwenImageBundle(**{**kwargs, **overrides})
 
-    def load_diffusers(self) -> Any:
-        from diffusers import QwenImagePipeline as DiffusersQwenImagePipeline
-
-        from unirl.models.common.progress import hf_progress_bars_disabled
+    def tiny_path(self) -> Path:
         from unirl.models.qwen_image import tiny_preset_path
 
-        with hf_progress_bars_disabled():
-            pipe = DiffusersQwenImagePipeline.from_pretrained(
-                tiny_preset_path(), local_files_only=True
-            )
-        pipe.set_progress_bar_config(disable=True)
-        return pipe
+        return tiny_preset_path()
 
     def diffusers_sample(
         self,
@@ -56,30 +51,20 @@ class TestQwenImageFamily(FamilyTester):
         height: int,
         width: int,
     ) -> DiffusersSample:
-        captured: dict[str, torch.Tensor] = {}
-
-        def grab(_pipe: Any, _i: int, _t: Any, tensors: dict[str, Any]) -> dict[str, Any]:
-            captured["latents"] = tensors["latents"]
-            return {}
-
         n = x_T.shape[0]
-        out = pipe(
-            prompt=prompts,
-            negative_prompt=[negative_prompt] * len(prompts),
+        latents, pixels = run_diffusers(
+            pipe,
+            prompts=prompts,
+            negative_prompt=negative_prompt,
             true_cfg_scale=guidance_scale,
             num_inference_steps=steps,
             height=height,
             width=width,
             latents=x_T.reshape(n, -1, x_T.shape[-1]),  # diffusers' packed [N, L, 4C]
             max_sequence_length=TEXT_TOKENS,
-            output_type="pt",
-            callback_on_step_end=grab,
-            callback_on_step_end_tensor_inputs=["latents"],
         )
         return DiffusersSample(
-            latents=captured["latents"].reshape(x_T.shape),
-            pixels=out.images,
-            sigmas=pipe.scheduler.sigmas,
+            latents=latents.reshape(x_T.shape), pixels=pixels, sigmas=pipe.scheduler.sigmas
         )
 
     def check_arch(self) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
-from family_tester import DiffusersSample, FamilyTester
+from diffusers import StableDiffusion3Pipeline
+from family_tester import DiffusersSample, FamilyTester, run_diffusers
 
 from unirl.models.sd3 import SD3Bundle, SD3Pipeline, count_transformer_params, sd35_medium_arch_spec
 
@@ -14,6 +16,7 @@ T5_TOKENS = 32
 
 class TestSD3Family(FamilyTester):
     pipeline_class = SD3Pipeline
+    diffusers_class = StableDiffusion3Pipeline
     guidance_scale = 4.5
 
     def make_bundle(self, **overrides: Any) -> SD3Bundle:
@@ -26,18 +29,10 @@ class TestSD3Family(FamilyTester):
         }
         return SD3Bundle(**{**kwargs, **overrides})
 
-    def load_diffusers(self) -> Any:
-        from diffusers import StableDiffusion3Pipeline
-
-        from unirl.models.common.progress import hf_progress_bars_disabled
+    def tiny_path(self) -> Path:
         from unirl.models.sd3 import tiny_preset_path
 
-        with hf_progress_bars_disabled():
-            pipe = StableDiffusion3Pipeline.from_pretrained(
-                tiny_preset_path(), local_files_only=True
-            )
-        pipe.set_progress_bar_config(disable=True)
-        return pipe
+        return tiny_preset_path()
 
     def diffusers_sample(
         self,
@@ -51,28 +46,18 @@ class TestSD3Family(FamilyTester):
         height: int,
         width: int,
     ) -> DiffusersSample:
-        captured: dict[str, torch.Tensor] = {}
-
-        def grab(_pipe: Any, _i: int, _t: Any, tensors: dict[str, Any]) -> dict[str, Any]:
-            captured["latents"] = tensors["latents"]
-            return {}
-
-        out = pipe(
-            prompt=prompts,
-            negative_prompt=[negative_prompt] * len(prompts),
+        latents, pixels = run_diffusers(
+            pipe,
+            prompts=prompts,
+            negative_prompt=negative_prompt,
             num_inference_steps=steps,
             guidance_scale=guidance_scale,
             height=height,
             width=width,
             latents=x_T,
             max_sequence_length=T5_TOKENS,
-            output_type="pt",
-            callback_on_step_end=grab,
-            callback_on_step_end_tensor_inputs=["latents"],
         )
-        return DiffusersSample(
-            latents=captured["latents"], pixels=out.images, sigmas=pipe.scheduler.sigmas
-        )
+        return DiffusersSample(latents=latents, pixels=pixels, sigmas=pipe.scheduler.sigmas)
 
     def check_arch(self) -> None:
         spec = sd35_medium_arch_spec()
