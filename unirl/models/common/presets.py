@@ -11,6 +11,8 @@ once per machine, atomically, under a file lock.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -113,6 +115,39 @@ def build_cached(
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return final
+
+
+def tiny_preset_folder(
+    spec: Any,
+    *,
+    preset: str,
+    folder_prefix: str,
+    builder: int,
+    corpus: list[str],
+    write: Callable[[Path], None],
+    cache_dir: str | Path | None = None,
+    key_extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """A family's ``tiny`` preset folder, ``<cache>/presets/<folder_prefix>-<key>``, built by
+    ``write(folder)`` on first use (once per machine, under a file lock). The key is a short
+    hash of ``key_extra``, the spec, the builder version, the corpus and the library versions,
+    so a change to any of them builds a new folder."""
+    payload = {
+        **dict(key_extra or {}),
+        "spec": dataclasses.asdict(spec),
+        "builder": builder,
+        "corpus": hashlib.sha256("\n".join(corpus).encode()).hexdigest(),
+        "versions": library_versions(),
+    }
+    key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    root = (Path(cache_dir).expanduser() if cache_dir is not None else cache_root()) / "presets"
+    manifest = {
+        "preset": preset,
+        "key": key,
+        "builder": builder,
+        "spec": dataclasses.asdict(spec),
+    }
+    return build_cached(root, f"{folder_prefix}-{key}", write, manifest)
 
 
 @dataclass(frozen=True, kw_only=True)

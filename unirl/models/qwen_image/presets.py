@@ -11,18 +11,13 @@ looked up in the local Hugging Face cache first and fails fast offline, naming t
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 from unirl.models.common.presets import (
     TINY,
     ModelSources,
-    build_cached,
-    cache_root,
-    library_versions,
+    tiny_preset_folder,
 )
 from unirl.models.common.tiny import corpus_lines
 from unirl.models.qwen_image.arch import ARCH_SPECS, QwenImageArchSpec
@@ -42,35 +37,22 @@ SOURCES = ModelSources(
 )
 
 
-def tiny_preset_key(spec: TinyQwenImageSpec) -> str:
-    """Short hash of the spec, the builder version, the corpus and the library versions."""
-    payload = {
-        "family": "qwen-image",
-        "spec": dataclasses.asdict(spec),
-        "builder": TINY_BUILDER_VERSION,
-        "corpus": hashlib.sha256("\n".join(corpus_lines()).encode()).hexdigest(),
-        "versions": library_versions(),
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def tiny_preset_path(
     spec: TinyQwenImageSpec | None = None, *, cache_dir: str | Path | None = None
 ) -> Path:
     """The folder of the ``tiny`` preset, built on first use, at
-    ``<cache>/presets/qwen-image-tiny-<key>`` (``<cache>`` = ``cache_dir`` or the shared
-    ``$UNIRL_CACHE`` / ``~/.cache/unirl``), once per machine under a file lock."""
+    ``<cache>/presets/qwen-image-tiny-<key>``
+    (``unirl.models.common.presets.tiny_preset_folder``)."""
     spec = spec or TinyQwenImageSpec()
-    root = (Path(cache_dir).expanduser() if cache_dir is not None else cache_root()) / "presets"
-    key = tiny_preset_key(spec)
-    manifest = {
-        "preset": f"qwen-image-{TINY}",
-        "key": key,
-        "builder": TINY_BUILDER_VERSION,
-        "spec": dataclasses.asdict(spec),
-    }
-    return build_cached(
-        root, f"qwen-image-tiny-{key}", lambda f: write_tiny_qwen_image(f, spec), manifest
+    return tiny_preset_folder(
+        spec,
+        preset=f"qwen-image-{TINY}",
+        folder_prefix="qwen-image-tiny",
+        builder=TINY_BUILDER_VERSION,
+        corpus=corpus_lines(),
+        write=lambda folder: write_tiny_qwen_image(folder, spec),
+        cache_dir=cache_dir,
+        key_extra={"family": "qwen-image"},
     )
 
 

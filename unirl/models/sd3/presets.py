@@ -10,9 +10,6 @@ id is looked up in the local Hugging Face cache first and fails fast offline.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 from pathlib import Path
 
 from unirl.models.common.presets import (
@@ -20,9 +17,8 @@ from unirl.models.common.presets import (
     TINY,
     ModelSourceError,
     ModelSources,
-    build_cached,
     cache_root,
-    library_versions,
+    tiny_preset_folder,
 )
 from unirl.models.sd3.arch import ARCH_SPECS, SD3ArchSpec
 from unirl.models.sd3.tiny import TINY_BUILDER_VERSION, TinySD3Spec, corpus_lines, write_tiny_sd3
@@ -56,40 +52,25 @@ __all__ = [
     "cache_root",
     "classify_model_source",
     "resolve_model_source",
-    "tiny_preset_key",
     "tiny_preset_path",
 ]
-
-
-def tiny_preset_key(spec: TinySD3Spec) -> str:
-    """Short hash of the spec, the builder version, the corpus and the library versions."""
-    payload = {
-        "spec": dataclasses.asdict(spec),
-        "builder": TINY_BUILDER_VERSION,
-        "corpus": hashlib.sha256("\n".join(corpus_lines()).encode()).hexdigest(),
-        "versions": library_versions(),
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def tiny_preset_path(
     spec: TinySD3Spec | None = None, *, cache_dir: str | Path | None = None
 ) -> Path:
-    """The folder of the ``tiny`` preset, built on first use.
-
-    Lives at ``<cache>/presets/tiny-<key>`` (``<cache>`` = ``cache_dir`` or :func:`cache_root`),
-    built once per machine under a file lock (``unirl.models.common.presets.build_cached``).
-    """
+    """The folder of the ``tiny`` preset, built on first use, at ``<cache>/presets/tiny-<key>``
+    (``unirl.models.common.presets.tiny_preset_folder``)."""
     spec = spec or TinySD3Spec()
-    root = (Path(cache_dir).expanduser() if cache_dir is not None else cache_root()) / "presets"
-    key = tiny_preset_key(spec)
-    manifest = {
-        "preset": TINY,
-        "key": key,
-        "builder": TINY_BUILDER_VERSION,
-        "spec": dataclasses.asdict(spec),
-    }
-    return build_cached(root, f"tiny-{key}", lambda folder: write_tiny_sd3(folder, spec), manifest)
+    return tiny_preset_folder(
+        spec,
+        preset=TINY,
+        folder_prefix="tiny",
+        builder=TINY_BUILDER_VERSION,
+        corpus=corpus_lines(),
+        write=lambda folder: write_tiny_sd3(folder, spec),
+        cache_dir=cache_dir,
+    )
 
 
 def arch_spec(name: str) -> SD3ArchSpec:
