@@ -202,6 +202,8 @@ class FlowMatchingBundle:
     # the family's dialect on SGLang / vLLM-Omni (``engine_maps.py`` of the family package);
     # None: the external engines refuse the family (``engine_maps_for``)
     engine_maps: ClassVar[EngineMaps | None] = None
+    # True for editing families: ``encode_references`` attaches reference images
+    takes_references: ClassVar[bool] = False
 
     config: FlowMatchingBundleConfig
     scheduler_config: dict[str, Any]
@@ -262,6 +264,17 @@ class FlowMatchingBundle:
     def with_negative(self, conditions: Conditions, negative: Conditions) -> Conditions:
         """*Family*: ``conditions`` with the one-row ``negative`` attached to every row."""
         raise NotImplementedError
+
+    def encode_references(self, conditions: Conditions, pixels: torch.Tensor) -> Conditions:
+        """*Family* (editing families only): ``conditions`` with one reference image per row
+        attached, ``pixels[N, 3, H, W]`` float32 in [0, 1] (row ``i`` conditions sample ``i``,
+        negative rows included). Families without reference conditioning keep this default,
+        which refuses the request."""
+        raise ValueError(
+            f"{type(self).__name__} takes no reference images, but the prompts carry "
+            "'media' references (an editing dataset); use an editing family such as "
+            "unirl.models.flux2.Flux2KleinBundle, or a prompt file without 'media'"
+        )
 
     def predict_velocity(
         self, latents: torch.Tensor, sigma: torch.Tensor | float, conditions: Any
