@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from unirl.config.require import require
-from unirl.config.typecheck import NonNegativeFloat, PositiveInt
+from unirl.config.typecheck import NonNegativeFloat, PositiveFloat, PositiveInt
 
 
 @dataclass(kw_only=True)
@@ -15,6 +15,7 @@ class DiffusionSamplingParams:
 
     ``eta`` is the SDE noise level of the recipe's strategy; ``sde_steps`` is an SDE-step
     schedule object (``unirl.sde.AllSteps`` …) choosing which steps are stochastic and trained.
+    ``num_frames`` and ``fps`` are read by video families (images: ``num_frames=1``).
     """
 
     num_inference_steps: PositiveInt = 10
@@ -28,6 +29,8 @@ class DiffusionSamplingParams:
     negative_prompt: str = ""
     eval_num_inference_steps: PositiveInt = 40
     eval_guidance_scale: NonNegativeFloat | None = None
+    num_frames: PositiveInt = 1
+    fps: PositiveFloat = 16.0
 
     def __post_init__(self) -> None:
         require(self.num_inference_steps >= 1, "sampling.num_inference_steps must be >= 1")
@@ -39,6 +42,8 @@ class DiffusionSamplingParams:
         )
         require(self.eta >= 0, "sampling.eta (SDE noise level) must be >= 0")
         require(self.samples_per_prompt >= 1, "sampling.samples_per_prompt must be >= 1")
+        require(self.num_frames >= 1, "sampling.num_frames must be >= 1 (1 for images)")
+        require(self.fps > 0, "sampling.fps must be > 0")
         require(self.max_sequence_length >= 1, "sampling.max_sequence_length must be >= 1")
         require(
             self.eval_num_inference_steps >= 1, "sampling.eval_num_inference_steps must be >= 1"
