@@ -13,9 +13,10 @@ def run(data: dict[str, Any]) -> int:
     """Validate the composed recipe before any Ray work; then dry-run or train."""
     from unirl.config.dry_run import print_dry_run
     from unirl.config.validate import validate
-    from unirl.trainer.diffusion import plan_roles, run_diffusion
+    from unirl.trainer.diffusion import check_edit_inputs, plan_roles, run_diffusion
 
     cfg, objs = validate(data)
+    check_edit_inputs(cfg)
     if cfg.dry_run:
         print_dry_run(cfg, objs, plan_roles(cfg))
         return 0

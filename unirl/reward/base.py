@@ -91,6 +91,19 @@ class RewardBackend(ABC):
             "use a text reward (ExactMatch, BoxedMathAnswer, MultipleChoice) for AR tracks"
         )
 
+    def score_edit(
+        self,
+        images: Tensor,
+        sources: Tensor,
+        prompts: list[str],
+        metadata: list[dict],
+    ) -> ScoreResult:
+        """Score ``N`` edits: ``images[N, 3, H, W]`` are the results, ``sources[N, 3, H, W]``
+        the images they were edited from (both float in [0, 1]); ``prompts`` are the edit
+        instructions. A scorer of the result alone (aesthetics, OCR) ignores the sources;
+        edit rewards (:class:`EditRewardBackend`) compare the two."""
+        return self.score(images, prompts, metadata)
+
     @property
     def device(self) -> torch.device:
         """Where the scorer computes (models live here); results still come back on CPU."""
@@ -180,3 +193,27 @@ def as_scores(values: list[float] | Tensor) -> Tensor:
     return torch.tensor(
         [float(v) if v is not None else math.nan for v in values], dtype=torch.float32
     )
+
+
+class EditRewardBackend(RewardBackend):
+    """A scorer of edits: it sees the result and the source (:meth:`score_edit`); it cannot
+    score an image without its source, so a recipe pairing it with a prompt file without
+    reference images is refused before Ray (``needs_references``)."""
+
+    needs_references: ClassVar[bool] = True
+
+    @abstractmethod
+    def score_edit(
+        self,
+        images: Tensor,
+        sources: Tensor,
+        prompts: list[str],
+        metadata: list[dict],
+    ) -> ScoreResult:
+        """Score ``N`` results against their sources. Returns ``Tensor[N]`` components."""
+
+    def score(self, images: Tensor | None, prompts: list[str], metadata: list[dict]) -> ScoreResult:
+        raise RewardError(
+            f"{type(self).__name__} scores edits against their source images, but the track "
+            "carries none; train on an editing prompt file (every line with a reference image)"
+        )

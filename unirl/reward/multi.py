@@ -86,6 +86,13 @@ class WeightedRewardBackend(RewardBackend):
     def score(self, images: Tensor | None, prompts: list[str], metadata: list[dict]) -> ScoreResult:
         return self._combine(lambda b: b.score(images, prompts, metadata), len(prompts))
 
+    def score_edit(
+        self, images: Tensor, sources: Tensor, prompts: list[str], metadata: list[dict]
+    ) -> ScoreResult:
+        return self._combine(
+            lambda b: b.score_edit(images, sources, prompts, metadata), len(prompts)
+        )
+
     def score_texts(
         self, texts: list[str], prompts: list[str], metadata: list[dict]
     ) -> ScoreResult:

@@ -92,7 +92,8 @@ class RewardService:
         if len(metadata) != n:
             raise RewardError(f"track has {n} prompts but {len(metadata)} metadata entries")
         source = f"reward backend {type(self.backend).__name__}"
-        result = _call(self.backend, track.decoded, prompts, metadata)
+        references = getattr(track, "references", None)
+        result = _call(self.backend, track.decoded, prompts, metadata, references)
         result.check(self.backend.names, n, source)
         scores = {k: result.scores[k].to(device="cpu", dtype=torch.float32) for k in self.names}
         if result.total is not None:
@@ -131,17 +132,22 @@ class RewardService:
         metrics.update(_mean_std("reward", total[ok]))
         for k, v in scores.items():
             metrics.update(_mean_std(f"reward/{k}", v[ok]))
-        metrics.update(self._guard_metrics(track.decoded, prompts, metadata, ok))
+        metrics.update(self._guard_metrics(track.decoded, prompts, metadata, ok, references))
 
         scored = dataclasses.replace(track, rewards=total, component_rewards=scores, status=status)
         return scored, metrics
 
     def _guard_metrics(
-        self, decoded: Any, prompts: list[str], metadata: list[dict], ok: Tensor
+        self,
+        decoded: Any,
+        prompts: list[str],
+        metadata: list[dict],
+        ok: Tensor,
+        references: Any = None,
     ) -> dict[str, float]:
         metrics: dict[str, float] = {}
         for guard in self.guards:
-            result = _call(guard, decoded, prompts, metadata)
+            result = _call(guard, decoded, prompts, metadata, references)
             result.check(guard.names, len(prompts), f"guard {type(guard).__name__}")
             metrics.update(result.metrics)
             for name in guard.names:
@@ -172,10 +178,17 @@ class RewardService:
 
 
 def _call(
-    backend: RewardBackend, decoded: Any, prompts: list[str], metadata: list[dict]
+    backend: RewardBackend,
+    decoded: Any,
+    prompts: list[str],
+    metadata: list[dict],
+    references: Any = None,
 ) -> ScoreResult:
     pixels = getattr(decoded, "pixels", None)
     if pixels is not None:
+        sources = getattr(references, "pixels", None)
+        if sources is not None:  # an edit: the backend sees result and source
+            return backend.score_edit(pixels, sources.to(pixels.device), prompts, metadata)
         return backend.score(pixels, prompts, metadata)
     texts = getattr(decoded, "texts", None)
     if texts is not None:

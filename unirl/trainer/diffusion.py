@@ -12,15 +12,17 @@ from typing import Any
 import torch
 from hydra.utils import instantiate
 
+from unirl.config.require import require
 from unirl.config.run import RunConfig
 from unirl.config.validate import declared, engine_kind, locate
+from unirl.data.media import ReferenceImages, has_references
 from unirl.distributed.group import DevicePool, placement, remote
 from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.base import StageTrainer
 from unirl.trainer.dedicated import build_dedicated_layout, plan_dedicated_roles, train_roles
 from unirl.trainer.roles import RewardWorker
 from unirl.trainer.stage import Stage
-from unirl.types import DiffusionRequest, DiffusionSamplingParams, RolloutReq, Texts
+from unirl.types import DiffusionRequest, DiffusionSamplingParams, Images, RolloutReq, Texts
 
 TRACK = "diffusion"
 
@@ -46,6 +48,47 @@ def plan_roles(cfg: RunConfig) -> list[tuple[str, str, str]]:
     ]
 
 
+def _reward_targets(block: Any) -> list[str]:
+    """Every ``_target_`` inside the reward block (components, guards, nested backends)."""
+    if isinstance(block, dict):
+        found = [str(block["_target_"])] if "_target_" in block else []
+        return found + [t for v in block.values() for t in _reward_targets(v)]
+    if isinstance(block, list):
+        return [t for v in block for t in _reward_targets(v)]
+    return []
+
+
+def check_edit_inputs(cfg: RunConfig) -> None:
+    """An editing prompt file (every line has a reference image) needs a family that takes
+    references, and a reward that compares result with source needs an editing file; both
+    refused here, before Ray, with one line."""
+    from unirl.data import read_prompt_file
+    from unirl.data.media import has_references
+
+    path = (cfg.data_source or {}).get("path")
+    if not path:
+        return
+    edits = has_references(read_prompt_file(str(path)))
+    if cfg.bundle and "_target_" in cfg.bundle:
+        family = locate(str(cfg.bundle["_target_"]), "bundle")
+        takes = bool(getattr(family, "takes_references", False))
+        require(
+            takes or not edits,
+            f"data_source.path {path!r} is an editing set (every prompt has a reference image) "
+            f"but {family.__name__} takes no reference images; use an editing family "
+            "(unirl.models.flux2.Flux2KleinBundle) or a prompt file without 'media'",
+        )
+    for target in _reward_targets(cfg.reward):
+        scorer = locate(target, "reward")
+        if getattr(scorer, "needs_references", False):
+            require(
+                edits,
+                f"reward {target.rsplit('.', 1)[-1]} compares each result with its source "
+                f"image, but data_source.path {path!r} has no reference images; use an "
+                "editing prompt file (datasets/make_edit_prompts.py) or another reward",
+            )
+
+
 class DiffusionTrainer(StageTrainer):
     """A diffusion recipe as a placement of the loop: one stage (the ``diffusion`` track),
     trainside (every role a sibling on every worker) or dedicated (own engine copy, colocated
@@ -61,6 +104,7 @@ class DiffusionTrainer(StageTrainer):
             declared(algorithm_cls, "requires_log_prob", "algorithm", "StageAlgorithm")
         )
         self.dedicated: Any = None
+        self.references = ReferenceImages(self.sampling.height, self.sampling.width)
 
     @property
     def algorithm(self) -> Any:
@@ -143,12 +187,15 @@ class DiffusionTrainer(StageTrainer):
             sde_indices = torch.zeros((n, 0), dtype=torch.long)
         group_base = rollout_index * b
         sample_ids = torch.arange(base, base + n, dtype=torch.long)
+        primitives: dict[str, Any] = {"text": Texts(texts=texts)}
+        if has_references(prompts):  # an editing set: each row carries its source image
+            primitives["image"] = Images(pixels=self.references.pixels(prompts, repeat=spp))
         return RolloutReq(
             sample_ids=sample_ids,
             group_ids=torch.arange(group_base, group_base + b, dtype=torch.long).repeat_interleave(
                 spp
             ),
-            primitives={"text": Texts(texts=texts)},
+            primitives=primitives,
             metadata=metadata,
             stage_params={
                 TRACK: DiffusionRequest(

@@ -36,13 +36,15 @@ class RewardWorker:
 
 
 def light_track(track: RolloutTrack) -> RolloutTrack:
-    """The fields a reward needs (media, prompts, ids): no latents or embeddings on the wire."""
+    """The fields a reward needs (media, reference media, prompts, ids): no latents or
+    embeddings on the wire."""
     return RolloutTrack(
         sample_ids=track.sample_ids,
         group_ids=track.group_ids,
         prompts=track.prompts,
         metadata=track.metadata,
         decoded=track.decoded,
+        references=track.references,
         status=track.status,
         resident_key=track.resident_key,
     )

@@ -105,7 +105,8 @@ class RolloutReq(Batch):
 
 @dataclass(kw_only=True)
 class RolloutTrack(Batch):
-    """One stage's samples: lineage, conditions, trajectory segment, media, rewards, advantages.
+    """One stage's samples: lineage, conditions, trajectory segment, media (and the reference
+    media of an editing request), rewards, advantages.
 
     ``status[N]``: 0 ok, 1 dropped (excluded from advantages and training).
     """
@@ -118,6 +119,9 @@ class RolloutTrack(Batch):
     conditions: Conditions | None = batch_field("concat", default=None)
     segment: LatentSegment | TextSegment | None = batch_field("concat", default=None)
     decoded: Batch | None = batch_field("concat", default=None)
+    # editing: the source media each sample was conditioned on (``Images``), for edit
+    # rewards and source | edited galleries
+    references: Batch | None = batch_field("concat", default=None)
     rewards: torch.Tensor | None = batch_field("concat", default=None)
     component_rewards: dict[str, torch.Tensor] | None = batch_field("concat", default=None)
     advantages: torch.Tensor | None = batch_field("concat", default=None)

@@ -35,11 +35,11 @@ from unirl.types import (
 )
 
 
-def as_media(pixels: torch.Tensor) -> Images | Videos:
+def as_media(pixels: torch.Tensor, fps: float = 16.0) -> Images | Videos:
     """Decoded pixels as the media type they are: ``[N, 3, H, W]`` images or
-    ``[N, T, 3, H, W]`` videos (float32 in [0, 1])."""
+    ``[N, T, 3, H, W]`` videos at ``fps`` (float32 in [0, 1])."""
     if pixels.ndim == 5:
-        return Videos(frames=pixels.float())
+        return Videos(frames=pixels.float(), fps=float(fps))
     return Images(pixels=pixels.float())
 
 
@@ -146,6 +146,11 @@ class FlowMatchingPipeline:
         guidance = params.guidance_for(req.mode)
         t0 = time.perf_counter()
         conditions = self.encode(req.prompts, params, guidance).to(self.device)
+        references = req.primitives.get("image")
+        if references is not None:  # editing: each row is conditioned on its source image
+            conditions = self.bundle.encode_references(
+                conditions, references.pixels.to(self.device)  # type: ignore[attr-defined]
+            )
         timings["text_encode"] = time.perf_counter() - t0
 
         x_T = stage.initial_noise(req.seed)
@@ -196,7 +201,8 @@ class FlowMatchingPipeline:
             metadata=list(req.metadata),
             conditions=conditions,
             segment=segment,
-            decoded=as_media(pixels),
+            decoded=as_media(pixels, fps=params.fps),
+            references=references,
         )
         return RolloutResp(tracks={self.track_name: track}, timings=timings)
 

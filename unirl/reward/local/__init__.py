@@ -1,5 +1,5 @@
 """Local reward scorers: OCR, JPEG (in)compressibility, image-statistic guards, quick-start
-targets, rule-based text matchers and model-based scorers (CLIP score, PickScore, HPS v2,
+targets, edit rewards (result vs source), rule-based text matchers and model-based scorers (CLIP score, PickScore, HPS v2,
 ImageReward, LAION aesthetic; their weights load lazily on the first ``score``)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 from unirl.reward.local._hf import PretrainedScorer, RewardMLP, RewardWeightsNotFound
 from unirl.reward.local.aesthetic import LaionAesthetic
 from unirl.reward.local.clip_score import CLIPScore
+from unirl.reward.local.edit import RegionColorTarget, SourcePreservation, edit_mask
 from unirl.reward.local.hps import (
     HPSv2,
     convert_open_clip_checkpoint,
@@ -54,8 +55,10 @@ __all__ = [
     "OCRScorer",
     "PickScore",
     "PretrainedScorer",
+    "RegionColorTarget",
     "RewardMLP",
     "RewardWeightsNotFound",
+    "SourcePreservation",
     "color_entropy",
     "convert_image_reward_checkpoint",
     "convert_image_reward_state_dict",
@@ -63,6 +66,7 @@ __all__ = [
     "convert_open_clip_state_dict",
     "dark_fraction",
     "edge_density",
+    "edit_mask",
     "extract_boxed",
     "extract_choice",
     "extract_quoted_target",
