@@ -72,3 +72,47 @@ def test_caption_and_tiny_sets():
     assert not set(train) & set(test)
     tiny = _lines(DATASETS / "tiny" / "prompts.txt")
     assert len(tiny) == len(set(tiny)) == 64 and all(line.startswith("a ") for line in tiny)
+
+
+def test_edit_set_is_deterministic_matches_the_committed_files_and_its_boxes(tmp_path):
+    """jsonl byte for byte; PNGs pixel for pixel (encoders may differ between machines);
+    each mask is white exactly on the line's ``edit_box`` and the source's shape lies in it."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    module = _load("make_edit_prompts")
+    module.main(["--out-dir", str(tmp_path)])
+    committed = DATASETS / "edit"
+    lines = {}
+    for split, count in (("train", 48), ("test", 16)):
+        made = (tmp_path / f"{split}.jsonl").read_bytes()
+        assert made == (committed / f"{split}.jsonl").read_bytes(), "rerun make_edit_prompts.py"
+        lines[split] = [json.loads(x) for x in made.decode().splitlines()]
+        assert len(lines[split]) == count
+    for line in lines["train"] + lines["test"]:
+        source_uri, mask_uri = (m["uri"] for m in line["media"])
+        for uri in (source_uri, mask_uri):
+            ours = np.asarray(Image.open(tmp_path / uri))
+            assert np.array_equal(ours, np.asarray(Image.open(committed / uri))), uri
+        mask = np.asarray(Image.open(committed / mask_uri)) > 0
+        x0, y0, x1, y1 = (round(v * 64) for v in line["edit_box"])
+        expected = np.zeros((64, 64), dtype=bool)
+        expected[y0:y1, x0:x1] = True
+        assert np.array_equal(mask, expected)
+        source = np.asarray(Image.open(committed / source_uri)).astype(int)
+        background = source[0, 0]
+        assert (source[~mask] == background).all()  # nothing outside the box changes
+        assert line["prompt"].split()[-1] in {
+            "red",
+            "green",
+            "blue",
+            "yellow",
+            "white",
+            "black",
+            "orange",
+            "purple",
+        }
+    train = {json.dumps(x["edit_box"]) + x["prompt"] for x in lines["train"]}
+    assert not train & {json.dumps(x["edit_box"]) + x["prompt"] for x in lines["test"]}

@@ -40,7 +40,7 @@ def test_references_load_resized_and_repeat_like_their_prompts(tmp_path: Path) -
 
 def test_a_file_mixing_edits_and_plain_prompts_is_refused(tmp_path: Path) -> None:
     examples = read_prompt_file(_write(tmp_path, [_edit("a", "red.png"), {"prompt": "plain"}]))
-    with pytest.raises(ConfigError, match="mixes edits and plain prompts.*'plain' has none"):
+    with pytest.raises(ConfigError, match=r"mixes edits and plain prompts.*'plain' has none"):
         has_references(examples)
 
 

@@ -58,7 +58,7 @@ def test_contact_sheet_grid(tmp_path: Path) -> None:
     img = Image.open(path)
     assert img.size == (64, 2 * (32 + 3 * 12 + 6))
     assert img.getpixel((40, 10)) == (255, 255, 255) and img.getpixel((5, 5)) == (0, 0, 0)
-    with pytest.raises(ValueError, match="3 images but 2 captions"):
+    with pytest.raises(ValueError, match="3 samples but 2 captions"):
         contact_sheet(pixels, ["a", "b"], tmp_path / "x.png")
 
 
@@ -77,3 +77,37 @@ def test_missing_optional_tracker_names_the_extra(
     monkeypatch.setattr(builtins, "__import__", no_wandb)
     with pytest.raises(ImportError, match=r"pip install 'unirl\[wandb\]'"):
         build_trackers(["local", "wandb"], tmp_path, config={})
+
+
+def test_edit_sheet_puts_the_source_left_of_the_result(tmp_path: Path) -> None:
+    from unirl.logging import edit_sheet
+
+    sources = torch.zeros(2, 3, 8, 8)  # black
+    results = torch.ones(2, 3, 8, 8)  # white
+    results[:, 1:] = 0.0  # red
+    img = Image.open(edit_sheet(sources, results, ["a", "b"], tmp_path / "e.png", tile=16))
+    assert img.size == (2 * (2 * 16 + 2), 16 + 3 * 12 + 6)
+    assert img.getpixel((5, 5)) == (0, 0, 0)  # source of sample 0
+    assert img.getpixel((16, 5)) == (255, 255, 255)  # the gap
+    assert img.getpixel((25, 5)) == (255, 0, 0)  # result of sample 0
+    assert img.getpixel((34 + 25, 5)) == (255, 0, 0)  # result of sample 1
+    with pytest.raises(ValueError, match="differ"):
+        edit_sheet(sources[:, :, :4], results, ["a", "b"], tmp_path / "x.png")
+
+
+def test_video_sheet_is_an_animated_gif_with_one_sheet_per_frame(tmp_path: Path) -> None:
+    from unirl.logging import video_sheet
+
+    frames = torch.zeros(2, 3, 3, 8, 8)
+    for t in range(3):
+        frames[:, t, t] = 1.0  # frame 0 red, 1 green, 2 blue
+    path = video_sheet(frames, ["a", "b"], tmp_path / "v.gif", fps=8, tile=16)
+    img = Image.open(path)
+    assert img.n_frames == 3 and img.info["duration"] == 130 and img.info["loop"] == 0
+    seen = []
+    for t in range(3):
+        img.seek(t)
+        seen.append(img.convert("RGB").getpixel((5, 5)))
+    assert seen == [(255, 0, 0), (0, 255, 0), (0, 0, 255)]
+    with pytest.raises(ValueError, match=r"\[N, T, 3, H, W\]"):
+        video_sheet(frames[0], ["a"], tmp_path / "x.gif")

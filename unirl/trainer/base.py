@@ -20,14 +20,14 @@ from unirl.algorithms.advantages import advantages_for
 from unirl.config.run import RunConfig
 from unirl.config.secrets import redact_secrets
 from unirl.distributed.group import DevicePool, DevicePoolConfig
-from unirl.logging import LocalTracker, build_trackers, contact_sheet
+from unirl.logging import LocalTracker, build_trackers, contact_sheet, edit_sheet, video_sheet
 from unirl.logging.progress import progress_bar
 from unirl.train.checkpoint import CheckpointError, fault_point, write_failure
 from unirl.trainer.console import TRAIN_LOG, ConsoleLog
 from unirl.trainer.output import DRIVER_STATE, OutputDir, resolve_resume, write_json_atomic
 from unirl.trainer.roles import light_track, pixels_of
 from unirl.trainer.stage import Stage, order_stages, propagate_rewards
-from unirl.types import STATUS_OK, RolloutReq, RolloutTrack
+from unirl.types import STATUS_OK, Images, RolloutReq, RolloutTrack, Videos
 
 
 def make_trackers(cfg: RunConfig, out: OutputDir, data: dict[str, Any]) -> Any:
@@ -130,11 +130,20 @@ class StageTrainer:
         raise NotImplementedError
 
     def gallery(self, path: Path, track: RolloutTrack, limit: int) -> None:
-        """Draw a track's media with their rewards and prompts (images: a contact sheet)."""
-        pixels = pixels_of(track)[:limit]
+        """Draw a track's media with their rewards and prompts: images as a PNG contact sheet,
+        edits as ``source | result`` tiles, videos as an animated GIF (``path``'s suffix
+        becomes ``.gif``)."""
         rewards = track.rewards.tolist() if track.rewards is not None else [math.nan] * len(track)
         prompts = track.prompts or [""] * len(track)
         captions = [f"{r:.3f} | {p}" for r, p in zip(rewards[:limit], prompts[:limit])]
+        if isinstance(track.decoded, Videos):
+            video = track.decoded
+            video_sheet(video.frames[:limit], captions, path.with_suffix(".gif"), fps=video.fps)
+            return
+        pixels = pixels_of(track)[:limit]
+        if isinstance(track.references, Images):
+            edit_sheet(track.references.pixels[:limit], pixels, captions, path)
+            return
         contact_sheet(pixels, captions, path)
 
     # -- stages --------------------------------------------------------------------------------
