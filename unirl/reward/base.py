@@ -104,6 +104,18 @@ class RewardBackend(ABC):
         edit rewards (:class:`EditRewardBackend`) compare the two."""
         return self.score(images, prompts, metadata)
 
+    def score_video(
+        self, frames: Tensor, fps: float, prompts: list[str], metadata: list[dict]
+    ) -> ScoreResult:
+        """Score ``N`` videos ``frames[N, T, 3, H, W]`` in [0, 1] at ``fps``. Video scorers
+        implement this; an image scorer is refused rather than guessed at: wrap it in
+        :class:`unirl.reward.local.PerFrame` with the aggregation you mean."""
+        raise RewardError(
+            f"{type(self).__name__} scores images, but the track decoded videos; wrap it as "
+            "{_target_: unirl.reward.local.PerFrame, aggregate: mean, scorer: {...}} to score "
+            "each frame and aggregate over time"
+        )
+
     @property
     def device(self) -> torch.device:
         """Where the scorer computes (models live here); results still come back on CPU."""
@@ -171,6 +183,16 @@ def check_images(images: Tensor | None, n: int, source: str) -> Tensor:
     if not images.is_floating_point():
         raise RewardError(f"{source} expects float images in [0, 1]; got dtype {images.dtype}")
     return images
+
+
+def check_videos(frames: Tensor | None, n: int, source: str) -> Tensor:
+    """Validate ``frames[N, T, 3, H, W]`` floating point; returns it unchanged."""
+    if frames is None or frames.ndim != 5 or frames.shape[2] != 3 or frames.shape[0] != n:
+        got = None if frames is None else tuple(frames.shape)
+        raise RewardError(f"{source} expects videos of shape [N={n}, T, 3, H, W]; got {got}")
+    if not frames.is_floating_point():
+        raise RewardError(f"{source} expects float frames in [0, 1]; got dtype {frames.dtype}")
+    return frames
 
 
 def check_lengths(n: int, source: str, **lists: list) -> None:

@@ -93,6 +93,11 @@ class WeightedRewardBackend(RewardBackend):
             lambda b: b.score_edit(images, sources, prompts, metadata), len(prompts)
         )
 
+    def score_video(
+        self, frames: Tensor, fps: float, prompts: list[str], metadata: list[dict]
+    ) -> ScoreResult:
+        return self._combine(lambda b: b.score_video(frames, fps, prompts, metadata), len(prompts))
+
     def score_texts(
         self, texts: list[str], prompts: list[str], metadata: list[dict]
     ) -> ScoreResult:

@@ -190,6 +190,9 @@ def _call(
         if sources is not None:  # an edit: the backend sees result and source
             return backend.score_edit(pixels, sources.to(pixels.device), prompts, metadata)
         return backend.score(pixels, prompts, metadata)
+    frames = getattr(decoded, "frames", None)
+    if frames is not None:
+        return backend.score_video(frames, float(decoded.fps), prompts, metadata)
     texts = getattr(decoded, "texts", None)
     if texts is not None:
         return backend.score_texts(list(texts), prompts, metadata)
@@ -197,7 +200,7 @@ def _call(
         return backend.score(None, prompts, metadata)
     raise RewardError(
         f"cannot score track.decoded of type {type(decoded).__name__}; "
-        "expected unirl.types.Images (.pixels) or unirl.types.Texts (.texts)"
+        "expected unirl.types.Images (.pixels), Videos (.frames) or Texts (.texts)"
     )
 
 

@@ -38,6 +38,7 @@ from unirl.reward.local.text_match import (
     extract_choice,
     math_equal,
 )
+from unirl.reward.local.video import PerFrame, TemporalConsistency, VideoPickScore
 
 __all__ = [
     "BoxedMathAnswer",
@@ -53,12 +54,15 @@ __all__ = [
     "LaionAesthetic",
     "MultipleChoice",
     "OCRScorer",
+    "PerFrame",
     "PickScore",
     "PretrainedScorer",
     "RegionColorTarget",
     "RewardMLP",
     "RewardWeightsNotFound",
     "SourcePreservation",
+    "TemporalConsistency",
+    "VideoPickScore",
     "color_entropy",
     "convert_image_reward_checkpoint",
     "convert_image_reward_state_dict",
