@@ -29,13 +29,14 @@ import torch
 from unirl.algorithms import FlowGRPO
 from unirl.sde import ODE, FlowSDE
 from unirl.train import FSDPBackend, LoraConfig, OptimizerConfig, TrainStack
-from unirl.types import DiffusionRequest, DiffusionSamplingParams, RolloutReq, Texts
+from unirl.types import DiffusionRequest, DiffusionSamplingParams, RolloutReq, Texts, Videos
 
 
 @dataclasses.dataclass
 class DiffusersSample:
     """What the reference pipeline produced: final latents in our layout, decoded pixels
-    ``[N, 3, H, W]`` in [0, 1], and the σ schedule its scheduler used (``[T + 1]``)."""
+    ``[N, 3, H, W]`` (videos: ``[N, T, 3, H, W]``) in [0, 1], and the σ schedule its scheduler
+    used (``[T + 1]``)."""
 
     latents: torch.Tensor
     pixels: torch.Tensor
@@ -61,7 +62,8 @@ def run_diffusers(
         callback_on_step_end_tensor_inputs=["latents"],
         **kwargs,
     )
-    return captured["latents"], out.images
+    # image pipelines return ``images``, video pipelines ``frames`` ([N, T, 3, H, W])
+    return captured["latents"], out.frames if hasattr(out, "frames") else out.images
 
 
 class FamilyTester:
@@ -113,10 +115,19 @@ class FamilyTester:
         """Assert the ``<family>-arch`` preset's shapes (meta device, no memory)."""
         raise NotImplementedError
 
+    def backend_kwargs(self, bundle: Any) -> dict[str, Any]:
+        """Extra ``FSDPBackend`` arguments for this family (e.g. ``trainable_attr``)."""
+        return {}
+
+    def load_exported_lora(self, pipe: Any, folder: Path) -> None:
+        """Load the adapter ``backend.export_lora`` wrote into the diffusers pipeline."""
+        pipe.load_lora_weights(str(folder))
+
     # -- geometry shared by the tests ------------------------------------------------------------
 
     height: ClassVar[int] = 64
     width: ClassVar[int] = 64
+    num_frames: ClassVar[int] = 1  # video families: frames per sample
     steps: ClassVar[int] = 4
     guidance_scale: ClassVar[float] = 4.0
     # two prompts of different token lengths (text padding is exercised)
@@ -142,6 +153,7 @@ class FamilyTester:
             width=self.width,
             samples_per_prompt=samples_per_prompt,
             negative_prompt="",
+            num_frames=self.num_frames,
         )
         return RolloutReq(
             sample_ids=torch.arange(n),
@@ -156,7 +168,7 @@ class FamilyTester:
                         n, -1
                     ),
                     sigmas=bundle.sigmas(self.steps, self.height, self.width),
-                    init_noise_shape=tuple(bundle.latent_shape(self.height, self.width)),
+                    init_noise_shape=tuple(bundle.latent_shape_for(params)),
                 )
             },
             sampling_params=params,
@@ -198,6 +210,7 @@ class FamilyTester:
             optimizer=OptimizerConfig(lr=2e-2),
             param_dtype="fp32",
             device="cpu",
+            **self.backend_kwargs(bundle),
         )
         pipeline = self.pipeline_class(bundle=bundle, strategy=FlowSDE(eta=0.7))
         algorithm = FlowGRPO(pipeline=pipeline, clip_range=1e-3, old_logp_source="replay")
@@ -231,7 +244,9 @@ class FamilyTester:
         assert torch.equal(ref.sigmas.cpu().float(), sigmas), (ref.sigmas, sigmas)
         assert track.segment.final_latents is not None
         self.assert_within(track.segment.final_latents, ref.latents, self.latent_atol, "latents")
-        self.assert_within(track.decoded.pixels, ref.pixels, self.pixel_atol, "pixels")
+        media = track.decoded
+        pixels = media.frames if isinstance(media, Videos) else media.pixels
+        self.assert_within(pixels, ref.pixels, self.pixel_atol, "pixels")
 
     def test_first_update_ratio_is_exactly_one(self, trained: SimpleNamespace) -> None:
         step = trained.step
@@ -272,7 +287,7 @@ class FamilyTester:
         ours_latents = ours.tracks["diffusion"].segment.final_latents
         pipe = self.load_diffusers()
         base = self.reference(pipe, req).latents
-        pipe.load_lora_weights(str(tmp_path / "lora"))
+        self.load_exported_lora(pipe, tmp_path / "lora")
         loaded = self.reference(pipe, req).latents
         moved = float((loaded - base).abs().max())
         assert moved > 1e-4, f"the exported adapter moved diffusers' latents by only {moved:.3g}"

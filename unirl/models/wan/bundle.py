@@ -1,0 +1,615 @@
+"""``WanBundle``: the Wan modules (one or two trainable ``WanTransformer3DModel`` experts, the
+frozen UMT5 text encoder, the 3D causal VAE, for I2V the CLIP image encoder) and Wan's own part
+of the family contract: loading, prompt and first-frame encoding, the velocity call with the
+expert of each σ, the static-shift σ policy, video latent geometry and decode. The rest is
+:class:`~unirl.models.common.bundle.FlowMatchingBundle`'s.
+
+Latents are the VAE's own ``[N, 16, F, H/8, W/8]`` with ``F = (num_frames - 1) / 4 + 1`` (the
+first pixel frame is a latent frame of its own, then every 4 frames one more), normalised
+with the VAE's per-channel ``latents_mean`` / ``latents_std``. The transformer patches them
+(1, 2, 2) itself. Guidance is batched CFG (``[negative; prompt]`` rows in one forward): every
+prompt is padded to ``max_sequence_length`` tokens, so the rows stack.
+
+Two experts (Wan 2.2): ``transformer`` runs where ``σ ≥ boundary_ratio`` (diffusers compares
+``t = σ·1000`` with ``boundary_ratio·1000``), ``transformer_2`` below. ``train_experts`` says
+which train; :attr:`trainable_attr` is where the training backend finds them (``transformer``,
+``transformer_2``, or ``experts``, a :class:`~unirl.models.wan.experts.WanExperts` holding
+both).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from unirl.config.precision import parse_dtype
+from unirl.config.require import ConfigError, require
+from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
+from unirl.models.common.presets import ModelSourceError
+from unirl.models.common.progress import hf_progress_bars_disabled
+from unirl.models.wan.arch import WanArchSpec, build_arch_modules
+from unirl.models.wan.conditions import WanConditions
+from unirl.models.wan.config import WanBundleConfig
+from unirl.models.wan.experts import WanExperts
+from unirl.models.wan.presets import (
+    TINY_VARIANTS,
+    arch_spec,
+    architecture_configs,
+    resolve_model_source,
+    tiny_spec,
+)
+from unirl.models.wan.text_encode import (
+    encode_clip_images,
+    encode_first_frame,
+    encode_umt5_prompts,
+)
+
+PATCH = 2  # the transformer's spatial patch (its temporal patch is 1)
+
+
+def scheduler_config_of(raw: dict[str, Any]) -> dict[str, Any]:
+    """The σ policy of a checkpoint's scheduler config, as a ``FlowMatchEulerDiscreteScheduler``
+    config: the released Wan checkpoints ship ``UniPCMultistepScheduler`` with ``flow_shift``;
+    UniRL steps with its own kernels and keeps only the shift (see README, Gotchas)."""
+    if raw.get("_class_name") == "UniPCMultistepScheduler":
+        require(
+            bool(raw.get("use_flow_sigmas", True)),
+            "the checkpoint's UniPCMultistepScheduler does not use flow sigmas; UniRL reads Wan's "
+            "flow-matching schedule only",
+        )
+        return {
+            "num_train_timesteps": int(raw.get("num_train_timesteps", 1000)),
+            "shift": float(raw.get("flow_shift", 1.0)),
+        }
+    return {k: v for k, v in raw.items() if not k.startswith("_")}
+
+
+def _load_folder(folder: Path, cfg: WanBundleConfig) -> dict[str, Any]:
+    """Components of a diffusers Wan folder (``save_pretrained`` layout), on CPU, cast."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from transformers import AutoTokenizer, UMT5EncoderModel
+
+    index = json.loads((folder / "model_index.json").read_text())
+    require(
+        not index.get("expand_timesteps", False),
+        f"bundle.path={cfg.path!r} is a Wan 2.2 TI2V checkpoint (expand_timesteps: per-token "
+        "timesteps, 48-channel VAE), which UniRL does not support yet; use a Wan 2.1 or "
+        "Wan 2.2 A14B checkpoint",
+    )
+    common = {"local_files_only": True}
+    dtype = parse_dtype(cfg.dtype, "bundle.dtype")
+    text_dtype = parse_dtype(cfg.text_encoder_dtype, "bundle.text_encoder_dtype")
+
+    def present(name: str) -> bool:
+        entry = index.get(name)
+        return isinstance(entry, list) and entry[0] is not None and (folder / name).is_dir()
+
+    parts: dict[str, Any] = {
+        "transformer": WanTransformer3DModel.from_pretrained(
+            folder, subfolder="transformer", torch_dtype=dtype, **common
+        ),
+        "transformer_2": WanTransformer3DModel.from_pretrained(
+            folder, subfolder="transformer_2", torch_dtype=dtype, **common
+        )
+        if present("transformer_2")
+        else None,
+        "vae": AutoencoderKLWan.from_pretrained(
+            folder,
+            subfolder="vae",
+            torch_dtype=parse_dtype(cfg.vae_dtype, "bundle.vae_dtype"),
+            **common,
+        ),
+        "text_encoder": UMT5EncoderModel.from_pretrained(
+            folder, subfolder="text_encoder", dtype=text_dtype, **common
+        ),
+        "tokenizer": AutoTokenizer.from_pretrained(folder, subfolder="tokenizer", **common),
+        "scheduler_config": json.loads(
+            (folder / "scheduler" / "scheduler_config.json").read_text()
+        ),
+        "boundary_ratio": index.get("boundary_ratio"),
+        "image_encoder": None,
+        "image_processor": None,
+    }
+    if present("image_encoder"):
+        from transformers import CLIPImageProcessor, CLIPVisionModel
+
+        parts["image_encoder"] = CLIPVisionModel.from_pretrained(
+            folder, subfolder="image_encoder", dtype=text_dtype, **common
+        )
+        parts["image_processor"] = CLIPImageProcessor.from_pretrained(
+            folder, subfolder="image_processor", **common
+        )
+    return parts
+
+
+def expert_layout(path: str) -> tuple[bool, float | None] | None:
+    """``(two experts?, the checkpoint's boundary_ratio)`` of a source, read without weights;
+    None when it is not readable here (an uncached hub id)."""
+    name = str(path).strip()
+    if name in TINY_VARIANTS:
+        spec = tiny_spec(name)
+        two = spec.variant == "two_expert"
+        return two, spec.boundary_ratio if two else None
+    from unirl.models.wan.presets import SOURCES
+
+    kind, resolved = SOURCES.classify(name)
+    if kind == "arch":
+        spec_ = arch_spec(resolved)
+        return spec_.transformer_2 is not None, spec_.boundary_ratio
+    folder = Path(resolved) if kind == "folder" else SOURCES.cached_snapshot(resolved)
+    if folder is None or not (folder / "model_index.json").is_file():
+        return None
+    index = json.loads((folder / "model_index.json").read_text())
+    entry = index.get("transformer_2")
+    two = isinstance(entry, list) and entry[0] is not None
+    return two, index.get("boundary_ratio")
+
+
+def trainable_attr_for(train_experts: str, two_experts: bool) -> str:
+    """Where the trained module lives on the bundle: ``transformer`` (Wan 2.1, or the
+    high-noise expert), ``transformer_2`` (the low-noise one), ``experts`` (both)."""
+    if not two_experts:
+        return "transformer"
+    return {"both": "experts", "high": "transformer", "low": "transformer_2"}[train_experts]
+
+
+class WanBundle(FlowMatchingBundle):
+    """Wan 2.1 / 2.2 weights for rollout and training.
+
+    Keyword arguments are the fields of :class:`WanBundleConfig` (a recipe block
+    ``{_target_: unirl.models.wan.WanBundle, path: Wan-AI/Wan2.1-T2V-1.3B-Diffusers, dtype: bf16}``
+    builds it); ``WanBundle.from_config(config)`` takes a config whole. The trained module is
+    ``getattr(bundle, bundle.trainable_attr)``.
+    """
+
+    config_class: ClassVar[type[WanBundleConfig]] = WanBundleConfig
+    config: WanBundleConfig
+    frozen_module_names: ClassVar[tuple[str, ...]] = ("text_encoder", "vae", "image_encoder")
+    block_class_names: ClassVar[tuple[str, ...]] = ("WanTransformerBlock",)
+    # self- and cross-attention of every block (attn1 / attn2)
+    lora_default_targets: ClassVar[tuple[str, ...]] = ("to_q", "to_k", "to_v", "to_out.0")
+    # I2V models attach a first frame per row; a text-to-video model refuses it in one line
+    takes_references: ClassVar[bool] = True
+
+    # -- checks before anything is built ----------------------------------------------------
+
+    @classmethod
+    def architecture(cls, path: str) -> tuple[dict, dict] | None:
+        return architecture_configs(path)
+
+    @classmethod
+    def check_image_size(cls, architecture: tuple[dict, dict], key: str, size: int) -> None:
+        transformer, vae = architecture
+        vae_factor = 2 ** len(vae.get("temperal_downsample", (False, True, True)))
+        patch = int(transformer.get("patch_size", (1, PATCH, PATCH))[1])
+        require_size_multiple(
+            key,
+            size,
+            vae_factor * patch,
+            f"VAE factor {vae_factor} x {patch}x{patch} patches of Wan",
+        )
+
+    @classmethod
+    def trainable_from_architecture(cls, architecture: tuple[dict, dict]) -> torch.nn.Module:
+        from diffusers import WanTransformer3DModel
+
+        config = {k: v for k, v in architecture[0].items() if not k.startswith("_")}
+        return WanTransformer3DModel.from_config(config)
+
+    @classmethod
+    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+        """The shared checks, then Wan's: ``num_frames`` of the form 4k + 1, experts that exist,
+        and ``backend.trainable_attr`` naming where the trained experts live."""
+        super().check_config(block, recipe)
+        sampling = getattr(recipe, "sampling", None) or {}
+        frames = sampling.get("num_frames") if isinstance(sampling, dict) else None
+        if isinstance(frames, int) and not isinstance(frames, bool):
+            check_num_frames(frames, 4)
+        try:
+            layout = expert_layout(cls._path_of(block))
+        except ModelSourceError as exc:
+            raise ConfigError(f"bundle.path: {exc}") from exc
+        if layout is None:
+            return
+        two, _ = layout
+        train = str(block.get("train_experts", "both"))
+        check_expert_choice(two, train, block.get("boundary_ratio"))
+        backend = getattr(recipe, "backend", None) or {}
+        if isinstance(backend, dict) and backend:
+            wanted = trainable_attr_for(train, two)
+            got = str(backend.get("trainable_attr", "transformer"))
+            require(
+                got == wanted,
+                f"backend.trainable_attr={got!r} but bundle.train_experts={train} trains "
+                f"bundle.{wanted}; set backend.trainable_attr: {wanted}",
+            )
+
+    # -- modules -------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        cfg = self.config
+        self.source = resolve_model_source(cfg.path)
+        if isinstance(self.source, WanArchSpec):
+            parts = build_arch_modules(
+                self.source,
+                device=self.device,
+                dtype=self.dtype,
+                text_encoder_dtype=self.text_encoder_dtype,
+                vae_dtype=self.vae_dtype,
+            )
+        else:
+            with hf_progress_bars_disabled():
+                parts = _load_folder(self.source, cfg)
+        two = parts["transformer_2"] is not None
+        check_expert_choice(two, cfg.train_experts, cfg.boundary_ratio)
+        self.experts = WanExperts(parts["transformer"], parts["transformer_2"])
+        self.vae: torch.nn.Module = parts["vae"]
+        self.text_encoder: torch.nn.Module = parts["text_encoder"]
+        self.image_encoder: torch.nn.Module | None = parts["image_encoder"]
+        self.image_processor = parts["image_processor"]
+        self.tokenizer = parts["tokenizer"]
+        scheduler = scheduler_config_of(dict(parts["scheduler_config"]))
+        if cfg.flow_shift is not None:
+            scheduler["shift"] = float(cfg.flow_shift)
+        self.scheduler_config: dict[str, Any] = scheduler
+
+        # Experts: which runs where, which trains, where the backend finds what trains.
+        self.two_experts = two
+        ratio = cfg.boundary_ratio if cfg.boundary_ratio is not None else parts["boundary_ratio"]
+        require(
+            not two or ratio is not None,
+            f"bundle.path={cfg.path!r} has two experts but no boundary_ratio in its "
+            "model_index.json; set bundle.boundary_ratio",
+        )
+        self.boundary_ratio: float | None = float(ratio) if two else None
+        self.trainable_attr = trainable_attr_for(cfg.train_experts, two)
+        self.trainable_module_names = (self.trainable_attr,)  # type: ignore[misc]
+        trained = (
+            {"transformer"}
+            if not two
+            else {"both": {"transformer", "transformer_2"}, "high": {"transformer"}}.get(
+                cfg.train_experts, {"transformer_2"}
+            )
+        )
+        self.trained_experts: tuple[str, ...] = tuple(
+            n for n in ("transformer", "transformer_2") if n in trained
+        )
+        for name, module in self.experts.experts().items():
+            if name not in trained:
+                module.requires_grad_(False).eval()
+
+        # Geometry, read once before anyone wraps the transformers.
+        tcfg = parts["transformer"].config
+        vcfg = self.vae.config
+        self.latent_channels = int(vcfg.z_dim)
+        self.in_channels = int(tcfg.in_channels)
+        self.is_i2v = self.in_channels != self.latent_channels
+        require(
+            not self.is_i2v or self.in_channels == 2 * self.latent_channels + 4,
+            f"transformer in_channels={self.in_channels} is neither the VAE's {self.latent_channels} "
+            f"latent channels (T2V) nor 2·{self.latent_channels} + 4 (I2V: noise, mask, first frame)",
+        )
+        self.uses_image_embeds = tcfg.image_dim is not None
+        require(
+            not self.uses_image_embeds or self.image_encoder is not None,
+            f"bundle.path={cfg.path!r}: the transformer takes CLIP image tokens (image_dim set) "
+            "but the checkpoint has no image_encoder",
+        )
+        self.temporal_factor = int(getattr(vcfg, "scale_factor_temporal", 4) or 4)
+        self.spatial_factor = int(getattr(vcfg, "scale_factor_spatial", 8) or 8)
+        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
+        self.boundary_timestep = (
+            None if self.boundary_ratio is None else self.boundary_ratio * self.num_train_timesteps
+        )
+        shape = (1, self.latent_channels, 1, 1, 1)
+        self._latents_mean = torch.tensor(vcfg.latents_mean).view(shape)
+        self._latents_std = torch.tensor(vcfg.latents_std).view(shape)
+
+    # the experts, always read through the container (wrappers may replace them there)
+
+    @property
+    def transformer(self) -> torch.nn.Module:
+        """The (high-noise) expert."""
+        return self.experts.transformer
+
+    @transformer.setter
+    def transformer(self, module: torch.nn.Module) -> None:
+        self._set_expert("transformer", module)
+
+    @property
+    def transformer_2(self) -> torch.nn.Module | None:
+        """The low-noise expert (Wan 2.2), None for one-expert models."""
+        return self.experts.transformer_2
+
+    @transformer_2.setter
+    def transformer_2(self, module: torch.nn.Module) -> None:
+        self._set_expert("transformer_2", module)
+
+    def _set_expert(self, name: str, module: torch.nn.Module) -> None:
+        if isinstance(module, WanExperts):
+            raise ValueError(
+                f"bundle.{name} was set to both experts: bundle.train_experts="
+                f"{self.config.train_experts} trains bundle.{self.trainable_attr}; set "
+                f"backend.trainable_attr: {self.trainable_attr}"
+            )
+        setattr(self.experts, name, module)
+
+    @property
+    def trainable_module(self) -> torch.nn.Module:
+        """What the training backend wraps: the trained expert, or both as ``experts``."""
+        return getattr(self, self.trainable_attr)
+
+    @property
+    def trainable_modules(self) -> dict[str, torch.nn.Module]:
+        """The trained experts by diffusers' component name (``transformer``, ``transformer_2``)."""
+        return {name: getattr(self.experts, name) for name in self.trained_experts}
+
+    @property
+    def frozen_experts(self) -> dict[str, torch.nn.Module]:
+        """The experts that do not train (kept on the device: sampling needs them)."""
+        return {n: m for n, m in self.experts.experts().items() if n not in self.trained_experts}
+
+    def to(self, device: torch.device | str) -> Any:
+        super().to(device)
+        for module in self.frozen_experts.values():
+            module.to(self.device)
+        return self
+
+    # -- encode --------------------------------------------------------------------------------
+
+    def encode_unique(self, texts: list[str]) -> WanConditions:
+        embeds = encode_umt5_prompts(
+            self.tokenizer,
+            self.text_encoder,
+            texts,
+            max_sequence_length=self.config.max_sequence_length,
+        )
+        return WanConditions(prompt_embeds=embeds.to(self.device))
+
+    def with_negative(  # type: ignore[override]
+        self, conditions: WanConditions, negative: WanConditions
+    ) -> WanConditions:
+        return WanConditions(
+            prompt_embeds=conditions.prompt_embeds,
+            negative_prompt_embeds=negative.prompt_embeds.expand(len(conditions), -1, -1),
+            image_condition=conditions.image_condition,
+            image_embeds=conditions.image_embeds,
+            video_shape=conditions.video_shape,
+        )
+
+    def cfg_conditions(self, conditions: WanConditions) -> WanConditions:
+        """``[negative rows; prompt rows]`` (2·N) for one batched CFG forward."""
+        return conditions.cfg_pairs()
+
+    def encode_references(  # type: ignore[override]
+        self, conditions: WanConditions, pixels: torch.Tensor
+    ) -> WanConditions:
+        """I2V: ``conditions`` with the first frame of each row attached, ``pixels[N, 3, H, W]``
+        in [0, 1] (the video's size; ``conditions.video_shape`` gives frames and size, set by
+        :class:`~unirl.models.wan.WanPipeline`)."""
+        shape = conditions.video_shape
+        if shape is None:
+            raise ValueError(
+                "WanBundle.encode_references: the conditions carry no video_shape (frames, "
+                "height, width); encode through unirl.models.wan.WanPipeline or call "
+                "encode_first_frames"
+            )
+        num_frames, height, width = shape
+        return self.encode_first_frames(
+            conditions, pixels, num_frames=num_frames, height=height, width=width
+        )
+
+    @torch.no_grad()
+    def encode_first_frames(
+        self,
+        conditions: WanConditions,
+        pixels: torch.Tensor,
+        *,
+        num_frames: int,
+        height: int,
+        width: int,
+    ) -> WanConditions:
+        """``conditions`` with ``image_condition`` (mask + VAE latent of the first frame and
+        ``num_frames - 1`` black frames) and, for models with a CLIP image encoder,
+        ``image_embeds`` attached; ``pixels[N, 3, height, width]`` in [0, 1]."""
+        self._require_onloaded("encode_first_frames")
+        if not self.is_i2v:
+            raise ValueError(
+                f"bundle.path={self.config.path!r} is a text-to-video Wan model and takes no "
+                "first frames, but the prompts carry 'media' references; use an image-to-video "
+                "model (path=tiny-i2v, Wan-AI/Wan2.1-I2V-14B-480P-Diffusers) or a prompt file "
+                "without 'media'"
+            )
+        n = len(conditions)
+        if pixels.ndim != 4 or pixels.shape[0] != n or pixels.shape[1] != 3:
+            raise ValueError(
+                f"encode_first_frames: pixels must be [{n}, 3, H, W] (one first frame per row), "
+                f"got {tuple(pixels.shape)}"
+            )
+        if tuple(pixels.shape[2:]) != (height, width):
+            raise ValueError(
+                f"encode_first_frames: first frames are {tuple(pixels.shape[2:])} but the video "
+                f"is {height}x{width}; resize the reference images to sampling.height x "
+                "sampling.width"
+            )
+        check_num_frames(num_frames, self.temporal_factor)
+        image_condition = encode_first_frame(
+            self.vae,
+            pixels.to(self.device),
+            num_frames=num_frames,
+            latents_mean=self._latents_mean,
+            latents_std=self._latents_std,
+            temporal_factor=self.temporal_factor,
+        ).to(self.device)
+        image_embeds = None
+        if self.uses_image_embeds:
+            assert self.image_encoder is not None
+            image_embeds = encode_clip_images(self.image_processor, self.image_encoder, pixels).to(
+                self.device
+            )
+        return conditions.with_images(image_condition, image_embeds)
+
+    # -- velocity ------------------------------------------------------------------------------
+
+    def expert_of(self, timestep: torch.Tensor) -> torch.Tensor:
+        """``high[B]`` (bool, on the host): rows the high-noise expert owns, as diffusers picks
+        (``t ≥ boundary_ratio·num_train_timesteps``). One device sync for two-expert models."""
+        if self.boundary_timestep is None:
+            return torch.ones(timestep.shape[0], dtype=torch.bool)
+        return (timestep >= self.boundary_timestep).cpu()
+
+    def predict_velocity(
+        self, latents: torch.Tensor, sigma: torch.Tensor | float, conditions: WanConditions
+    ) -> torch.Tensor:
+        """``v[B, C, F, h, w]`` (fp32) for ``latents[B, C, F, h, w]`` at ``sigma`` (``[B]`` or
+        scalar), with the rows of ``conditions`` (``B`` rows).
+
+        As diffusers calls it: ``timestep = σ·num_train_timesteps`` (fp32), the latents (and
+        the I2V condition, along channels) in the transformer's dtype, the expert of each row's
+        σ. Rows of both experts in one batch run as two forwards.
+        """
+        b = latents.shape[0]
+        if len(conditions) != b:
+            raise ValueError(f"predict_velocity: {b} latents but {len(conditions)} condition rows")
+        if self.is_i2v and conditions.image_condition is None:
+            raise ValueError(
+                f"bundle.path={self.config.path!r} is an image-to-video model: every prompt "
+                "needs a first frame (a prompt file with 'media' references)"
+            )
+        sigma_t = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1)
+        if sigma_t.numel() == 1:
+            sigma_t = sigma_t.expand(b)
+        elif sigma_t.numel() != b:
+            raise ValueError(
+                f"predict_velocity: sigma has {sigma_t.numel()} values for {b} latents"
+            )
+        timestep = (sigma_t * self.num_train_timesteps).to(self.device)
+        high = self.expert_of(timestep)
+        if bool(high.all()) or not bool(high.any()):
+            name = "transformer" if bool(high.all()) else "transformer_2"
+            return self._expert_forward(name, latents, timestep, conditions)
+        rows = {
+            "transformer": high.nonzero().squeeze(1),
+            "transformer_2": (~high).nonzero().squeeze(1),
+        }
+        out = torch.empty(latents.shape, dtype=torch.float32, device=self.device)
+        for name, idx in rows.items():
+            dev_idx = idx.to(self.device)
+            out[dev_idx] = self._expert_forward(
+                name,
+                latents.index_select(0, idx.to(latents.device)),
+                timestep.index_select(0, dev_idx),
+                conditions.select(idx),
+            )
+        return out
+
+    def _expert_forward(
+        self,
+        name: str,
+        latents: torch.Tensor,
+        timestep: torch.Tensor,
+        conditions: WanConditions,
+    ) -> torch.Tensor:
+        if torch.is_grad_enabled() and name not in self.trained_experts:
+            sigma = float(timestep.max()) / self.num_train_timesteps
+            side = "≥" if name == "transformer" else "<"
+            raise ValueError(
+                f"a trained step at σ={sigma:.4g} runs the frozen {name} (σ {side} "
+                f"{self.boundary_ratio}; bundle.train_experts={self.config.train_experts}): "
+                "keep sampling.sde_steps within the trained expert's σ range"
+            )
+        module = getattr(self.experts, name)
+        hidden = latents.to(self.device, self.dtype)
+        if conditions.image_condition is not None:
+            hidden = torch.cat(
+                [hidden, conditions.image_condition.to(self.device, self.dtype)], dim=1
+            )
+        image_embeds = conditions.image_embeds
+        with self.sdpa_context(), self.autocast():
+            v = module(
+                hidden_states=hidden,
+                timestep=timestep,
+                encoder_hidden_states=conditions.prompt_embeds.to(self.device, self.dtype),
+                encoder_hidden_states_image=None
+                if image_embeds is None
+                else image_embeds.to(self.device, self.dtype),
+                return_dict=False,
+            )[0]
+        return v.float()
+
+    # -- geometry and decode ------------------------------------------------------------------
+
+    def latent_frames(self, num_frames: int) -> int:
+        """Latent frames of a ``num_frames`` video (``(num_frames - 1) / 4 + 1``)."""
+        check_num_frames(num_frames, self.temporal_factor)
+        return (num_frames - 1) // self.temporal_factor + 1
+
+    def video_latent_shape(
+        self, num_frames: int, height: int, width: int
+    ) -> tuple[int, int, int, int]:
+        """``(C, F, H/8, W/8)``: the latent of a ``num_frames x height x width`` video."""
+        multiple = self.spatial_factor * PATCH
+        if height % multiple or width % multiple or height <= 0 or width <= 0:
+            raise ValueError(
+                f"sampling.height={height} and sampling.width={width} must be positive multiples "
+                f"of {multiple} (VAE factor {self.spatial_factor} x {PATCH}x{PATCH} patches)"
+            )
+        return (
+            self.latent_channels,
+            self.latent_frames(num_frames),
+            height // self.spatial_factor,
+            width // self.spatial_factor,
+        )
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """The latent of one frame (``num_frames=1``); videos: :meth:`latent_shape_for`."""
+        return self.video_latent_shape(1, height, width)
+
+    def latent_shape_for(self, params: Any) -> tuple[int, int, int, int]:
+        """The latent of a request's sampling params (``num_frames``, ``height``, ``width``)."""
+        return self.video_latent_shape(
+            int(getattr(params, "num_frames", 1)), int(params.height), int(params.width)
+        )
+
+    def image_seq_len(self, height: int, width: int) -> int:
+        """Tokens of one latent frame (Wan's σ shift is static: nothing reads it for σ)."""
+        _, _, h, w = self.latent_shape(height, width)
+        return (h // PATCH) * (w // PATCH)
+
+    def decode_chunk(self, latents: torch.Tensor) -> torch.Tensor:
+        """Un-normalises as diffusers does (``z / (1/std) + mean`` in the VAE's dtype) and decodes
+        every frame; ``pixels[B, T, 3, H, W]`` float32 in [0, 1]."""
+        z = latents.to(self.device, self.vae_dtype)
+        inv_std = 1.0 / self._latents_std.to(z.device, torch.float32)
+        z = z / inv_std.to(z.dtype) + self._latents_mean.to(z.device, z.dtype)
+        video = self.vae.decode(z, return_dict=False)[0]  # [B, 3, T, H, W] in [-1, 1]
+        return (video.float().permute(0, 2, 1, 3, 4) / 2 + 0.5).clamp(0, 1)
+
+
+def check_num_frames(num_frames: int, temporal_factor: int) -> None:
+    """``num_frames`` must be ``temporal_factor·k + 1`` (the causal VAE's frame grouping)."""
+    if num_frames < 1 or (num_frames - 1) % temporal_factor:
+        k = max(0, (num_frames - 1) // temporal_factor)
+        raise ConfigError(
+            f"sampling.num_frames={num_frames} must be {temporal_factor}·k + 1 (the Wan VAE keeps "
+            f"the first frame and groups the rest by {temporal_factor}); use "
+            f"{temporal_factor * k + 1} or {temporal_factor * (k + 1) + 1}"
+        )
+
+
+def check_expert_choice(two_experts: bool, train_experts: str, boundary_ratio: Any) -> None:
+    """Refuse expert settings the model cannot take (one line naming the field)."""
+    if two_experts:
+        return
+    require(
+        train_experts == "both",
+        f"bundle.train_experts={train_experts} but this Wan model has one transformer (Wan "
+        "2.1); use train_experts: both (the one transformer), or a two-expert Wan 2.2 model",
+    )
+    require(
+        boundary_ratio is None,
+        "bundle.boundary_ratio is set but this Wan model has one transformer (Wan 2.1); drop it",
+    )
