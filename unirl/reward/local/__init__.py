@@ -1,5 +1,5 @@
 """Local reward scorers: OCR, JPEG (in)compressibility, image-statistic guards, quick-start
-targets, edit rewards (result vs source), rule-based text matchers and model-based scorers (CLIP score, PickScore, HPS v2,
+targets, edit rewards (result vs source; EditJudge, a VLM judge of edits), rule-based text matchers and model-based scorers (CLIP score, PickScore, HPS v2,
 ImageReward, LAION aesthetic; their weights load lazily on the first ``score``)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from unirl.reward.local._hf import PretrainedScorer, RewardMLP, RewardWeightsNot
 from unirl.reward.local.aesthetic import LaionAesthetic
 from unirl.reward.local.clip_score import CLIPScore
 from unirl.reward.local.edit import RegionColorTarget, SourcePreservation, edit_mask
+from unirl.reward.local.edit_judge import EditJudge, RatingReader, judge_messages
 from unirl.reward.local.hps import (
     HPSv2,
     convert_open_clip_checkpoint,
@@ -45,6 +46,7 @@ __all__ = [
     "BrightnessTarget",
     "CLIPScore",
     "ColorTarget",
+    "EditJudge",
     "ExactMatch",
     "HPSv2",
     "ImageReward",
@@ -57,6 +59,7 @@ __all__ = [
     "PerFrame",
     "PickScore",
     "PretrainedScorer",
+    "RatingReader",
     "RegionColorTarget",
     "RewardMLP",
     "RewardWeightsNotFound",
@@ -76,6 +79,7 @@ __all__ = [
     "extract_quoted_target",
     "image_reward_blip_config",
     "jpeg_size_kb",
+    "judge_messages",
     "levenshtein",
     "math_equal",
     "normalize_ocr_text",
