@@ -2,7 +2,10 @@
 
 A family's test module subclasses :class:`FamilyTester` as ``Test<Family>Family`` and supplies
 the hooks at the top of the class (bundle factory, diffusers pipeline class, tiny folder and call, LoRA
-targets, arch checks). On the ``tiny`` preset, fp32 on CPU, the inherited tests prove:
+targets, arch checks; ``backend_kwargs`` and ``load_exported_lora`` where the family trains or
+exports differently, e.g. Wan 2.2's two experts). A video family sets ``num_frames``: requests
+carry it, x_T has the shape of ``bundle.latent_shape_for(params)``, and decoded ``Videos``
+frames are compared. On the ``tiny`` preset, fp32 on CPU, the inherited tests prove:
 
 (a) ODE sampling through our pipeline equals the family's diffusers pipeline for the same
     σ schedule (asserted equal to the scheduler's), x_T and prompts — latents and pixels;

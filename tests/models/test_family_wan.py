@@ -104,6 +104,16 @@ class TestWan22Family(WanFamilyTester):
         pipe.load_lora_weights(str(parts["transformer"]))
         pipe.load_lora_weights(str(parts["transformer_2"]), load_into_transformer_2=True)
 
+    def test_the_update_reaches_both_experts(self, trained: Any) -> None:
+        """One optimizer step over trained steps on both sides of the boundary moves the LoRA
+        of both experts (LoRA B starts at zero: nonzero means a gradient reached it)."""
+        moved = {"transformer": 0.0, "transformer_2": 0.0}
+        for name, param in trained.backend.named_trainable_parameters():
+            expert = name.split(".", 1)[0]
+            if "lora_B" in name:
+                moved[expert] = max(moved[expert], float(param.detach().abs().max()))
+        assert moved["transformer"] > 0 and moved["transformer_2"] > 0, moved
+
     def check_arch(self) -> None:
         spec = wan22_14b_arch_spec()
         assert spec.boundary_ratio == 0.875 and spec.transformer_2 == spec.transformer

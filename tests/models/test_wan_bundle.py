@@ -24,7 +24,7 @@ from unirl.models.wan import (
     split_expert_lora,
     tiny_preset_path,
 )
-from unirl.models.wan.bundle import scheduler_config_of
+from unirl.models.wan.presets import scheduler_config_of
 from unirl.sde import ODE, FlowSDE, sigmas_from_scheduler_config
 from unirl.types import (
     DiffusionRequest,

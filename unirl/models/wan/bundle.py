@@ -19,27 +19,29 @@ both).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from unirl.config.precision import parse_dtype
 from unirl.config.require import ConfigError, require
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
 from unirl.models.common.presets import ModelSourceError
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.wan.arch import WanArchSpec, build_arch_modules
 from unirl.models.wan.conditions import WanConditions
-from unirl.models.wan.config import WanBundleConfig
+from unirl.models.wan.config import (
+    WanBundleConfig,
+    check_expert_choice,
+    check_num_frames,
+    trainable_attr_for,
+)
 from unirl.models.wan.experts import WanExperts
 from unirl.models.wan.presets import (
-    TINY_VARIANTS,
-    arch_spec,
     architecture_configs,
+    expert_layout,
+    load_folder,
     resolve_model_source,
-    tiny_spec,
+    scheduler_config_of,
 )
 from unirl.models.wan.text_encode import (
     encode_clip_images,
@@ -48,112 +50,6 @@ from unirl.models.wan.text_encode import (
 )
 
 PATCH = 2  # the transformer's spatial patch (its temporal patch is 1)
-
-
-def scheduler_config_of(raw: dict[str, Any]) -> dict[str, Any]:
-    """The σ policy of a checkpoint's scheduler config, as a ``FlowMatchEulerDiscreteScheduler``
-    config: the released Wan checkpoints ship ``UniPCMultistepScheduler`` with ``flow_shift``;
-    UniRL steps with its own kernels and keeps only the shift (see README, Gotchas)."""
-    if raw.get("_class_name") == "UniPCMultistepScheduler":
-        require(
-            bool(raw.get("use_flow_sigmas", True)),
-            "the checkpoint's UniPCMultistepScheduler does not use flow sigmas; UniRL reads Wan's "
-            "flow-matching schedule only",
-        )
-        return {
-            "num_train_timesteps": int(raw.get("num_train_timesteps", 1000)),
-            "shift": float(raw.get("flow_shift", 1.0)),
-        }
-    return {k: v for k, v in raw.items() if not k.startswith("_")}
-
-
-def _load_folder(folder: Path, cfg: WanBundleConfig) -> dict[str, Any]:
-    """Components of a diffusers Wan folder (``save_pretrained`` layout), on CPU, cast."""
-    from diffusers import AutoencoderKLWan, WanTransformer3DModel
-    from transformers import AutoTokenizer, UMT5EncoderModel
-
-    index = json.loads((folder / "model_index.json").read_text())
-    require(
-        not index.get("expand_timesteps", False),
-        f"bundle.path={cfg.path!r} is a Wan 2.2 TI2V checkpoint (expand_timesteps: per-token "
-        "timesteps, 48-channel VAE), which UniRL does not support yet; use a Wan 2.1 or "
-        "Wan 2.2 A14B checkpoint",
-    )
-    common = {"local_files_only": True}
-    dtype = parse_dtype(cfg.dtype, "bundle.dtype")
-    text_dtype = parse_dtype(cfg.text_encoder_dtype, "bundle.text_encoder_dtype")
-
-    def present(name: str) -> bool:
-        entry = index.get(name)
-        return isinstance(entry, list) and entry[0] is not None and (folder / name).is_dir()
-
-    parts: dict[str, Any] = {
-        "transformer": WanTransformer3DModel.from_pretrained(
-            folder, subfolder="transformer", torch_dtype=dtype, **common
-        ),
-        "transformer_2": WanTransformer3DModel.from_pretrained(
-            folder, subfolder="transformer_2", torch_dtype=dtype, **common
-        )
-        if present("transformer_2")
-        else None,
-        "vae": AutoencoderKLWan.from_pretrained(
-            folder,
-            subfolder="vae",
-            torch_dtype=parse_dtype(cfg.vae_dtype, "bundle.vae_dtype"),
-            **common,
-        ),
-        "text_encoder": UMT5EncoderModel.from_pretrained(
-            folder, subfolder="text_encoder", dtype=text_dtype, **common
-        ),
-        "tokenizer": AutoTokenizer.from_pretrained(folder, subfolder="tokenizer", **common),
-        "scheduler_config": json.loads(
-            (folder / "scheduler" / "scheduler_config.json").read_text()
-        ),
-        "boundary_ratio": index.get("boundary_ratio"),
-        "image_encoder": None,
-        "image_processor": None,
-    }
-    if present("image_encoder"):
-        from transformers import CLIPImageProcessor, CLIPVisionModel
-
-        parts["image_encoder"] = CLIPVisionModel.from_pretrained(
-            folder, subfolder="image_encoder", dtype=text_dtype, **common
-        )
-        parts["image_processor"] = CLIPImageProcessor.from_pretrained(
-            folder, subfolder="image_processor", **common
-        )
-    return parts
-
-
-def expert_layout(path: str) -> tuple[bool, float | None] | None:
-    """``(two experts?, the checkpoint's boundary_ratio)`` of a source, read without weights;
-    None when it is not readable here (an uncached hub id)."""
-    name = str(path).strip()
-    if name in TINY_VARIANTS:
-        spec = tiny_spec(name)
-        two = spec.variant == "two_expert"
-        return two, spec.boundary_ratio if two else None
-    from unirl.models.wan.presets import SOURCES
-
-    kind, resolved = SOURCES.classify(name)
-    if kind == "arch":
-        spec_ = arch_spec(resolved)
-        return spec_.transformer_2 is not None, spec_.boundary_ratio
-    folder = Path(resolved) if kind == "folder" else SOURCES.cached_snapshot(resolved)
-    if folder is None or not (folder / "model_index.json").is_file():
-        return None
-    index = json.loads((folder / "model_index.json").read_text())
-    entry = index.get("transformer_2")
-    two = isinstance(entry, list) and entry[0] is not None
-    return two, index.get("boundary_ratio")
-
-
-def trainable_attr_for(train_experts: str, two_experts: bool) -> str:
-    """Where the trained module lives on the bundle: ``transformer`` (Wan 2.1, or the
-    high-noise expert), ``transformer_2`` (the low-noise one), ``experts`` (both)."""
-    if not two_experts:
-        return "transformer"
-    return {"both": "experts", "high": "transformer", "low": "transformer_2"}[train_experts]
 
 
 class WanBundle(FlowMatchingBundle):
@@ -242,7 +138,7 @@ class WanBundle(FlowMatchingBundle):
             )
         else:
             with hf_progress_bars_disabled():
-                parts = _load_folder(self.source, cfg)
+                parts = load_folder(self.source, cfg)
         two = parts["transformer_2"] is not None
         check_expert_choice(two, cfg.train_experts, cfg.boundary_ratio)
         self.experts = WanExperts(parts["transformer"], parts["transformer_2"])
@@ -587,29 +483,3 @@ class WanBundle(FlowMatchingBundle):
         z = z / inv_std.to(z.dtype) + self._latents_mean.to(z.device, z.dtype)
         video = self.vae.decode(z, return_dict=False)[0]  # [B, 3, T, H, W] in [-1, 1]
         return (video.float().permute(0, 2, 1, 3, 4) / 2 + 0.5).clamp(0, 1)
-
-
-def check_num_frames(num_frames: int, temporal_factor: int) -> None:
-    """``num_frames`` must be ``temporal_factor·k + 1`` (the causal VAE's frame grouping)."""
-    if num_frames < 1 or (num_frames - 1) % temporal_factor:
-        k = max(0, (num_frames - 1) // temporal_factor)
-        raise ConfigError(
-            f"sampling.num_frames={num_frames} must be {temporal_factor}·k + 1 (the Wan VAE keeps "
-            f"the first frame and groups the rest by {temporal_factor}); use "
-            f"{temporal_factor * k + 1} or {temporal_factor * (k + 1) + 1}"
-        )
-
-
-def check_expert_choice(two_experts: bool, train_experts: str, boundary_ratio: Any) -> None:
-    """Refuse expert settings the model cannot take (one line naming the field)."""
-    if two_experts:
-        return
-    require(
-        train_experts == "both",
-        f"bundle.train_experts={train_experts} but this Wan model has one transformer (Wan "
-        "2.1); use train_experts: both (the one transformer), or a two-expert Wan 2.2 model",
-    )
-    require(
-        boundary_ratio is None,
-        "bundle.boundary_ratio is set but this Wan model has one transformer (Wan 2.1); drop it",
-    )

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from unirl.config import require
+from unirl.config.require import ConfigError
 from unirl.config.typecheck import PositiveInt
 from unirl.models.common.bundle import FlowMatchingBundleConfig
 
@@ -68,3 +69,37 @@ class WanBundleConfig(FlowMatchingBundleConfig):
             self.train_experts in TRAIN_EXPERTS,
             f"bundle.train_experts={self.train_experts!r} must be one of {TRAIN_EXPERTS}",
         )
+
+
+def trainable_attr_for(train_experts: str, two_experts: bool) -> str:
+    """Where the trained module lives on the bundle: ``transformer`` (Wan 2.1, or the
+    high-noise expert), ``transformer_2`` (the low-noise one), ``experts`` (both)."""
+    if not two_experts:
+        return "transformer"
+    return {"both": "experts", "high": "transformer", "low": "transformer_2"}[train_experts]
+
+
+def check_num_frames(num_frames: int, temporal_factor: int) -> None:
+    """``num_frames`` must be ``temporal_factor·k + 1`` (the causal VAE's frame grouping)."""
+    if num_frames < 1 or (num_frames - 1) % temporal_factor:
+        k = max(0, (num_frames - 1) // temporal_factor)
+        raise ConfigError(
+            f"sampling.num_frames={num_frames} must be {temporal_factor}·k + 1 (the Wan VAE keeps "
+            f"the first frame and groups the rest by {temporal_factor}); use "
+            f"{temporal_factor * k + 1} or {temporal_factor * (k + 1) + 1}"
+        )
+
+
+def check_expert_choice(two_experts: bool, train_experts: str, boundary_ratio: Any) -> None:
+    """Refuse expert settings the model cannot take (one line naming the field)."""
+    if two_experts:
+        return
+    require(
+        train_experts == "both",
+        f"bundle.train_experts={train_experts} but this Wan model has one transformer (Wan "
+        "2.1); use train_experts: both (the one transformer), or a two-expert Wan 2.2 model",
+    )
+    require(
+        boundary_ratio is None,
+        "bundle.boundary_ratio is set but this Wan model has one transformer (Wan 2.1); drop it",
+    )

@@ -13,12 +13,16 @@ is looked up in the local Hugging Face cache first and fails fast offline, namin
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from unirl.config.precision import parse_dtype
+from unirl.config.require import require
 from unirl.models.common.presets import TINY, ModelSources, tiny_preset_folder
 from unirl.models.common.tiny import corpus_lines
 from unirl.models.wan.arch import ARCH_SPECS, WanArchSpec
+from unirl.models.wan.config import WanBundleConfig
 from unirl.models.wan.tiny import (
     TINY_BUILDER_VERSION,
     TinyWanSpec,
@@ -103,3 +107,99 @@ def resolve_model_source(path_or_preset: str) -> Path | WanArchSpec:
     if kind == "folder":
         return Path(resolved)
     return SOURCES.snapshot(resolved)
+
+
+def scheduler_config_of(raw: dict[str, Any]) -> dict[str, Any]:
+    """The σ policy of a checkpoint's scheduler config, as a ``FlowMatchEulerDiscreteScheduler``
+    config: the released Wan checkpoints ship ``UniPCMultistepScheduler`` with ``flow_shift``;
+    UniRL steps with its own kernels and keeps only the shift (see README, Gotchas)."""
+    if raw.get("_class_name") == "UniPCMultistepScheduler":
+        require(
+            bool(raw.get("use_flow_sigmas", True)),
+            "the checkpoint's UniPCMultistepScheduler does not use flow sigmas; UniRL reads Wan's "
+            "flow-matching schedule only",
+        )
+        return {
+            "num_train_timesteps": int(raw.get("num_train_timesteps", 1000)),
+            "shift": float(raw.get("flow_shift", 1.0)),
+        }
+    return {k: v for k, v in raw.items() if not k.startswith("_")}
+
+
+def load_folder(folder: Path, cfg: WanBundleConfig) -> dict[str, Any]:
+    """Components of a diffusers Wan folder (``save_pretrained`` layout), on CPU, cast."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from transformers import AutoTokenizer, UMT5EncoderModel
+
+    index = json.loads((folder / "model_index.json").read_text())
+    require(
+        not index.get("expand_timesteps", False),
+        f"bundle.path={cfg.path!r} is a Wan 2.2 TI2V checkpoint (expand_timesteps: per-token "
+        "timesteps, 48-channel VAE), which UniRL does not support yet; use a Wan 2.1 or "
+        "Wan 2.2 A14B checkpoint",
+    )
+    common = {"local_files_only": True}
+    dtype = parse_dtype(cfg.dtype, "bundle.dtype")
+    text_dtype = parse_dtype(cfg.text_encoder_dtype, "bundle.text_encoder_dtype")
+
+    def present(name: str) -> bool:
+        entry = index.get(name)
+        return isinstance(entry, list) and entry[0] is not None and (folder / name).is_dir()
+
+    parts: dict[str, Any] = {
+        "transformer": WanTransformer3DModel.from_pretrained(
+            folder, subfolder="transformer", torch_dtype=dtype, **common
+        ),
+        "transformer_2": WanTransformer3DModel.from_pretrained(
+            folder, subfolder="transformer_2", torch_dtype=dtype, **common
+        )
+        if present("transformer_2")
+        else None,
+        "vae": AutoencoderKLWan.from_pretrained(
+            folder,
+            subfolder="vae",
+            torch_dtype=parse_dtype(cfg.vae_dtype, "bundle.vae_dtype"),
+            **common,
+        ),
+        "text_encoder": UMT5EncoderModel.from_pretrained(
+            folder, subfolder="text_encoder", dtype=text_dtype, **common
+        ),
+        "tokenizer": AutoTokenizer.from_pretrained(folder, subfolder="tokenizer", **common),
+        "scheduler_config": json.loads(
+            (folder / "scheduler" / "scheduler_config.json").read_text()
+        ),
+        "boundary_ratio": index.get("boundary_ratio"),
+        "image_encoder": None,
+        "image_processor": None,
+    }
+    if present("image_encoder"):
+        from transformers import CLIPImageProcessor, CLIPVisionModel
+
+        parts["image_encoder"] = CLIPVisionModel.from_pretrained(
+            folder, subfolder="image_encoder", dtype=text_dtype, **common
+        )
+        parts["image_processor"] = CLIPImageProcessor.from_pretrained(
+            folder, subfolder="image_processor", **common
+        )
+    return parts
+
+
+def expert_layout(path: str) -> tuple[bool, float | None] | None:
+    """``(two experts?, the checkpoint's boundary_ratio)`` of a source, read without weights;
+    None when it is not readable here (an uncached hub id)."""
+    name = str(path).strip()
+    if name in TINY_VARIANTS:
+        spec = tiny_spec(name)
+        two = spec.variant == "two_expert"
+        return two, spec.boundary_ratio if two else None
+    kind, resolved = SOURCES.classify(name)
+    if kind == "arch":
+        spec_ = arch_spec(resolved)
+        return spec_.transformer_2 is not None, spec_.boundary_ratio
+    folder = Path(resolved) if kind == "folder" else SOURCES.cached_snapshot(resolved)
+    if folder is None or not (folder / "model_index.json").is_file():
+        return None
+    index = json.loads((folder / "model_index.json").read_text())
+    entry = index.get("transformer_2")
+    two = isinstance(entry, list) and entry[0] is not None
+    return two, index.get("boundary_ratio")
