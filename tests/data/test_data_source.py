@@ -101,3 +101,26 @@ def test_hydra_instantiates_the_source(tmp_path):
     )
     source = instantiate(cfg)
     assert isinstance(source, PromptFileSource) and len(source.next_batch()) == 4
+
+
+def test_hold_out_removes_the_last_prompts_from_training(tmp_path) -> None:
+    path = tmp_path / "p.txt"
+    path.write_text("".join(f"p{i}\n" for i in range(10)))
+    source = PromptFileSource(path=str(path), prompts_per_rollout=3, shuffle=True, seed=0)
+    held = source.hold_out(4)
+    assert [e.prompt for e in held] == ["p6", "p7", "p8", "p9"]
+    assert [e.prompt for e in source.held_out] == ["p6", "p7", "p8", "p9"]
+    assert len(source) == 6 and source.state_dict()["num_prompts"] == 6
+    served = {e.prompt for _ in range(20) for e in source.next_batch()}
+    assert served == {f"p{i}" for i in range(6)}
+    with pytest.raises(ConfigError, match="call it once, before the first batch"):
+        source.hold_out(1)
+
+
+def test_hold_out_refuses_to_leave_nothing_to_train_on(tmp_path) -> None:
+    path = tmp_path / "p.txt"
+    path.write_text("a\nb\nc\n")
+    with pytest.raises(
+        ConfigError, match=r"cannot hold out 3 of the 3 prompts.*eval\.prompts_path"
+    ):
+        PromptFileSource(path=str(path)).hold_out(3)

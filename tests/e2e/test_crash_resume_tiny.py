@@ -79,7 +79,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert done.returncode == 0, done.stdout + done.stderr
     history = _history(out)
     assert [r["step"] for r in history["metrics.jsonl"]] == [0, 1, 2]
-    assert [r["step"] for r in history["eval_metrics.jsonl"]] == [1, 2, 3]
+    assert [r["step"] for r in history["eval_metrics.jsonl"]] == [0, 1, 2, 3]  # 0: baseline
     return out
 
 
@@ -131,9 +131,9 @@ def test_kill_during_first_checkpoint_restarts_from_zero_with_history_cleared(
         "(the run stopped while writing this checkpoint)",
         f"[unirl] resume=auto found no complete checkpoint in {out}/checkpoints: starting "
         "from rollout 0; dropped what an earlier run logged "
-        "(metrics.jsonl rows: 1, eval_metrics.jsonl rows: 1)",
+        "(metrics.jsonl rows: 1, eval_metrics.jsonl rows: 2)",
     ]
-    # the second run trained all 3 rollouts and logged the 3 evals once each before its kill
+    # the second run trained all 3 rollouts and logged the 4 evals once each before its kill
     assert _history(out) == _history(reference)
 
 
@@ -141,10 +141,11 @@ def test_torn_last_metrics_lines_are_repaired_naming_the_file(
     killed_twice: tuple[Path, Done],
 ) -> None:
     out, second = killed_twice
+    # the first run logged rollout 0, then the evals at 0 (baseline) and 1, before its kill
     assert _said(second, "torn") == [
-        f"[unirl] {out}/{name}: dropped a torn last line (line 2, {len(TORN)} characters: "
+        f"[unirl] {out}/{name}: dropped a torn last line (line {line}, {len(TORN)} characters: "
         f"{TORN!r}) left by a run stopped mid-write (killed, or the disk was full); repaired"
-        for name in HISTORY
+        for name, line in zip(HISTORY, (2, 3))
     ]
     # what the repaired files hold is compared row by row with the reference above and below
 

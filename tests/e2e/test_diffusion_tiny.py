@@ -62,8 +62,11 @@ def test_quick_start_reward_rises_and_writes_outputs(tmp_path: Path, ray_session
         "rollout_000008.png",
         "rollout_000016.png",
     ]
-    assert len(read_metrics(out, "eval_metrics.jsonl")) == 2
+    # the baseline at step 0, then every eval_interval, on the prompts held out of training
+    assert [r["step"] for r in read_metrics(out, "eval_metrics.jsonl")] == [0, 12, 24]
+    assert (out / "eval" / "step_000000.png").is_file()
     assert (out / "eval" / "step_000024.png").is_file()
+    assert "the last 4 prompts of" in (out / "train.log").read_text()
     assert (out / "checkpoints" / "step_000024" / "driver_state.json").is_file()
     assert (out / "lora" / "pytorch_lora_weights.safetensors").is_file()
 

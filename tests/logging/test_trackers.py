@@ -111,3 +111,25 @@ def test_video_sheet_is_an_animated_gif_with_one_sheet_per_frame(tmp_path: Path)
     assert seen == [(255, 0, 0), (0, 255, 0), (0, 0, 255)]
     with pytest.raises(ValueError, match=r"\[N, T, 3, H, W\]"):
         video_sheet(frames[0], ["a"], tmp_path / "x.gif")
+
+
+def test_external_trackers_get_eval_metrics_and_sheets_as_they_are(tmp_path: Path) -> None:
+    """``log_external`` skips the local tracker; TensorBoard stores the PNG / GIF bytes
+    unchanged as image summaries (its image tab plays the GIF)."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from unirl.logging import video_sheet
+
+    png = contact_sheet(torch.rand(2, 3, 8, 8), ["a", "b"], tmp_path / "s.png", tile=16)
+    gif = video_sheet(torch.rand(1, 3, 3, 8, 8), ["v"], tmp_path / "v.gif", tile=16)
+    trackers = build_trackers(["local", "tensorboard"], tmp_path / "run", config={})
+    trackers.log_external(4, {"eval/reward/mean": 0.5}, media={"eval/png": png, "eval/gif": gif})
+    trackers.close()
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # eval has its own local file
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    assert [(s.step, s.value) for s in events.Scalars("eval/reward/mean")] == [(4, 0.5)]
+    for tag, path in (("eval/png", png), ("eval/gif", gif)):
+        (image,) = events.Images(tag)
+        assert image.step == 4 and image.encoded_image_string == path.read_bytes()

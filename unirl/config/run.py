@@ -101,13 +101,18 @@ class AdvantageConfig:
 
 @dataclass(kw_only=True)
 class EvalConfig:
-    """Periodic evaluation on fixed prompts (ODE sampling, EMA weights when present)."""
+    """Periodic evaluation on fixed prompts (ODE sampling, EMA weights when present).
+
+    ``prompts_path``: a held-out prompt file; null holds the last ``num_prompts`` prompts of
+    the training file out of training and evaluates on them. ``at_start``: evaluate before the
+    first rollout too (the baseline at step 0)."""
 
     prompts_path: str | None = None
     num_prompts: PositiveInt = 8
     samples_per_prompt: PositiveInt = 1
     seed: int = 1234
     use_ema: bool = True
+    at_start: bool = True
 
     def __post_init__(self) -> None:
         require(self.num_prompts >= 1, "eval.num_prompts must be >= 1")

@@ -32,12 +32,39 @@ class PromptFileSource:
     _order: np.ndarray | None = field(init=False, repr=False, default=None)
     _epoch: int = field(init=False, repr=False, default=0)
     _position: int = field(init=False, repr=False, default=0)
+    _held_out: list[PromptExample] = field(init=False, repr=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.path = str(self.path)
         self._examples = read_prompt_file(self.path)
         if self.prompts_per_rollout is not None:
             self.set_prompts_per_rollout(self.prompts_per_rollout)
+
+    def hold_out(self, count: int) -> list[PromptExample]:
+        """Remove the last ``count`` prompts of the file from training and return them (the
+        trainer's default eval set when the recipe names no eval file). Call before the first
+        batch; the state's ``num_prompts`` counts the training prompts only."""
+        require(
+            0 < count < len(self._examples),
+            f"PromptFileSource: cannot hold out {count} of the {len(self._examples)} prompts of "
+            f"{self.path} for eval and still train; lower eval.num_prompts or give "
+            "eval.prompts_path",
+        )
+        require(
+            self._epoch == 0 and self._position == 0 and not self._held_out,
+            "PromptFileSource.hold_out: call it once, before the first batch",
+        )
+        self._held_out = self._examples[-count:]
+        self._examples = self._examples[:-count]
+        self._order = None
+        if self.prompts_per_rollout is not None:
+            self.set_prompts_per_rollout(self.prompts_per_rollout)
+        return list(self._held_out)
+
+    @property
+    def held_out(self) -> list[PromptExample]:
+        """The prompts :meth:`hold_out` removed (empty if none)."""
+        return list(self._held_out)
 
     def set_prompts_per_rollout(self, prompts_per_rollout: int) -> None:
         """Fix the batch size (the trainer sets it from ``batch_size``)."""

@@ -140,6 +140,21 @@ class TensorBoardTracker:
             self.writer.add_scalar(k, v, step)
         self.writer.flush()
 
+    def log_media(self, step: int, name: str, path: Path) -> None:
+        """The file's bytes as an image summary: TensorBoard's image tab shows a PNG and plays
+        an animated GIF as is (no re-encoding, no moviepy)."""
+        from PIL import Image
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        with Image.open(path) as img:
+            width, height = img.size
+        image = Summary.Image(
+            height=height, width=width, colorspace=3, encoded_image_string=path.read_bytes()
+        )
+        summary = Summary(value=[Summary.Value(tag=name, image=image)])
+        self.writer._get_file_writer().add_summary(summary, step)
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
@@ -166,6 +181,13 @@ class WandbTracker:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(_clean(metrics), step=step)
 
+    def log_media(self, step: int, name: str, path: Path) -> None:
+        """A PNG as ``wandb.Image``, an animated GIF as ``wandb.Video`` (W&B plays GIFs)."""
+        import wandb
+
+        item = wandb.Video(str(path)) if path.suffix == ".gif" else wandb.Image(str(path))
+        self.run.log({name: item}, step=step)
+
     def close(self) -> None:
         self.run.finish()
 
@@ -183,6 +205,18 @@ class MultiTracker:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for t in self.trackers:
             t.log(step, metrics)
+
+    def log_external(
+        self, step: int, metrics: dict[str, float], media: dict[str, Path] | None = None
+    ) -> None:
+        """Metrics (and image / GIF files) for TensorBoard and W&B only: the local tracker
+        keeps them in their own file (``eval_metrics.jsonl``, the ``eval/`` sheets)."""
+        for t in self.trackers:
+            if isinstance(t, LocalTracker):
+                continue
+            t.log(step, metrics)
+            for name, path in (media or {}).items():
+                t.log_media(step, name, Path(path))
 
     def close(self) -> None:
         for t in self.trackers:

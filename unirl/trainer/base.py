@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from unirl.algorithms.advantages import advantages_for
+from unirl.config.require import ConfigError
 from unirl.config.run import RunConfig
 from unirl.config.secrets import redact_secrets
 from unirl.distributed.group import DevicePool, DevicePoolConfig
@@ -112,10 +113,25 @@ class StageTrainer:
         self.out = OutputDir(cfg.output_dir)
         self.data_source = instantiate(cfg.data_source, _convert_="object")
         self.data_source.set_prompts_per_rollout(cfg.batch_size)
+        self.eval_held_out = self._hold_out_eval_prompts()
         self.start_rollout = 0
         self.rollout: Any = None
         self.stages: list[Stage] = []
         self.eval_tracker: LocalTracker | None = None
+
+    def _hold_out_eval_prompts(self) -> list[Any]:
+        """Without ``eval.prompts_path`` the eval set is the last ``eval.num_prompts`` prompts
+        of the training file, held out of training (never evaluate on what was trained on)."""
+        cfg = self.cfg
+        if cfg.eval.prompts_path or not cfg.eval_interval:
+            return []
+        hold_out = getattr(self.data_source, "hold_out", None)
+        if hold_out is None:
+            raise ConfigError(
+                f"eval.prompts_path is null and {type(self.data_source).__name__} cannot hold "
+                "prompts out of training; give eval.prompts_path (a held-out prompt file)"
+            )
+        return list(hold_out(cfg.eval.num_prompts))
 
     # -- the domain's part -------------------------------------------------------------------
 
@@ -129,7 +145,7 @@ class StageTrainer:
         """The driver-authored request of the root track."""
         raise NotImplementedError
 
-    def gallery(self, path: Path, track: RolloutTrack, limit: int) -> None:
+    def gallery(self, path: Path, track: RolloutTrack, limit: int) -> Path:
         """Draw a track's media with their rewards and prompts: images as a PNG contact sheet,
         edits as ``source | result`` tiles, videos as an animated GIF (``path``'s suffix
         becomes ``.gif``)."""
@@ -138,13 +154,13 @@ class StageTrainer:
         captions = [f"{r:.3f} | {p}" for r, p in zip(rewards[:limit], prompts[:limit])]
         if isinstance(track.decoded, Videos):
             video = track.decoded
-            video_sheet(video.frames[:limit], captions, path.with_suffix(".gif"), fps=video.fps)
-            return
+            return video_sheet(
+                video.frames[:limit], captions, path.with_suffix(".gif"), fps=video.fps
+            )
         pixels = pixels_of(track)[:limit]
         if isinstance(track.references, Images):
-            edit_sheet(track.references.pixels[:limit], pixels, captions, path)
-            return
-        contact_sheet(pixels, captions, path)
+            return edit_sheet(track.references.pixels[:limit], pixels, captions, path)
+        return contact_sheet(pixels, captions, path)
 
     # -- stages --------------------------------------------------------------------------------
 
@@ -195,7 +211,13 @@ class StageTrainer:
                     flush=True,
                 )
         self.out.write_config(self.data)
-        trackers = make_trackers(cfg, self.out, self.data)
+        if self.eval_held_out:
+            print(
+                f"[unirl] eval: the last {len(self.eval_held_out)} prompts of "
+                f"{self.data_source.path} are held out of training (eval.prompts_path is null)",
+                flush=True,
+            )
+        self.trackers = trackers = make_trackers(cfg, self.out, self.data)
         self.eval_tracker = LocalTracker(self.out.root, prefix="eval_metrics")
         pool = DevicePool(DevicePoolConfig.of(cfg))  # the recipe's pool knobs, taken whole
         try:
@@ -210,6 +232,8 @@ class StageTrainer:
                 mode=cfg.logging.progress,
                 desc="rollouts",
             )
+            if cfg.eval_interval and cfg.eval.at_start and self.start_rollout == 0:
+                self.evaluate(0)  # the baseline every later eval is read against
             for rollout_index in range(self.start_rollout, cfg.num_rollouts):
                 metrics = self.one_rollout(rollout_index)
                 trackers.log(rollout_index, metrics)
@@ -370,12 +394,15 @@ class StageTrainer:
     # -- eval, checkpoints, export -----------------------------------------------------------------
 
     def eval_prompts(self) -> list[Any]:
-        """The first ``eval.num_prompts`` prompts of ``eval.prompts_path`` (or of the training
-        file), cut to a multiple of what the rollout ranks can split evenly."""
+        """The first ``eval.num_prompts`` prompts of ``eval.prompts_path`` (or the prompts held
+        out of the training file), cut to a multiple of what the rollout ranks can split
+        evenly."""
         from unirl.data import read_prompt_file
 
-        path = self.cfg.eval.prompts_path or self.data_source.path
-        prompts = read_prompt_file(path)[: self.cfg.eval.num_prompts]
+        if self.cfg.eval.prompts_path:
+            prompts = read_prompt_file(self.cfg.eval.prompts_path)[: self.cfg.eval.num_prompts]
+        else:
+            prompts = self.eval_held_out
         ranks = self.stages[-1].rollout_ranks  # the root stage's engine samples the request
         spp = self.cfg.eval.samples_per_prompt
         keep = (len(prompts) * spp // ranks) * ranks // spp
@@ -396,16 +423,21 @@ class StageTrainer:
             for stage in self.trained:
                 stage.ops.use_eval_weights(False)
         metrics: dict[str, float] = {}
+        sheets: dict[str, Path] = {}
         for stage in self.scored:
             scored = stage.reward.score(light_track(resp.tracks[stage.track]))
             metrics.update({f"eval/{stage.key(k)}": v for k, v in reward_metrics(scored).items()})
             track = dataclasses.replace(resp.tracks[stage.track], rewards=scored.rewards)
             prefix = f"{stage.prefix}_" if stage.prefix else ""
-            self.gallery(self.out.root / "eval" / f"{prefix}step_{done:06d}.png", track, 64)
+            sheet = self.out.root / "eval" / f"{prefix}step_{done:06d}.png"
+            sheets[f"eval/{prefix}samples"] = self.gallery(sheet, track, 64)
         metrics["eval/used_ema"] = float(any(used_ema))
         if self.eval_tracker is None:  # evaluate driven without run() (tests, tools)
             self.eval_tracker = LocalTracker(self.out.root, prefix="eval_metrics")
         self.eval_tracker.log(done, metrics)
+        trackers = getattr(self, "trackers", None)
+        if trackers is not None:  # TensorBoard / W&B see eval next to training
+            trackers.log_external(done, metrics, media=sheets)
         main = self.scored[-1].key("reward/mean")
         print(
             f"[unirl] eval after {done} rollouts: reward {metrics[f'eval/{main}']:.4f}", flush=True
@@ -462,7 +494,8 @@ class StageTrainer:
         start = self.start_rollout
         dropped = local.truncate_after(start - 1) if local is not None else 0
         assert self.eval_tracker is not None
-        dropped_eval = self.eval_tracker.truncate_after(start)
+        # a start from 0 evaluates the baseline again: no earlier eval row survives
+        dropped_eval = self.eval_tracker.truncate_after(start if start > 0 else -1)
         rows = f"metrics.jsonl rows: {dropped}, eval_metrics.jsonl rows: {dropped_eval}"
         if resume_from is not None:
             print(
