@@ -9,7 +9,10 @@ The one σ policy (``sigmas_from_scheduler_config``) reads a family's scheduler 
 diffusers' own keys it reads ``sigma_spacing``, the pre-shift σ a family's diffusers pipeline
 hands the scheduler: ``scheduler`` (the default: the scheduler's own spacing, as SD3's
 pipeline uses) or ``linspace`` (``linspace(1, 1/T, T)``, passed as ``sigmas=`` by the
-Qwen-Image and FLUX pipelines). With dynamic shifting, μ comes from the image token count.
+Qwen-Image and FLUX pipelines). With dynamic shifting, μ comes from the image token count;
+``mu_policy`` says how: ``linear`` (the default: ``dynamic_shift_mu`` over the config's base /
+max shift) or ``flux2_empirical`` (``flux2_empirical_mu``: FLUX.2's fit in the image token
+count *and* the step count).
 """
 
 from __future__ import annotations
@@ -26,6 +29,13 @@ from torch import Tensor
 _UNSUPPORTED_FLAGS = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas")
 # ``sigma_spacing`` values: the pre-shift σ of a family's diffusers pipeline.
 SIGMA_SPACINGS = ("scheduler", "linspace")
+# ``mu_policy`` values: how a dynamic shift's μ is chosen when the caller passes none.
+MU_POLICIES = ("linear", "flux2_empirical")
+# FLUX.2's μ fits (slope per image token, intercept) at 10 and at 200 denoising steps.
+_FLUX2_MU_AT_10_STEPS = (8.73809524e-05, 1.89833333)
+_FLUX2_MU_AT_200_STEPS = (0.00016927, 0.45666666)
+# Above this many image tokens FLUX.2 uses the 200-step fit whatever the step count.
+_FLUX2_MU_LARGE_IMAGE = 4300
 
 
 def linspace_base_sigmas(num_inference_steps: int) -> np.ndarray:
@@ -47,6 +57,21 @@ def dynamic_shift_mu(
     slope = (max_shift - base_shift) / (max_image_seq_len - base_image_seq_len)
     intercept = base_shift - slope * base_image_seq_len
     return image_seq_len * slope + intercept
+
+
+def flux2_empirical_mu(image_seq_len: int, num_steps: int) -> float:
+    """μ of the FLUX.2 pipelines (``compute_empirical_mu``): two linear fits in the image
+    token count, one for 10 steps and one for 200, interpolated linearly in ``num_steps``
+    (extrapolated outside [10, 200]); above 4300 tokens the 200-step fit alone. Same float
+    operations in the same order, so the σ that follow are bit-identical."""
+    slope_200, intercept_200 = _FLUX2_MU_AT_200_STEPS
+    at_200 = slope_200 * image_seq_len + intercept_200
+    if image_seq_len > _FLUX2_MU_LARGE_IMAGE:
+        return float(at_200)
+    slope_10, intercept_10 = _FLUX2_MU_AT_10_STEPS
+    at_10 = slope_10 * image_seq_len + intercept_10
+    per_step = (at_200 - at_10) / 190.0
+    return float(per_step * num_steps + (at_200 - 200.0 * per_step))
 
 
 def _training_sigma_range(
@@ -154,8 +179,8 @@ def sigmas_from_scheduler_config(
 ) -> Tensor:
     """``flow_match_sigmas`` driven by a diffusers scheduler config dict (``scheduler_config.json``).
 
-    Keys diffusers uses for these sigmas are read, and ``sigma_spacing`` (see the module
-    docstring); bookkeeping keys (``_class_name``, ``_diffusers_version``, ...) are ignored. Options this module does not reproduce
+    Keys diffusers uses for these sigmas are read, and ``sigma_spacing`` and ``mu_policy``
+    (see the module docstring); bookkeeping keys (``_class_name``, ``_diffusers_version``, ...) are ignored. Options this module does not reproduce
     (karras / exponential / beta sigmas, ``stochastic_sampling``) or another scheduler class
     raise ``ValueError``.
     """
@@ -183,6 +208,15 @@ def sigmas_from_scheduler_config(
         )
     if spacing == "linspace" and base_sigmas is None:
         base_sigmas = linspace_base_sigmas(num_inference_steps).tolist()
+    mu_policy = config.get("mu_policy", "linear")
+    if mu_policy not in MU_POLICIES:
+        raise ValueError(f"scheduler config sets mu_policy={mu_policy!r}; use one of {MU_POLICIES}")
+    if mu_policy == "flux2_empirical" and mu is None and config.get("use_dynamic_shifting"):
+        if image_seq_len is None:
+            raise ValueError(
+                "mu_policy=flux2_empirical needs image_seq_len (latent tokens of the image)"
+            )
+        mu = flux2_empirical_mu(image_seq_len, num_inference_steps)
     shift_terminal = config.get("shift_terminal")
     return flow_match_sigmas(
         num_inference_steps,

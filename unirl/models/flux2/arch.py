@@ -1,0 +1,159 @@
+"""``flux2-klein-arch``: random weights at the released FLUX.2-Klein 4B shapes, for benchmarks.
+
+Built in memory on the target device, in the target dtypes (never saved): speed does not
+depend on the weights' values. Tokenizer: the tiny preset's locally trained BPE tokenizer with
+its chat template (ids < 1000, valid in the real vocabulary); sequence lengths and every module
+shape are the real ones. Like ``black-forest-labs/FLUX.2-klein-4B`` it is step-distilled (no
+CFG).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from unirl.models.flux2.tiny import SCHEDULER_CONFIG
+
+
+@dataclass(kw_only=True, frozen=True)
+class Flux2KleinArchSpec:
+    """Configs of one architecture preset (plain dicts, as in the released ``config.json``)."""
+
+    name: str
+    transformer: dict[str, Any]
+    vae: dict[str, Any]
+    text_encoder: dict[str, Any]
+    is_distilled: bool = True
+    scheduler: dict[str, Any] = field(default_factory=lambda: dict(SCHEDULER_CONFIG))
+
+
+def flux2_klein_arch_spec() -> Flux2KleinArchSpec:
+    """The released ``FLUX.2-klein-4B`` component shapes: 5 double-stream + 20 single-stream
+    blocks of 24 heads x 128 reading three stacked Qwen3-4B hidden states (3 x 2560), the
+    32-channel FLUX.2 VAE (128 packed channels)."""
+    return Flux2KleinArchSpec(
+        name="flux2-klein-arch",
+        transformer={
+            "patch_size": 1,
+            "in_channels": 128,
+            "out_channels": None,
+            "num_layers": 5,
+            "num_single_layers": 20,
+            "attention_head_dim": 128,
+            "num_attention_heads": 24,
+            "joint_attention_dim": 7680,
+            "timestep_guidance_channels": 256,
+            "mlp_ratio": 3.0,
+            "axes_dims_rope": [32, 32, 32, 32],
+            "rope_theta": 2000,
+            "eps": 1e-6,
+            "guidance_embeds": False,
+        },
+        vae={  # AutoencoderKLFlux2's defaults are the released VAE
+            "block_out_channels": [128, 256, 512, 512],
+            "layers_per_block": 2,
+            "latent_channels": 32,
+            "norm_num_groups": 32,
+            "use_quant_conv": True,
+            "use_post_quant_conv": True,
+            "batch_norm_eps": 1e-4,
+            "patch_size": [2, 2],
+        },
+        text_encoder={  # Qwen3-4B
+            "vocab_size": 151936,
+            "hidden_size": 2560,
+            "intermediate_size": 9728,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "max_position_embeddings": 40960,
+            "rms_norm_eps": 1e-6,
+            "hidden_act": "silu",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+            "tie_word_embeddings": True,
+            "bos_token_id": 151643,
+            "eos_token_id": 151645,
+        },
+    )
+
+
+ARCH_SPECS = {"flux2-klein-arch": flux2_klein_arch_spec}
+
+
+def _transformer(spec: Flux2KleinArchSpec) -> torch.nn.Module:
+    from diffusers import Flux2Transformer2DModel
+
+    return Flux2Transformer2DModel(**spec.transformer)
+
+
+def _text_encoder(spec: Flux2KleinArchSpec, pad_token_id: int | None = None) -> torch.nn.Module:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = dict(spec.text_encoder)
+    if pad_token_id is not None:
+        cfg["pad_token_id"] = pad_token_id
+    return Qwen3ForCausalLM(Qwen3Config(**cfg))
+
+
+def count_params(spec: Flux2KleinArchSpec) -> dict[str, int]:
+    """Parameter counts of the transformer and the text encoder, built on the meta device
+    (no allocation)."""
+    with torch.device("meta"):
+        transformer = _transformer(spec)
+        text_encoder = _text_encoder(spec)
+    return {
+        "transformer": sum(p.numel() for p in transformer.parameters()),
+        "text_encoder": sum(p.numel() for p in text_encoder.parameters()),
+    }
+
+
+@contextlib.contextmanager
+def _built_as(seed: int, device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """Seeded construction directly on ``device`` in ``dtype``; global RNG and default dtype
+    restored afterwards."""
+    previous = torch.get_default_dtype()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                yield
+        finally:
+            torch.set_default_dtype(previous)
+
+
+def build_arch_modules(
+    spec: Flux2KleinArchSpec,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    text_encoder_dtype: torch.dtype,
+    vae_dtype: torch.dtype,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Random-init modules of ``spec`` on ``device``, each built in its own dtype; the
+    tokenizer is the tiny preset's."""
+    from diffusers import AutoencoderKLFlux2
+
+    from unirl.models.flux2.tiny import TinyFlux2Spec, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer(TinyFlux2Spec())
+    with _built_as(seed, device, dtype):
+        transformer = _transformer(spec).eval()
+    with _built_as(seed + 1, device, vae_dtype):
+        vae = AutoencoderKLFlux2(**spec.vae).eval()
+    with _built_as(seed + 2, device, text_encoder_dtype):
+        text_encoder = _text_encoder(spec, pad_token_id=tokenizer.pad_token_id).eval()
+    return {
+        "transformer": transformer,
+        "vae": vae,
+        "text_encoder": text_encoder,
+        "tokenizer": tokenizer,
+        "scheduler_config": dict(spec.scheduler),
+        "is_distilled": spec.is_distilled,
+    }
