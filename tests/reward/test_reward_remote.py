@@ -415,3 +415,68 @@ def test_missing_httpx_says_what_to_install(monkeypatch):
     client = RemoteRewardBackend(url="http://127.0.0.1:9", reward="x")
     with pytest.raises(ImportError, match="RemoteRewardBackend needs httpx: pip install"):
         client.check()
+
+
+# -- edits: sources travel with the images ----------------------------------------------------
+
+
+def decode_pixels(b64: str) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"))
+
+
+SOURCES = torch.tensor([0.9, 0.7, 0.5, 0.3, 0.1]).view(5, 1, 1, 1).expand(5, 3, 4, 4).contiguous()
+
+
+def test_score_edit_sends_sources_beside_the_images_and_score_sends_none(monkeypatch):
+    monkeypatch.setitem(REWARDS["rewards"][0], "needs_sources", True)
+    with stub_server(score_means_handler) as (url, stub):
+        client = RemoteRewardBackend(url=url, reward="mean", batch_size=2)
+        client.score_edit(IMAGES, SOURCES, PROMPTS, META)
+        client.score(IMAGES, PROMPTS, META)
+    edits, plain = posts(stub)[:3], posts(stub)[3:]
+    assert [len(b["sources"]) for b in edits] == [2, 2, 1]
+    assert [len(b["images"]) for b in edits] == [2, 2, 1]
+    sent = np.stack([decode_pixels(s) for b in edits for s in b["sources"]])
+    expected = SOURCES.mul(255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    assert np.array_equal(sent, expected)  # PNG: the server sees exactly round(255 * x)
+    assert [len(b["images"]) for b in plain] == [2, 2, 1]
+    assert all("sources" not in b for b in plain)  # the original wire format
+
+
+def test_sources_use_the_image_format_and_count_in_the_pixel_budget(monkeypatch):
+    monkeypatch.setitem(REWARDS["rewards"][0], "needs_sources", False)
+    # 4x4 results + 4x4 sources = 32 pixels a sample; a budget of 40 sends one per request
+    monkeypatch.setitem(REWARDS["limits"], "max_request_pixels", 40)
+    with stub_server(score_means_handler) as (url, stub):
+        client = RemoteRewardBackend(url=url, reward="mean", batch_size=4, image_format="jpeg")
+        result = client.score_edit(IMAGES[:3], SOURCES[:3], PROMPTS[:3], META[:3])
+    bodies = posts(stub)
+    assert [len(b["sources"]) for b in bodies] == [1, 1, 1]
+    assert all(base64.b64decode(b["sources"][0])[:3] == b"\xff\xd8\xff" for b in bodies)
+    assert result.errors["mean"] == [None] * 3
+
+
+def test_score_edit_refuses_a_server_without_edit_support_before_posting():
+    with stub_server(score_means_handler) as (url, stub):  # its /rewards has no needs_sources
+        client = RemoteRewardBackend(url=url, reward="mean")
+        with pytest.raises(RewardError, match=r"predates edit requests.*upgrade"):
+            client.score_edit(IMAGES[:2], SOURCES[:2], PROMPTS[:2], META[:2])
+        with pytest.raises(RewardError, match=r"\(sources\) expects images of shape \[N=2"):
+            client.score_edit(IMAGES[:2], SOURCES[:1], PROMPTS[:2], META[:2])
+    assert posts(stub) == []
+
+
+def test_reward_service_sends_the_track_references(monkeypatch):
+    monkeypatch.setitem(REWARDS["rewards"][0], "needs_sources", True)
+    track = RolloutTrack(
+        sample_ids=torch.arange(2),
+        group_ids=torch.tensor([0, 0]),
+        decoded=Images(pixels=IMAGES[:2]),
+        prompts=PROMPTS[:2],
+        metadata=META[:2],
+        references=Images(pixels=SOURCES[:2]),
+    )
+    with stub_server(score_means_handler) as (url, stub):
+        RewardService(backend=RemoteRewardBackend(url=url, reward="mean")).score_track(track)
+    (body,) = posts(stub)
+    assert [decode_pixels(s)[0, 0, 0] for s in body["sources"]] == [230, 178]  # 0.9, 0.7

@@ -106,6 +106,7 @@ def test_schema_documents_every_answer(app):
         "rewards",
         "images",
         "videos",
+        "sources",
         "prompts",
         "metadata",
     }

@@ -10,7 +10,7 @@ from typing import ClassVar
 import pytest
 import torch
 from torch import Tensor
-from unirl.reward import RewardBackend, ScoreResult
+from unirl.reward import EditRewardBackend, RewardBackend, ScoreResult
 
 from unirl_reward_service.config import RewardConfig
 from unirl_reward_service.pool import RewardPool, Sample, score_samples
@@ -95,6 +95,53 @@ def test_a_failing_sample_fails_only_itself():
     assert [r.errors for r in results if r is not results[1]] == [{}, {}, {}]
     # One call per image size (3 of 4x4, 1 of 6x6); the failed 4x4 call is redone per sample.
     assert Recording.calls == [3, 1, 1, 1, 1]
+
+
+@dataclass(kw_only=True)
+class RedDifference(EditRewardBackend):
+    """An edit reward: result red minus source red (0..255) at the first pixel; records the
+    (images, sources) shapes of each call."""
+
+    calls: ClassVar[list[tuple[tuple[int, ...], tuple[int, ...]]]] = []
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return ("diff",)
+
+    def score_edit(
+        self, images: Tensor, sources: Tensor, prompts: list[str], metadata: list[dict]
+    ) -> ScoreResult:
+        type(self).calls.append((tuple(images.shape), tuple(sources.shape)))
+        diff = (images[:, 0, 0, 0] - sources[:, 0, 0, 0]).mul(255).round()
+        return ScoreResult(scores={"diff": diff})
+
+
+def edit(red: int, source_red: int | None, source_size: int = 4) -> Sample:
+    item = sample(red)
+    if source_red is not None:
+        item.source = sample(source_red, size=source_size).pixels
+    return item
+
+
+def test_edits_group_by_source_size_and_samples_without_sources_fail_alone():
+    RedDifference.calls = []
+    samples = [edit(50, 20), edit(60, None), edit(70, 30, source_size=6), edit(80, 5)]
+    results = score_samples(RedDifference(), samples, has_total=False, source="reward 'd' (x)")
+    assert [results[i].components["diff"] for i in (0, 2, 3)] == [30.0, 40.0, 75.0]
+    assert math.isnan(results[1].components["diff"])
+    assert (
+        "reward 'd' (x) compares each image with the image it was edited from"
+        in (results[1].errors["diff"])
+    )
+    # one call per (image size, source size); the sample without a source is never passed on
+    assert sorted(RedDifference.calls) == [
+        ((1, 3, 4, 4), (1, 3, 6, 6)),
+        ((2, 3, 4, 4), (2, 3, 4, 4)),
+    ]
+    # a scorer of the result alone scores an edit's image and ignores its source
+    Recording.calls = []
+    plain = score_samples(Recording(), samples, has_total=False, source="test")
+    assert [r.components["red"] for r in plain] == [50.0, 60.0, 70.0, 80.0]
 
 
 def test_closed_pool_cancels_queued_work_and_refuses_new():

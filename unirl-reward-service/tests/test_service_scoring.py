@@ -23,6 +23,8 @@ from unirl.reward.local import (
     JpegCompressibility,
     JpegIncompressibility,
     OCRScorer,
+    RegionColorTarget,
+    SourcePreservation,
 )
 from unirl.types import Images, RolloutTrack
 
@@ -45,6 +47,16 @@ CONFIG = {
                 "jpeg": {"_target_": "unirl.reward.local.JpegCompressibility"},
             },
             "weights": {"bright": 2.0, "jpeg": 0.25},
+        },
+        "preserve": {"_target_": "unirl.reward.local.SourcePreservation"},
+        "edit_combo": {
+            "_target_": "unirl.reward.WeightedRewardBackend",
+            "components": {
+                "preserve": {"_target_": "unirl.reward.local.SourcePreservation"},
+                "region": {"_target_": "unirl.reward.local.RegionColorTarget", "relative": True},
+                "jpeg": {"_target_": "unirl.reward.local.JpegCompressibility"},
+            },
+            "weights": {"preserve": 1.0, "region": 2.0, "jpeg": 0.0},
         },
     },
 }
@@ -188,7 +200,10 @@ def test_rewards_and_health_describe_the_pools(service):
         "timeout_s": 60.0,
         "max_batch_size": 32,
         "device": "cpu",
+        "needs_sources": False,
     }
+    assert by_name["preserve"]["needs_sources"] is True
+    assert by_name["edit_combo"]["needs_sources"] is True  # a component compares with sources
     assert info["auth"] is False
     assert info["limits"]["max_batch_size"] == 256
     health = httpx.get(service + "/health", timeout=10).json()
@@ -238,6 +253,120 @@ def test_mp4_without_pyav_is_a_clear_422(service, monkeypatch):
     assert answer.status_code == 422
     assert "videos[0]: mp4 videos need PyAV" in answer.json()["detail"]
     assert "unirl-reward-service[video]" in answer.json()["detail"]
+
+
+# -- edits: results with their sources -----------------------------------------------------------
+
+EDIT_META = [
+    {"edit_box": [0.25, 0.25, 0.75, 0.75], "target_color": [1.0, 0.0, 0.0]},
+    {"edit_box": [0.0, 0.0, 0.5, 1.0], "target_color": [0.0, 0.0, 1.0]},
+    {"target_color": [0.2, 0.9, 0.1]},  # whole image: nothing to preserve (a per-sample NaN)
+    {"edit_box": [0.5, 0.5, 1.0, 1.0], "target_color": [1.0, 1.0, 1.0]},
+    {"edit_box": [0.1, 0.2, 0.6, 0.9], "target_color": [0.0, 0.0, 0.0]},
+]
+
+
+def test_edit_round_trip_equals_in_process(service):
+    results, sources = uint8_images(5, seed=6), uint8_images(5, seed=7)
+    prompts = [f"edit {i}" for i in range(5)]
+    local = SourcePreservation().score_edit(results, sources, prompts, EDIT_META)
+    # batch_size=2: three requests; every sample is scored alone or with same-sized peers,
+    # and SourcePreservation's per-sample arithmetic does not depend on the batch
+    client = RemoteRewardBackend(url=service, reward="preserve", batch_size=2)
+    remote = client.score_edit(results, sources, prompts, EDIT_META)
+    torch.testing.assert_close(  # exact, NaN at 2 on both sides
+        remote.scores["preserve"], local.scores["preserve"], rtol=0, atol=0, equal_nan=True
+    )
+    assert remote.errors["preserve"][2] == local.errors["preserve"][2]
+    assert [e is None for e in remote.errors["preserve"]] == [True, True, False, True, True]
+
+    combo = WeightedRewardBackend(
+        components={
+            "preserve": SourcePreservation(),
+            "region": RegionColorTarget(relative=True),
+            "jpeg": JpegCompressibility(),
+        },
+        weights={"preserve": 1.0, "region": 2.0, "jpeg": 0.0},
+    )
+    keep = [0, 1, 3, 4]  # sample 2 has no pixel to preserve
+    expected = combo.score_edit(
+        results[keep], sources[keep], [prompts[i] for i in keep], [EDIT_META[i] for i in keep]
+    )
+    reward_service = RewardService(
+        backend=RemoteRewardBackend(
+            url=service,
+            reward="edit_combo",
+            components=["preserve", "region", "jpeg"],
+            use_total=True,
+        )
+    )
+    track = RolloutTrack(
+        sample_ids=torch.arange(4),
+        group_ids=torch.tensor([0, 0, 1, 1]),
+        decoded=Images(pixels=results[keep]),
+        prompts=[prompts[i] for i in keep],
+        metadata=[EDIT_META[i] for i in keep],
+        references=Images(pixels=sources[keep]),
+    )
+    scored, metrics = reward_service.score_track(track)
+    assert torch.equal(scored.rewards, expected.total)
+    for name in ("preserve", "region", "jpeg"):
+        assert torch.equal(scored.component_rewards[name], expected.scores[name]), name
+    assert metrics["reward/dropped_groups"] == 0.0
+
+
+def test_edit_reward_without_sources_fails_per_sample(service):
+    results = uint8_images(2, seed=8)
+    client = RemoteRewardBackend(url=service, reward="preserve")
+    out = client.score(results, ["a", "b"], EDIT_META[:2])
+    assert torch.isnan(out.scores["preserve"]).all()
+    for error in out.errors["preserve"]:
+        assert error is not None
+        assert "reward 'preserve'" in error and "send 'sources'" in error
+    # a reward of the result alone scores an edit as it scores the image
+    jpeg = RemoteRewardBackend(url=service, reward="jpeg")
+    sources = uint8_images(2, seed=9)
+    with_sources = jpeg.score_edit(results, sources, ["a", "b"], [{}, {}])
+    assert torch.equal(
+        with_sources.scores["jpeg"], jpeg.score(results, ["a", "b"], [{}, {}]).scores["jpeg"]
+    )
+
+
+def test_sources_of_another_size_reach_the_scorer(service):
+    results, sources = uint8_images(1, seed=10), uint8_images(1, h=16, w=16, seed=11)
+    client = RemoteRewardBackend(url=service, reward="preserve")
+    out = client.score_edit(results, sources, ["a"], EDIT_META[:1])
+    assert torch.isnan(out.scores["preserve"]).all()
+    assert "sources (1, 3, 16, 16) and results (1, 3, 24, 32) differ" in out.errors["preserve"][0]
+
+
+def test_malformed_sources_are_422_naming_the_index(service):
+    image = as_png(uint8_images(1)[0])
+    cases = {
+        "'sources' has 1 entries for 2 images": {"images": [image, image], "sources": [image]},
+        "sources[1]: not valid base64": {"images": [image, image], "sources": [image, "@@"]},
+        "'sources' go with 'images'": {"videos": [[image]], "sources": [image]},
+    }
+    for message, body in cases.items():
+        answer = httpx.post(service + "/score", json={"reward": "preserve", **body}, timeout=30)
+        assert answer.status_code == 422, answer.text
+        assert message in answer.json()["detail"], answer.json()["detail"]
+
+
+def test_sources_count_against_the_pixel_budgets():
+    app = create_app(
+        {
+            "server": {"require_auth": False, "max_sample_pixels": 24 * 32 + 100},
+            "rewards": {"preserve": {"_target_": "unirl.reward.local.SourcePreservation"}},
+        }
+    )
+    image = as_png(uint8_images(1)[0])
+    with serve_in_thread(app) as url:
+        alone = httpx.post(url + "/score", json={"reward": "preserve", "images": [image]})
+        edit = {"reward": "preserve", "images": [image], "sources": [image]}
+        both = httpx.post(url + "/score", json=edit)
+    assert alone.status_code == 200
+    assert both.status_code == 413 and "images[0]: decodes to 1536 pixels" in both.json()["detail"]
 
 
 # -- OCR through the service ---------------------------------------------------------------

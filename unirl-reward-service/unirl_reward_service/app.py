@@ -18,6 +18,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Body, Depends, FastAPI, HTTPException, Request
@@ -54,6 +55,17 @@ from unirl_reward_service.schemas import (
 )
 
 
+@dataclass(frozen=True)
+class Probed:
+    """A request after :meth:`RewardServer.probe`: per sample its payloads, the edits'
+    source images (``None`` without ``sources``) and the pixels decoding will hold."""
+
+    kind: str
+    samples: list[list[Payload]]
+    sources: list[Payload] | None
+    pixels: int
+
+
 class RewardServer:
     """The app's state: config, one :class:`RewardPool` per reward, the auth token."""
 
@@ -87,6 +99,7 @@ class RewardServer:
                 timeout_s=pool.config.timeout_s,
                 max_batch_size=pool.config.max_batch_size,
                 device=pool.config.device,
+                needs_sources=pool.needs_sources,
             )
             for name, pool in self.pools.items()
         ]
@@ -124,11 +137,13 @@ class RewardServer:
             )
         return names
 
-    def probe(self, request: ScoreRequest) -> tuple[str, list[list[Payload]]]:
-        """Per sample its payloads (one image, a video's frames, or one mp4), headers only.
+    def probe(self, request: ScoreRequest) -> Probed:
+        """Per sample its payloads (one image, a video's frames, or one mp4) and, for an
+        edit, its source image; headers only.
 
         Every limit is checked here, before any pixel is decoded: samples per request,
-        frames per video, and the ``H·W`` / sample / request pixel budgets (413 above each).
+        frames per video, and the ``H·W`` / sample / request pixel budgets (413 above each;
+        a sample's pixels include its source).
         """
         server = self.config.server
         if (request.images is None) == (request.videos is None):
@@ -142,10 +157,19 @@ class RewardServer:
                 f"{n} {kind} in one request; this server accepts at most "
                 f"{server.max_batch_size} (server.max_batch_size): split the batch",
             )
-        for key, values in (("prompts", request.prompts), ("metadata", request.metadata)):
+        for key, values in (
+            ("prompts", request.prompts),
+            ("metadata", request.metadata),
+            ("sources", request.sources),
+        ):
             if values is not None and len(values) != n:
                 raise _error(422, f"'{key}' has {len(values)} entries for {n} {kind}")
+        if request.sources is not None and kind != "images":
+            raise _error(
+                422, "'sources' go with 'images' (an edit's result and its source), not 'videos'"
+            )
         per_sample: list[list[Payload]] = []
+        sources: list[Payload] | None = None if request.sources is None else []
         total = 0
         try:
             for i, item in enumerate(items):
@@ -165,6 +189,10 @@ class RewardServer:
                         for j, frame in enumerate(item)
                     ]
                 pixels = sum(p.pixels for p in payloads)
+                if sources is not None:
+                    source = request.sources[i]  # type: ignore[index]
+                    sources.append(probe_image(source, f"sources[{i}]", server.max_image_pixels))
+                    pixels += sources[-1].pixels
                 if pixels > server.max_sample_pixels:
                     raise TooLarge(
                         f"{where}: decodes to {pixels} pixels; this server accepts at most "
@@ -182,18 +210,22 @@ class RewardServer:
             raise _error(422, str(exc)) from exc
         except TooLarge as exc:
             raise _error(413, str(exc)) from exc
-        return kind, per_sample
+        return Probed(kind, per_sample, sources, total)
 
-    def decode(self, request: ScoreRequest, per_sample: list[list[Payload]]) -> list[list[Sample]]:
-        """Decode probed payloads into per-sample lists of images (a video's frames)."""
-        n = len(per_sample)
+    def decode(self, request: ScoreRequest, probed: Probed) -> list[list[Sample]]:
+        """Decode probed payloads into per-sample lists of images (a video's frames); an
+        edit's image carries its decoded source."""
+        n = len(probed.samples)
         prompts = request.prompts if request.prompts is not None else [""] * n
         metadata = request.metadata if request.metadata is not None else [{} for _ in range(n)]
         samples: list[list[Sample]] = []
         try:
-            for i, payloads in enumerate(per_sample):
+            for i, payloads in enumerate(probed.samples):
                 frames = [f for p in payloads for f in decode_payload(p)]
-                samples.append([Sample(f, prompts[i], metadata[i]) for f in frames])
+                source = None
+                if probed.sources is not None:
+                    source = decode_payload(probed.sources[i])[0]
+                samples.append([Sample(f, prompts[i], metadata[i], source) for f in frames])
         except DecodeError as exc:
             raise _error(422, str(exc)) from exc
         except TooLarge as exc:
@@ -336,12 +368,12 @@ def create_app(config: ServiceConfig | Mapping[str, Any]) -> FastAPI:
         request: ScoreRequest = Body(openapi_examples=examples),  # noqa: B008 (FastAPI idiom)
     ) -> ScoreResponse:
         names = server.reward_names(request)
-        kind, payloads = await run_in_threadpool(server.probe, request)
-        pixels = sum(p.pixels for sample in payloads for p in sample)
+        probed = await run_in_threadpool(server.probe, request)
         wait_s = max(server.pools[n].config.timeout_s for n in names)
-        async with server.inflight.hold(pixels, wait_s):
-            per_sample = await run_in_threadpool(server.decode, request, payloads)
-            del payloads  # the encoded bytes are no longer needed
+        async with server.inflight.hold(probed.pixels, wait_s):
+            per_sample = await run_in_threadpool(server.decode, request, probed)
+            kind = probed.kind
+            del probed  # the encoded bytes are no longer needed
             results = await asyncio.gather(*(server.score_one(n, per_sample) for n in names))
         return ScoreResponse(
             kind=kind,  # type: ignore[arg-type]
@@ -368,6 +400,15 @@ def _examples(config: ServiceConfig, hide_names: bool) -> dict[str, Any]:
                 "images": [_EXAMPLE_PNG, _EXAMPLE_PNG],
                 "prompts": ['a sign that says "hi"', 'a sign that says "hi"'],
                 "metadata": [{}, {}],
+            },
+        },
+        "edit": {
+            "summary": "One edit: the result and the image it was edited from",
+            "value": {
+                "reward": names[0],
+                "images": [_EXAMPLE_PNG],
+                "sources": [_EXAMPLE_PNG],
+                "prompts": ["make it blue"],
             },
         },
         "videos": {

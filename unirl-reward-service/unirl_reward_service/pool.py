@@ -17,6 +17,7 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -31,11 +32,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Sample:
-    """One image to score: ``pixels`` ``uint8[3, H, W]`` RGB, its prompt and metadata."""
+    """One image to score: ``pixels`` ``uint8[3, H, W]`` RGB, its prompt and metadata, and
+    for an edit ``source`` (``uint8[3, H', W']``, the image it was edited from)."""
 
     pixels: Tensor
     prompt: str
     metadata: dict
+    source: Tensor | None = None
 
 
 @dataclass
@@ -60,20 +63,44 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def needs_sources(scorer: RewardBackend) -> bool:
+    """Whether ``scorer`` compares each image with its source: an edit reward
+    (``needs_references``), or a combination (``components``) holding one."""
+    if getattr(scorer, "needs_references", False):
+        return True
+    components = getattr(scorer, "components", None)
+    return isinstance(components, Mapping) and any(
+        isinstance(c, RewardBackend) and needs_sources(c) for c in components.values()
+    )
+
+
 def score_samples(
     scorer: RewardBackend, samples: list[Sample], has_total: bool, source: str
 ) -> list[SampleResult]:
-    """Score ``samples`` with one call per image size; isolate failures per sample.
+    """Score ``samples`` with one call per image size (and source size); isolate failures
+    per sample.
 
-    When a call with several samples raises, each of its samples is scored alone, so one bad
-    sample (or one bad request batched with others) fails only itself.
+    Samples with a source go to ``score_edit`` (which scorers of the result alone answer
+    like ``score``); a scorer that needs sources fails the samples without one (one error
+    each, no call). When a call with several samples raises, each of its samples is scored
+    alone, so one bad sample (or one bad request batched with others) fails only itself.
     """
     names = tuple(scorer.names)
-    groups: dict[tuple[int, ...], list[int]] = {}
+    groups: dict[tuple[tuple[int, ...], tuple[int, ...] | None], list[int]] = {}
     for i, sample in enumerate(samples):
-        groups.setdefault(tuple(sample.pixels.shape), []).append(i)
+        source_shape = None if sample.source is None else tuple(sample.source.shape)
+        groups.setdefault((tuple(sample.pixels.shape), source_shape), []).append(i)
     out: list[SampleResult | None] = [None] * len(samples)
-    for indices in groups.values():
+    needs = needs_sources(scorer)
+    for (_, source_shape), indices in groups.items():
+        if needs and source_shape is None:
+            message = (
+                f"{source} compares each image with the image it was edited from; send "
+                "'sources' (one base64 image per image) with the request"
+            )
+            for i in indices:
+                out[i] = SampleResult.failed(names, message, has_total)
+            continue
         try:
             results = _score_group(scorer, [samples[i] for i in indices], has_total, source)
         except Exception as exc:
@@ -94,13 +121,20 @@ def score_samples(
 def _score_group(
     scorer: RewardBackend, group: list[Sample], has_total: bool, source: str
 ) -> list[SampleResult]:
-    """One scorer call on same-sized images: ``images[n, 3, H, W]`` float32 in [0, 1]."""
+    """One scorer call on same-sized images: ``images[n, 3, H, W]`` float32 in [0, 1]
+    (``score_edit`` with the same-sized ``sources`` when the samples carry them)."""
     n = len(group)
     images = torch.stack([s.pixels for s in group]).float().div_(255.0)
     prompts = [s.prompt for s in group]
     metadata = [dict(s.metadata) for s in group]  # scorers must not mutate shared request data
     with torch.no_grad():
-        result = scorer.score(images, prompts, metadata)
+        if group[0].source is not None:
+            # one group holds one source size, so every sample of it carries a source
+            sources = torch.stack([s.source for s in group if s.source is not None])
+            sources = sources.float().div_(255.0)
+            result = scorer.score_edit(images, sources, prompts, metadata)
+        else:
+            result = scorer.score(images, prompts, metadata)
     names = tuple(scorer.names)
     result.check(names, n, source)
     if has_total and result.total is None:
@@ -150,6 +184,7 @@ class RewardPool:
         scorers = [config.build() for _ in range(config.replicas)]
         self.names: tuple[str, ...] = tuple(scorers[0].names)
         self.has_total = bool(scorers[0].produces_total)
+        self.needs_sources = needs_sources(scorers[0])
         self.source = f"reward '{config.name}' ({config.target})"
         self._cond = threading.Condition()
         self._queue: deque[_Job] = deque()

@@ -15,6 +15,8 @@ class ScoreRequest(BaseModel):
     Give exactly one of ``images`` (base64 PNG or JPEG, one per sample) and ``videos`` (per
     sample a list of base64 PNG/JPEG frames, or one base64 mp4 string). ``prompts`` and
     ``metadata`` default to ``""`` and ``{}`` per sample; when given they need ``N`` entries.
+    Edits add ``sources`` (with ``images`` only): the image each result was edited from,
+    one per image; edit rewards compare the two, other rewards ignore them.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -30,6 +32,12 @@ class ScoreRequest(BaseModel):
         default=None,
         min_length=1,
         description="Per sample a list of base64 PNG/JPEG frames, or a base64 mp4 string.",
+    )
+    sources: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="Edits: base64 PNG or JPEG of the image each result was edited from, one "
+        "per image (with 'images' only). Rewards that compare result and source need them.",
     )
     prompts: list[str] | None = Field(default=None, description="One prompt per sample.")
     metadata: list[dict[str, Any]] | None = Field(
@@ -81,6 +89,11 @@ class RewardInfo(BaseModel):
     timeout_s: float
     max_batch_size: int = Field(description="Most images one scorer call receives.")
     device: str
+    needs_sources: bool = Field(
+        default=False,
+        description="Whether the reward compares each image with its source: a request "
+        "without 'sources' gets a per-sample error from it.",
+    )
 
 
 class Limits(BaseModel):

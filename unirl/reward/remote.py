@@ -61,6 +61,9 @@ class RemoteRewardBackend(RewardBackend):
     ``max_backoff_s``; a numeric ``Retry-After`` wins); other 4xx raise at once with the
     server's message. A per-sample server error becomes NaN plus ``errors[name][i]``, so the
     service's failure policy applies. The server is checked on first use (or :meth:`check`).
+    Edits (:meth:`score_edit`) send each result's source image in the same request
+    (``sources``, same encoding; the per-request pixel budget counts both); an edit reward on
+    the server answers a request without sources with per-sample errors.
     """
 
     url: str
@@ -174,10 +177,28 @@ class RemoteRewardBackend(RewardBackend):
 
     def score(self, images: Tensor | None, prompts: list[str], metadata: list[dict]) -> ScoreResult:
         """Score ``images[N, 3, H, W]`` in [0, 1]; returns one ``Tensor[N]`` per name."""
+        source = f"RemoteRewardBackend('{self.reward}' at {self.url})"
+        images = check_images(images, len(prompts), source)
+        return self._score(images, None, prompts, metadata)
+
+    def score_edit(
+        self, images: Tensor, sources: Tensor, prompts: list[str], metadata: list[dict]
+    ) -> ScoreResult:
+        """Score ``N`` edits: ``images[N, 3, H, W]`` results and ``sources[N, 3, H', W']``
+        in [0, 1] go in the same requests (``sources``, encoded like the images); the server
+        passes them to rewards that compare the two and scores the result alone otherwise."""
+        n = len(prompts)
+        source = f"RemoteRewardBackend('{self.reward}' at {self.url})"
+        images = check_images(images, n, source)
+        sources = check_images(sources, n, f"{source} (sources)")
+        return self._score(images, sources, prompts, metadata)
+
+    def _score(
+        self, images: Tensor, sources: Tensor | None, prompts: list[str], metadata: list[dict]
+    ) -> ScoreResult:
         n = len(prompts)
         source = f"RemoteRewardBackend('{self.reward}' at {self.url})"
         check_lengths(n, source, metadata=metadata)
-        images = check_images(images, n, source)
         for i, meta in enumerate(metadata):
             try:
                 json.dumps(meta)
@@ -187,23 +208,34 @@ class RemoteRewardBackend(RewardBackend):
                 ) from exc
         if self._info is None:
             self.check()
+        if sources is not None and "needs_sources" not in (self._info or {}):
+            raise RewardError(
+                f"{source}: the service predates edit requests (GET /rewards has no "
+                "'needs_sources'); upgrade unirl-reward-service on the server to score edits"
+            )
         pixels = images_to_uint8(images)
+        source_pixels = images_to_uint8(sources) if sources is not None else None
         per_request = self._request_size
         if self._request_pixels:
             height, width = images.shape[-2:]
-            per_request = max(1, min(per_request, self._request_pixels // (height * width)))
+            per_sample = height * width
+            if sources is not None:
+                per_sample += sources.shape[-2] * sources.shape[-1]
+            per_request = max(1, min(per_request, self._request_pixels // per_sample))
         values: dict[str, list[float]] = {name: [] for name in self.names}
         errors: dict[str, list[str | None]] = {name: [] for name in self.names}
         totals: list[float] = []
         retries = 0
         for start in range(0, n, per_request):
             stop = min(start + per_request, n)
-            payload = {
+            payload: dict[str, Any] = {
                 "reward": self.reward,
                 "images": [self._encode(p) for p in pixels[start:stop]],
                 "prompts": list(prompts[start:stop]),
                 "metadata": list(metadata[start:stop]),
             }
+            if source_pixels is not None:  # absent for plain images: the original wire format
+                payload["sources"] = [self._encode(p) for p in source_pixels[start:stop]]
             body, attempts = self._request_counted("POST", "/score", payload)
             retries += attempts - 1
             samples = body.get("results", {}).get(self.reward, {}).get("samples")
