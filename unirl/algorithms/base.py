@@ -133,6 +133,12 @@ class StageAlgorithm(ABC):
         """Freeze π_old for this micro-batch (default: keep the rollout's anchors)."""
         return segment
 
+    def micro_batch_weight(self, segment: Any, advantages: torch.Tensor) -> float:
+        """This micro-batch's weight in the mini-batch loss: the train stack scales its loss
+        by ``weight / Σ weights`` of the mini-batch. Default: its sample count (the loss is a
+        mean over samples); a token-mean loss weighs by loss tokens."""
+        return float(len(advantages))
+
     @abstractmethod
     def compute_loss_and_backward(
         self,

@@ -35,6 +35,7 @@ class DRPO(TokenPolicyLoss):
         norm_length: int | None = None,
         kl: KLConfig | Mapping[str, Any] | None = None,
         old_logp_source: str = "replay",
+        tis_cap: float | None = None,
     ) -> None:
         require(epsilon > 0, f"algorithm.epsilon must be > 0, got {epsilon}")
         super().__init__(
@@ -43,6 +44,7 @@ class DRPO(TokenPolicyLoss):
             norm_length=norm_length,
             kl=kl,
             old_logp_source=old_logp_source,
+            tis_cap=tis_cap,
         )
         self.epsilon = epsilon
         self.token_adaptive = token_adaptive

@@ -4,8 +4,9 @@
     L = aggregate(ℓ + β·k3(π_θ, π_ref), loss_mask, mode)
 
 ``TokenPolicyLoss`` holds everything a per-token ratio loss on a ``TextSegment`` needs
-(anchoring π_old, the reference KL, packing, aggregation, metrics); ``GRPO`` and ``DRPO``
-only say how a token's loss follows from its ratio.
+(anchoring π_old, the reference KL, packing, aggregation, metrics, the rollout-vs-trainer
+log-prob gap and its truncated importance-sampling correction); ``GRPO`` and ``DRPO`` only
+say how a token's loss follows from its ratio.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from unirl.algorithms.base import StageAlgorithm, StepResult
 from unirl.algorithms.kl import KLConfig
 from unirl.algorithms.losses import LOSS_AGG_MODES, aggregate, grpo_clip_loss, k3_kl, pad_packed
 from unirl.config.require import require
+from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import Conditions, Packed, TextSegment
 
 
@@ -46,6 +48,13 @@ class TokenPolicyLoss(StageAlgorithm):
     reference (the policy under ``reference()``); an adaptive β follows the mean k3 of the
     loss tokens.
     Advantages are per sample (``[B]``), broadcast to every token of the sample.
+
+    The rollout-vs-trainer gap: when the segment arrives with recorded log-probs, π_old is
+    also replayed (it is the anchor with ``replay``; with ``rollout`` one extra no-grad
+    forward per micro-batch) and ``after_train`` reports ``rollout/logp_gap`` (mean
+    |recorded − replayed| per loss token) and ``rollout/logp_gap_max``. ``tis_cap`` (C, needs
+    ``replay``) corrects that gap with truncated importance sampling: each token's policy
+    loss is weighted by ``min(π_old(y) / π_rollout(y), C)`` (detached).
     """
 
     def __init__(
@@ -56,6 +65,7 @@ class TokenPolicyLoss(StageAlgorithm):
         norm_length: int | None = None,
         kl: KLConfig | Mapping[str, Any] | None = None,
         old_logp_source: str = "replay",
+        tis_cap: float | None = None,
     ) -> None:
         super().__init__(kl=kl)
         require(
@@ -75,10 +85,21 @@ class TokenPolicyLoss(StageAlgorithm):
             callable(getattr(policy, "token_log_probs", None)),
             f"algorithm.policy ({type(policy).__name__}) must provide token_log_probs(conditions, segment)",
         )
+        require(
+            tis_cap is None or tis_cap > 0,
+            f"algorithm.tis_cap must be > 0 (the importance-weight cap C) or null, got {tis_cap}",
+        )
+        require(
+            tis_cap is None or old_logp_source == "replay",
+            "algorithm.tis_cap weighs each token by π_old / π_rollout, which needs the replayed "
+            "π_old: set algorithm.old_logp_source=replay (or tis_cap=null)",
+        )
         self.policy: TokenPolicy = policy
         self.loss_agg = loss_agg
         self.norm_length = norm_length
         self.old_logp_source = old_logp_source
+        self.tis_cap = tis_cap
+        self.start_rollout(0)  # the rollout-vs-replay gap accumulators
 
     # -- per-token loss: the one thing subclasses define -------------------------------------
 
@@ -101,15 +122,73 @@ class TokenPolicyLoss(StageAlgorithm):
 
     @torch.no_grad()
     def prepare_segment(self, conditions: Conditions, segment: TextSegment) -> TextSegment:  # type: ignore[override]
-        if self.old_logp_source == "rollout":
-            if segment.log_probs is None:
-                raise ValueError("old_logp_source=rollout but the rollout recorded no log_probs")
-            return segment
-        anchor = self._log_probs(conditions, segment)
+        """Anchor π_old (``log_probs``); measure the rollout-vs-replay gap when the engine
+        recorded log-probs; keep them as ``rollout_log_probs`` when ``tis_cap`` needs them."""
+        recorded = segment.log_probs
+        if self.old_logp_source == "rollout" and recorded is None:
+            raise ValueError("old_logp_source=rollout but the rollout recorded no log_probs")
+        if self.tis_cap is not None and recorded is None:
+            raise ValueError(
+                "algorithm.tis_cap needs the rollout's log_probs, but the rollout recorded none"
+            )
+        replay = self._log_probs(conditions, segment).values.detach().float()
+        if recorded is not None:
+            self._observe_gap(recorded.values, replay, segment)
+        anchor = replay if self.old_logp_source == "replay" else recorded.values.float()  # type: ignore[union-attr]
+        offsets = segment.tokens.offsets
         return dataclasses.replace(
             segment,
-            log_probs=Packed(values=anchor.values.detach().float(), offsets=segment.tokens.offsets),
+            log_probs=Packed(values=anchor, offsets=offsets),
+            rollout_log_probs=(
+                Packed(values=recorded.values.float(), offsets=offsets)  # type: ignore[union-attr]
+                if self.tis_cap is not None
+                else None
+            ),
         )
+
+    def _observe_gap(
+        self, recorded: torch.Tensor, replay: torch.Tensor, segment: TextSegment
+    ) -> None:
+        mask = self._mask(segment, replay)
+        gap = (recorded.float().to(replay.device) - replay).abs()[mask]
+        if gap.numel():
+            total, worst = torch.stack([gap.double().sum(), gap.double().max()]).tolist()
+            self._gap_sum += total
+            self._gap_tokens += gap.numel()
+            self._gap_max = max(self._gap_max, worst)
+
+    @staticmethod
+    def _mask(segment: TextSegment, like: torch.Tensor) -> torch.Tensor:
+        if segment.loss_mask is not None:
+            return segment.loss_mask.values.to(like.device).bool()
+        return torch.ones_like(like, dtype=torch.bool)
+
+    def start_rollout(self, rollout_index: int) -> None:
+        self._gap_sum, self._gap_tokens, self._gap_max = 0.0, 0, 0.0
+
+    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]
+    def after_train(self, rollout_index: int) -> dict[str, float]:
+        """The KL controller's step, and this rank's rollout-vs-replay gap of the rollout
+        (``rollout/logp_gap``: mean |Δ log p| per loss token; ``rollout/logp_gap_max``)."""
+        out = self.kl_after_train()
+        if self._gap_tokens:
+            out["rollout/logp_gap"] = self._gap_sum / self._gap_tokens
+            out["rollout/logp_gap_max"] = self._gap_max
+        return out
+
+    def micro_batch_weight(self, segment: Any, advantages: torch.Tensor) -> float:
+        """The micro-batch's share in the mini-batch's aggregation: its loss tokens for
+        ``token-mean``, its sequences with a loss token for ``seq-mean-token-mean``, its
+        sequences for ``seq-mean-token-sum-norm``; so the stack's loss equals the mini-batch's
+        whatever the micro-batches."""
+        offsets = segment.tokens.offsets
+        mask = self._mask(segment, segment.tokens.values)
+        if self.loss_agg == "token-mean":
+            return float(mask.sum())
+        if self.loss_agg == "seq-mean-token-mean":
+            counts = pad_packed(mask, offsets.to(mask.device), False).sum(dim=1)
+            return float((counts > 0).sum())
+        return float(len(offsets) - 1)
 
     # -- loss --------------------------------------------------------------------------------
 
@@ -144,6 +223,17 @@ class TokenPolicyLoss(StageAlgorithm):
         lp = torch.where(mask, current, zero)
         old_lp = torch.where(mask, old, zero)
         policy_terms, ratio = self.token_terms(lp, old_lp, adv)
+        tis_weight = None
+        if self.tis_cap is not None:
+            if segment.rollout_log_probs is None:
+                raise ValueError(
+                    "algorithm.tis_cap: the segment lost its rollout_log_probs; anchor it with "
+                    "prepare_segment"
+                )
+            rollout = segment.rollout_log_probs.values.float().to(device)
+            log_w = torch.where(mask, old_lp - rollout, zero)
+            tis_weight = torch.exp(log_w).clamp(max=self.tis_cap).detach()
+            policy_terms = policy_terms * tis_weight
         terms, kl = policy_terms, None
         control = self.kl_controller
         if control.enabled:
@@ -167,6 +257,8 @@ class TokenPolicyLoss(StageAlgorithm):
         if kl is not None:
             out["kl"] = kl.detach()[mask]
             control.observe(out["kl"])
+        if tis_weight is not None:
+            out["tis_weight"] = tis_weight[mask]
         return StepResult(loss=loss.detach() * loss_scale, terms=out)
 
     def summarize(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -185,6 +277,10 @@ class TokenPolicyLoss(StageAlgorithm):
             out["kl_loss"] = float(terms["kl"].float().mean())
             out["kl/max"] = float(terms["kl"].float().max())
             out["kl/beta"] = float(self.kl_controller.beta)
+        if "tis_weight" in terms and not empty:
+            weight = terms["tis_weight"].float()
+            out["tis/weight_mean"] = float(weight.mean())
+            out["tis/capped_frac"] = float((weight >= float(self.tis_cap or 0.0)).float().mean())
         return out
 
 
@@ -202,6 +298,7 @@ class GRPO(TokenPolicyLoss):
         norm_length: int | None = None,
         kl: KLConfig | Mapping[str, Any] | None = None,
         old_logp_source: str = "replay",
+        tis_cap: float | None = None,
     ) -> None:
         require(0 < clip_low < 1, f"algorithm.clip_low must be in (0, 1), got {clip_low}")
         require(clip_high > 0, f"algorithm.clip_high must be > 0, got {clip_high}")
@@ -211,6 +308,7 @@ class GRPO(TokenPolicyLoss):
             norm_length=norm_length,
             kl=kl,
             old_logp_source=old_logp_source,
+            tis_cap=tis_cap,
         )
         self.clip_low = clip_low
         self.clip_high = clip_high

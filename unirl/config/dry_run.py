@@ -24,6 +24,15 @@ def batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> dict[str, Any]:
         "micro_batch_size": g.micro_batch_size,
         "micro_batches_per_step": g.micro_batches_per_step,
     }
+    budget = getattr(objs.get("stack"), "max_tokens_per_micro_batch", None)
+    if budget is not None:  # micro-batches packed by tokens: their count is set per rollout
+        geometry["micro_batch_size"] = "packed by tokens"
+        geometry["micro_batches_per_step"] = "as the token budget needs"
+        geometry["max_tokens_per_micro_batch"] = budget
+    describe = getattr(sampling, "dry_run_fields", None)
+    if callable(describe):  # a domain's own sampling knobs (autoregressive: lengths, temperature)
+        geometry.update(describe())
+        return geometry
     sde = getattr(sampling, "sde_steps", None)
     chosen = (
         sde.select(sampling.num_inference_steps, seed=cfg.seed, rollout_index=0)

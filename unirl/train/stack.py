@@ -3,7 +3,8 @@
 Per rollout, on each train rank (its data-parallel shard of the track):
 
 1. order the samples (seeded shuffle) and cut them into ``num_updates_per_batch``
-   mini-batches of ``micro_batch_size`` micro-batches;
+   mini-batches, each into micro-batches of ``micro_batch_size`` samples or, for packed text
+   segments, packed by a token budget (``max_tokens_per_micro_batch``);
 2. freeze π_old once, before any update, micro-batch by micro-batch — at exactly the
    geometry the loss will use, so the first ratio is exactly 1;
 3. per mini-batch: loss + backward per micro-batch, grad clip, non-finite check, optimizer step.
@@ -37,6 +38,53 @@ def _logp_gap(rollout: Any, anchored: Any) -> float:
     return float((a.float() - b.float().to(a.device)).abs().max())
 
 
+def pack_by_tokens(
+    lengths: torch.Tensor, budget: int, count: int | None = None
+) -> list[torch.Tensor]:
+    """Cut rows with token counts ``lengths[B]`` into micro-batches of at most ``budget``
+    tokens: first-fit decreasing (a row longer than the budget gets a micro-batch of its own).
+    ``count`` (>= what the budget needs) asks for that many micro-batches: the fullest one with
+    two rows or more is halved until there are ``count`` (data-parallel ranks must all run as
+    many forwards as the rank that needs the most). Returns each micro-batch's row indices,
+    ascending, the micro-batches ordered by their first row. Deterministic."""
+    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in order:
+        size = int(lengths[i])
+        for b, load in enumerate(loads):
+            if load + size <= budget:
+                bins[b].append(i)
+                loads[b] += size
+                break
+        else:
+            bins.append([i])
+            loads.append(size)
+    while count is not None and len(bins) < count:
+        splittable = [b for b in range(len(bins)) if len(bins[b]) > 1]
+        if not splittable:
+            raise ValueError(
+                f"cannot cut {len(lengths)} rows into {count} micro-batches (another rank "
+                "needs that many); give every rank at least as many samples"
+            )
+        b = max(splittable, key=lambda k: (loads[k], -k))
+        left: list[int] = []
+        right: list[int] = []
+        lload = rload = 0
+        for i in sorted(bins[b], key=lambda i: (-int(lengths[i]), i)):  # greedy halves
+            if lload <= rload:
+                left.append(i)
+                lload += int(lengths[i])
+            else:
+                right.append(i)
+                rload += int(lengths[i])
+        bins[b], loads[b] = left, lload
+        bins.append(right)
+        loads.append(rload)
+    packed = sorted((sorted(b) for b in bins), key=lambda b: b[0])
+    return [torch.tensor(b, dtype=torch.long) for b in packed]
+
+
 class NonFiniteError(RuntimeError):
     """Too many consecutive non-finite optimizer steps."""
 
@@ -50,6 +98,10 @@ class TrainStackConfig:
     clips the global gradient norm (``None``: no clipping, the norm is still logged);
     ``shuffle`` orders the samples by a permutation seeded by ``seed`` and the rollout index;
     ``max_nonfinite_in_row`` skipped non-finite steps in a row stop the run.
+    ``max_tokens_per_micro_batch`` (text tracks): instead of a fixed sample count, pack each
+    mini-batch into as few micro-batches as hold at most this many tokens each (the same
+    number on every data-parallel rank; a longer sample gets one of its own); leave
+    ``micro_batch_size`` at 1 then.
     """
 
     micro_batch_size: PositiveInt = 1
@@ -58,9 +110,20 @@ class TrainStackConfig:
     shuffle: bool = True
     max_nonfinite_in_row: PositiveInt = 3
     seed: int = 0
+    max_tokens_per_micro_batch: PositiveInt | None = None
 
     def __post_init__(self) -> None:
         require(self.micro_batch_size >= 1, "stack.micro_batch_size must be >= 1")
+        require(
+            self.max_tokens_per_micro_batch is None or self.max_tokens_per_micro_batch >= 1,
+            "stack.max_tokens_per_micro_batch must be >= 1 or null",
+        )
+        require(
+            self.max_tokens_per_micro_batch is None or self.micro_batch_size == 1,
+            "stack.micro_batch_size and stack.max_tokens_per_micro_batch are two ways to cut "
+            "micro-batches; set one (max_tokens_per_micro_batch packs by tokens: leave "
+            f"micro_batch_size at 1, got {self.micro_batch_size})",
+        )
         require(self.num_updates_per_batch >= 1, "stack.num_updates_per_batch must be >= 1")
         require(
             self.max_grad_norm is None or self.max_grad_norm > 0,
@@ -95,6 +158,48 @@ class TrainStack:
         gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + rollout_index)
         return torch.randperm(n, generator=gen)
 
+    def plan_micro_batches(self, segment: Any, n: int) -> list[list[torch.Tensor]]:
+        """Row indices (into the ordered track) of every micro-batch, per mini-batch:
+        ``num_updates_per_batch`` equal mini-batches of consecutive rows, each cut into
+        ``micro_batch_size`` rows or, with ``max_tokens_per_micro_batch``, packed by tokens
+        (:func:`pack_by_tokens`, the same count on every rank)."""
+        cfg = self.config
+        require(
+            n % cfg.num_updates_per_batch == 0,
+            f"{n} samples on this rank cannot be split into {cfg.num_updates_per_batch} mini-batches",
+        )
+        mini = n // cfg.num_updates_per_batch
+        budget = cfg.max_tokens_per_micro_batch
+        if budget is None:
+            require(
+                mini % cfg.micro_batch_size == 0,
+                f"mini-batch {mini} not divisible by micro_batch_size {cfg.micro_batch_size}",
+            )
+            return [
+                [
+                    torch.arange(s, s + cfg.micro_batch_size)
+                    for s in range(u * mini, (u + 1) * mini, cfg.micro_batch_size)
+                ]
+                for u in range(cfg.num_updates_per_batch)
+            ]
+        tokens = getattr(segment, "tokens", None)
+        require(
+            tokens is not None and hasattr(tokens, "lengths"),
+            f"stack.max_tokens_per_micro_batch packs text segments by token count, but this "
+            f"track's segment is a {type(segment).__name__}; use stack.micro_batch_size",
+        )
+        lengths = tokens.lengths.cpu()
+        parts = [lengths[u * mini : (u + 1) * mini] for u in range(cfg.num_updates_per_batch)]
+        counts = torch.tensor([len(pack_by_tokens(p, budget)) for p in parts], dtype=torch.long)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            counts = counts.to(self.backend.device)  # every rank runs the most any rank needs
+            torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.MAX)
+            counts = counts.cpu()
+        return [
+            [u * mini + rows for rows in pack_by_tokens(part, budget, int(counts[u]))]
+            for u, part in enumerate(parts)
+        ]
+
     @distributed(dispatch=Dispatch.DP_SCATTER)
     def train_track(self, track: RolloutTrack, rollout_index: int = 0) -> dict[str, Any]:
         """Train on this rank's shard of ``track`` (advantages attached); returns
@@ -110,40 +215,43 @@ class TrainStack:
             f"{n} samples on this rank cannot be split into {cfg.num_updates_per_batch} mini-batches",
         )
         mini = n // cfg.num_updates_per_batch
-        require(
-            mini % cfg.micro_batch_size == 0,
-            f"mini-batch {mini} not divisible by micro_batch_size {cfg.micro_batch_size}",
-        )
         device = self.backend.device
         self.algorithm.start_rollout(rollout_index)
         track = track.select(self._order(n, rollout_index))
         conditions = track.conditions.to(device)
         segment = track.segment.to(device)
         advantages = track.advantages.float().to(device)
+        plan = self.plan_micro_batches(track.segment, n)
 
         t0 = time.perf_counter()
-        micro_slices = [
-            slice(s, s + cfg.micro_batch_size) for s in range(0, n, cfg.micro_batch_size)
-        ]
         micro = []
         anchor_gap = 0.0
-        for sl in micro_slices:  # freeze π_old once, before any update, at training geometry
-            idx = torch.arange(n)[sl]
+        for idx in [i for update in plan for i in update]:
+            # freeze π_old once, before any update, at training geometry
             cond_mb, seg_mb = conditions.select(idx), segment.select(idx)
             prepared = self.algorithm.prepare_segment(cond_mb, seg_mb)
             anchor_gap = max(anchor_gap, _logp_gap(seg_mb, prepared))
-            micro.append((cond_mb, prepared, advantages[sl]))
+            micro.append((cond_mb, prepared, advantages[idx.to(advantages.device)]))
         anchor_time = time.perf_counter() - t0
 
-        per_mini = mini // cfg.micro_batch_size
         all_metrics = []
+        first = 0
         for update in range(cfg.num_updates_per_batch):
             t0 = time.perf_counter()
             self.backend.zero_grad()
             losses, terms = [], []
-            for cond_mb, seg_mb, adv_mb in micro[update * per_mini : (update + 1) * per_mini]:
+            batch = micro[first : first + len(plan[update])]
+            first += len(plan[update])
+            # each micro-batch's share of the mini-batch loss: its weight in the algorithm's
+            # aggregation (samples by default; loss tokens for a token mean), so the gradient
+            # does not depend on how the mini-batch was cut
+            weights = [self.algorithm.micro_batch_weight(s, a) for _, s, a in batch]
+            total = sum(weights)
+            if total <= 0:  # nothing to weigh by (no loss token at all): by samples
+                weights, total = [float(len(a)) for _, _, a in batch], float(mini)
+            for (cond_mb, seg_mb, adv_mb), weight in zip(batch, weights, strict=True):
                 result = self.algorithm.compute_loss_and_backward(
-                    cond_mb, seg_mb, adv_mb, loss_scale=len(adv_mb) / mini
+                    cond_mb, seg_mb, adv_mb, loss_scale=weight / total
                 )
                 losses.append(result.loss)
                 terms.append(result.terms)
@@ -156,6 +264,7 @@ class TrainStack:
                 "grad_norm": grad_norm,
                 "lr": float(self.backend.lr),
                 "nonfinite/count": float(self.nonfinite_total),
+                "micro_batches": float(len(batch)),
             }
             if finite:
                 self.backend.optimizer_step()

@@ -16,7 +16,7 @@ from unirl.types.rollout import (
 )
 from unirl.types.sampling import ARSamplingParams, DiffusionSamplingParams
 from unirl.types.segments import LatentSegment, TextSegment
-from unirl.types.stage_request import DiffusionRequest
+from unirl.types.stage_request import DiffusionRequest, TextRequest
 
 __all__ = [
     "STATUS_DROPPED",
@@ -34,6 +34,7 @@ __all__ = [
     "RolloutResp",
     "RolloutTrack",
     "TextEmbedConditions",
+    "TextRequest",
     "TextSegment",
     "Texts",
     "Videos",

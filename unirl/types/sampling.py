@@ -63,18 +63,50 @@ class DiffusionSamplingParams:
 
 @dataclass(kw_only=True)
 class ARSamplingParams:
-    """Autoregressive sampling: ``n`` completions per prompt."""
+    """How an autoregressive engine samples one rollout: ``samples_per_prompt`` completions
+    per prompt, each at most ``max_new_tokens`` long, ending at an end-of-sequence token or
+    at one of the ``stop`` strings (kept in the completion).
 
-    max_new_tokens: int = 512
-    temperature: float = 1.0
-    top_p: float = 1.0
+    ``temperature`` scales the logits (0: greedy); ``top_p`` / ``top_k`` (1.0 / -1: off)
+    truncate the distribution a token is drawn from. The policy the trainer replays is the
+    temperature-scaled distribution without the truncation (see
+    ``unirl/models/common_ar/README.md``). ``eval_temperature`` is the temperature of eval
+    rollouts (default 0: greedy); eval uses the same ``max_new_tokens`` and ``stop``.
+    """
+
+    max_new_tokens: PositiveInt = 512
+    temperature: NonNegativeFloat = 1.0
+    top_p: PositiveFloat = 1.0
     top_k: int = -1
-    n: int = 8
+    samples_per_prompt: PositiveInt = 8
     stop: list[str] | None = None
+    eval_temperature: NonNegativeFloat = 0.0
 
     def __post_init__(self) -> None:
         require(self.max_new_tokens >= 1, "sampling.max_new_tokens must be >= 1")
-        require(self.temperature >= 0, "sampling.temperature must be >= 0")
-        require(0 < self.top_p <= 1, "sampling.top_p must be in (0, 1]")
+        require(self.temperature >= 0, "sampling.temperature must be >= 0 (0: greedy)")
+        require(0 < self.top_p <= 1, "sampling.top_p must be in (0, 1] (1: off)")
         require(self.top_k == -1 or self.top_k >= 1, "sampling.top_k must be -1 (off) or >= 1")
-        require(self.n >= 1, "sampling.n must be >= 1")
+        require(self.samples_per_prompt >= 1, "sampling.samples_per_prompt must be >= 1")
+        require(self.eval_temperature >= 0, "sampling.eval_temperature must be >= 0 (0: greedy)")
+        if self.stop is not None:
+            self.stop = [str(s) for s in self.stop]
+            require(
+                all(self.stop),
+                "sampling.stop: stop strings must be non-empty (or set stop: null)",
+            )
+
+    def temperature_for(self, mode: str) -> float:
+        """The temperature of a ``train`` or ``eval`` request."""
+        return self.eval_temperature if mode == "eval" else self.temperature
+
+    def dry_run_fields(self) -> dict[str, object]:
+        """What ``dry_run`` prints beside the batch geometry."""
+        return {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "stop": list(self.stop or []),
+            "eval_temperature": self.eval_temperature,
+        }

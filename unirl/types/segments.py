@@ -69,14 +69,21 @@ class LatentSegment(Batch):
 
 @dataclass(kw_only=True)
 class TextSegment(Batch):
-    """An AR trajectory: packed ``tokens``, per-token ``log_probs`` and ``loss_mask`` per sample."""
+    """An AR trajectory: packed ``tokens`` (prompt and completion of each sample),
+    per-token ``log_probs`` and ``loss_mask`` (true on the completion tokens a loss trains).
+
+    ``log_probs`` is what the engine recorded until the algorithm anchors π_old
+    (``prepare_segment``); then it holds the anchor, and ``rollout_log_probs`` keeps the
+    engine's values when a loss still needs them (truncated importance sampling).
+    """
 
     tokens: Packed = batch_field("packed")
     log_probs: Packed | None = batch_field("packed", default=None)
     loss_mask: Packed | None = batch_field("packed", default=None)
+    rollout_log_probs: Packed | None = batch_field("packed", default=None)
 
     def __post_init__(self) -> None:
-        for name in ("log_probs", "loss_mask"):
+        for name in ("log_probs", "loss_mask", "rollout_log_probs"):
             p = getattr(self, name)
             if p is not None and not torch.equal(p.offsets, self.tokens.offsets):
                 raise ValueError(f"TextSegment.{name} offsets must match tokens offsets")

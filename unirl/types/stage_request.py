@@ -2,8 +2,8 @@
 
 ``RolloutReq.stage_params`` maps a stage (track) name to its block, so a domain's knobs never
 widen ``RolloutReq`` itself. The diffusion stage's block is :class:`DiffusionRequest` (σ
-schedule, SDE steps, x_T recipe); an autoregressive stage will carry its own block
-(``max_new_tokens``, stop strings …) under its own name, beside it in this module.
+schedule, SDE steps, x_T recipe); an autoregressive stage's block is :class:`TextRequest`
+(``max_new_tokens``, temperature, stop strings, per-sample seeds).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 
 from unirl.types.batch import Batch, batch_field
-from unirl.types.rollout import init_noise
+from unirl.types.rollout import init_noise, noise_seed
 
 
 @dataclass(kw_only=True)
@@ -71,3 +71,49 @@ class DiffusionRequest(Batch):
     def initial_noise(self, seed: int) -> torch.Tensor:
         """``x_T[N, *init_noise_shape]`` fp32 on CPU: ``init_noise(init_noise_ids, shape, seed)``."""
         return init_noise(self.init_noise_ids, self.init_noise_shape, seed)
+
+
+@dataclass(kw_only=True)
+class TextRequest(Batch):
+    """An autoregressive stage's part of a request, authored by the driver.
+
+    ``seed_ids[N]`` (per sample) name each sample's random stream: :meth:`uniforms` draws the
+    uniforms a sampler turns into tokens from ``(seed, seed_id)`` alone, so a sample's draws
+    do not depend on which rank or batch it lands in. The generation knobs are shared:
+    ``max_new_tokens``, ``temperature`` (0: greedy), ``top_p`` / ``top_k`` (1.0 / -1: off)
+    and ``stop`` strings (an end-of-sequence token always stops too).
+    """
+
+    host_fields: ClassVar[tuple[str, ...]] = ("seed_ids",)
+
+    seed_ids: torch.Tensor = batch_field("concat")
+    max_new_tokens: int = batch_field("shared")
+    temperature: float = batch_field("shared", default=1.0)
+    top_p: float = batch_field("shared", default=1.0)
+    top_k: int = batch_field("shared", default=-1)
+    stop: tuple[str, ...] = batch_field("shared", default=())
+
+    def __post_init__(self) -> None:
+        self.stop = tuple(str(s) for s in self.stop)
+        if self.seed_ids.ndim != 1:
+            raise ValueError(f"TextRequest.seed_ids must be [N], got {tuple(self.seed_ids.shape)}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"TextRequest.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or (self.top_k != -1 and self.top_k < 1):
+            raise ValueError(
+                f"TextRequest: temperature={self.temperature} must be >= 0, top_p={self.top_p} "
+                f"in (0, 1], top_k={self.top_k} -1 or >= 1"
+            )
+        self.validate_lengths()
+
+    def uniforms(self, seed: int, steps: int | None = None) -> torch.Tensor:
+        """``u[N, steps]`` fp64 in [0, 1) on CPU, one row per ``seed_id`` from its own
+        generator (``noise_seed(seed, id, "tokens")``); ``steps`` defaults to
+        ``max_new_tokens``. Row ``i`` is a prefix-stable stream: more steps extend it."""
+        steps = self.max_new_tokens if steps is None else steps
+        out = torch.empty((len(self.seed_ids), steps), dtype=torch.float64)
+        gen = torch.Generator(device="cpu")
+        for row, seed_id in enumerate(self.seed_ids.tolist()):
+            gen.manual_seed(noise_seed(seed, int(seed_id), "tokens"))
+            out[row] = torch.rand(steps, generator=gen, dtype=torch.float64)
+        return out

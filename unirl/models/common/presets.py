@@ -57,8 +57,13 @@ def hf_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _is_complete(folder: Path) -> bool:
-    return (folder / MANIFEST).is_file() and (folder / "model_index.json").is_file()
+DIFFUSERS_MARKER = "model_index.json"
+
+
+def _is_complete(folder: Path, marker: str = DIFFUSERS_MARKER) -> bool:
+    """The manifest and the layout's own marker file (``model_index.json`` for a diffusers
+    folder, ``config.json`` for a transformers one) are both there."""
+    return (folder / MANIFEST).is_file() and (folder / marker).is_file()
 
 
 @contextlib.contextmanager
@@ -78,7 +83,12 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 
 def build_cached(
-    root: Path, name: str, write: Callable[[Path], None], manifest: Mapping[str, Any]
+    root: Path,
+    name: str,
+    write: Callable[[Path], None],
+    manifest: Mapping[str, Any],
+    *,
+    marker: str = DIFFUSERS_MARKER,
 ) -> Path:
     """``root/name``, built by ``write(folder)`` on first use.
 
@@ -92,7 +102,7 @@ def build_cached(
         return final
     root.mkdir(parents=True, exist_ok=True)
     with _file_lock(root / f".{name}.lock"):
-        if _is_complete(final):
+        if _is_complete(final, marker):
             return final
         if final.exists():
             raise ModelSourceError(
@@ -108,7 +118,7 @@ def build_cached(
                 os.replace(tmp, final)
             except OSError:
                 # Another builder without a working lock (e.g. some network file systems) won.
-                if not _is_complete(final):
+                if not _is_complete(final, marker):
                     raise
                 shutil.rmtree(tmp, ignore_errors=True)
         except BaseException:
@@ -127,11 +137,13 @@ def tiny_preset_folder(
     write: Callable[[Path], None],
     cache_dir: str | Path | None = None,
     key_extra: Mapping[str, Any] | None = None,
+    marker: str = DIFFUSERS_MARKER,
 ) -> Path:
     """A family's ``tiny`` preset folder, ``<cache>/presets/<folder_prefix>-<key>``, built by
     ``write(folder)`` on first use (once per machine, under a file lock). The key is a short
     hash of ``key_extra``, the spec, the builder version, the corpus and the library versions,
-    so a change to any of them builds a new folder."""
+    so a change to any of them builds a new folder. ``marker`` is the layout's file that,
+    with the manifest, marks the folder complete (``config.json`` for a transformers model)."""
     payload = {
         **dict(key_extra or {}),
         "spec": dataclasses.asdict(spec),
@@ -147,7 +159,7 @@ def tiny_preset_folder(
         "builder": builder,
         "spec": dataclasses.asdict(spec),
     }
-    return build_cached(root, f"{folder_prefix}-{key}", write, manifest)
+    return build_cached(root, f"{folder_prefix}-{key}", write, manifest, marker=marker)
 
 
 @dataclass(frozen=True, kw_only=True)
