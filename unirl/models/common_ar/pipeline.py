@@ -1,0 +1,159 @@
+"""``CausalLMPipeline``: an autoregressive family's sampler and its token policy, written once.
+
+``generate(req)`` samples the request's text stage (``TextRequest`` under the track name)
+and returns a track whose ``TextSegment`` packs each sample's prompt and completion tokens,
+with the recorded per-token log-probs and the loss mask on the completion.
+``token_log_probs(conditions, segment)`` is the policy the losses replay (the
+``unirl.algorithms.TokenPolicy`` protocol): one padding-free forward over the packed rows of a
+micro-batch (``position_ids`` restart at each row, so rows never attend to each other).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from unirl.config.require import require
+from unirl.models.common_ar.conditions import PromptConditions
+from unirl.models.common_ar.generate import StopStrings, generate_completions
+from unirl.types import (
+    Packed,
+    RolloutReq,
+    RolloutResp,
+    RolloutTrack,
+    TextRequest,
+    Texts,
+    TextSegment,
+)
+
+
+def packed_positions(offsets: torch.Tensor) -> torch.Tensor:
+    """``position[T]`` of every packed token within its row (0 at each row start)."""
+    lengths = offsets[1:] - offsets[:-1]
+    rows = torch.repeat_interleave(torch.arange(len(lengths), device=offsets.device), lengths)
+    return torch.arange(int(offsets[-1]), device=offsets.device) - offsets[:-1][rows]
+
+
+class CausalLMPipeline:
+    """Sampling and replay for a :class:`~unirl.models.common_ar.bundle.CausalLMBundle`.
+
+    ``forward_batch_size``: prompts per generation batch (None: the whole shard at once).
+    ``track_name``: the stage this pipeline samples (its ``TextRequest`` key and track name).
+    """
+
+    def __init__(
+        self, *, bundle: Any, forward_batch_size: int | None = None, track_name: str = "text"
+    ) -> None:
+        require(
+            forward_batch_size is None or forward_batch_size >= 1,
+            "pipeline.forward_batch_size must be >= 1 or null",
+        )
+        self.bundle = bundle
+        self.forward_batch_size = forward_batch_size
+        self.track_name = track_name
+
+    # -- sampling ----------------------------------------------------------------------------------
+
+    def generate(self, req: RolloutReq) -> RolloutResp:
+        """This shard's completions as one ``RolloutTrack`` (tensors on the model's device
+        for the segment's log-probs, ids on CPU)."""
+        bundle = self.bundle
+        block = req.params_for(self.track_name, TextRequest)
+        texts = req.prompts
+        t0 = time.perf_counter()
+        prompt_ids = bundle.encode_prompts(texts)
+        t_encode = time.perf_counter() - t0
+        uniforms = block.uniforms(req.seed)
+        stops = StopStrings(block.stop, bundle.decode_raw)
+        t0 = time.perf_counter()
+        chunk = self.forward_batch_size or max(len(texts), 1)
+        completions = []
+        with bundle.sampling_mode():
+            for start in range(0, len(texts), chunk):
+                completions.extend(
+                    generate_completions(
+                        bundle.model,
+                        prompt_ids[start : start + chunk],
+                        uniforms[start : start + chunk],
+                        max_new_tokens=block.max_new_tokens,
+                        temperature=block.temperature,
+                        top_p=block.top_p,
+                        top_k=block.top_k,
+                        stop_token_ids=bundle.stop_token_ids,
+                        stop_strings=stops or None,
+                        pad_token_id=bundle.pad_token_id,
+                    )
+                )
+        t_generate = time.perf_counter() - t0
+        rows, masks, logps, decoded = [], [], [], []
+        metadata = [dict(m) for m in req.metadata]
+        for prompt, done, meta in zip(prompt_ids, completions, metadata, strict=True):
+            rows.append(torch.tensor(prompt + done.tokens, dtype=torch.long))
+            masks.append(
+                torch.cat(
+                    [
+                        torch.zeros(len(prompt), dtype=torch.bool),
+                        torch.ones(len(done.tokens), dtype=torch.bool),
+                    ]
+                )
+            )
+            logps.append(torch.cat([torch.zeros(len(prompt)), done.log_probs.float().cpu()]))
+            decoded.append(bundle.config.response_prefix + bundle.decode(done.tokens))
+            meta["response_tokens"] = len(done.tokens)
+            meta["finish_reason"] = done.finish_reason
+        tokens = Packed.from_list(rows)
+        segment = TextSegment(
+            tokens=tokens,
+            log_probs=Packed(values=torch.cat(logps), offsets=tokens.offsets),
+            loss_mask=Packed(values=torch.cat(masks), offsets=tokens.offsets),
+        )
+        conditions = PromptConditions(
+            prompt_lengths=torch.tensor([len(p) for p in prompt_ids], dtype=torch.long),
+            temperature=block.temperature if block.temperature > 0 else 1.0,
+        )
+        track = RolloutTrack(
+            sample_ids=req.sample_ids,
+            group_ids=req.group_ids,
+            prompts=list(texts),
+            metadata=metadata,
+            conditions=conditions,
+            segment=segment,
+            decoded=Texts(texts=decoded),
+        )
+        return RolloutResp(
+            tracks={self.track_name: track},
+            timings={"encode": t_encode, "generate": t_generate},
+        )
+
+    # -- the policy the losses replay -------------------------------------------------------------
+
+    def token_log_probs(self, conditions: PromptConditions, segment: TextSegment) -> Packed:
+        """log π(y_t | y_<t) at every loss token of the packed rows (0 elsewhere: prompt
+        tokens, each row's first token), fp32, with the segment's offsets; differentiable
+        under the caller's grad mode. π is ``softmax(logits / conditions.temperature)``."""
+        bundle = self.bundle
+        device = bundle.device
+        tokens = segment.tokens.values.to(device)
+        offsets = segment.tokens.offsets.to(device)
+        positions = packed_positions(offsets)
+        if segment.loss_mask is not None:
+            wanted = segment.loss_mask.values.to(device).bool() & (positions > 0)
+        else:
+            wanted = positions > 0
+        targets = wanted.nonzero()[:, 0]
+        if targets.numel() == 0:
+            raise ValueError("token_log_probs: the micro-batch holds no token to score")
+        with bundle.autocast():
+            out = bundle.model(
+                input_ids=tokens[None],
+                position_ids=positions[None],
+                use_cache=False,
+                logits_to_keep=targets - 1,  # the position before each target predicts it
+            )
+        logits = out.logits[0].float() / float(conditions.temperature)
+        picked = torch.log_softmax(logits, dim=-1).gather(1, tokens[targets][:, None])[:, 0]
+        values = torch.zeros(tokens.shape[0], dtype=torch.float32, device=device)
+        values = values.index_put((targets,), picked)
+        return Packed(values=values, offsets=segment.tokens.offsets)
