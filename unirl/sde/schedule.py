@@ -8,8 +8,9 @@ same float64 ``linspace`` of timesteps, the same shift and the same final float3
 The one σ policy (``sigmas_from_scheduler_config``) reads a family's scheduler config. Beside
 diffusers' own keys it reads ``sigma_spacing``, the pre-shift σ a family's diffusers pipeline
 hands the scheduler: ``scheduler`` (the default: the scheduler's own spacing, as SD3's
-pipeline uses) or ``linspace`` (``linspace(1, 1/T, T)``, passed as ``sigmas=`` by the
-Qwen-Image and FLUX pipelines). With dynamic shifting, μ comes from the image token count;
+pipeline uses), ``linspace`` (``linspace(1, 1/T, T)``, passed as ``sigmas=`` by the
+Qwen-Image and FLUX pipelines) or ``linspace_fp32`` (the same σ from a float32
+``torch.linspace``, as the Z-Image pipeline computes them). With dynamic shifting, μ comes from the image token count;
 ``mu_policy`` says how: ``linear`` (the default: ``dynamic_shift_mu`` over the config's base /
 max shift) or ``flux2_empirical`` (``flux2_empirical_mu``: FLUX.2's fit in the image token
 count *and* the step count).
@@ -28,7 +29,7 @@ from torch import Tensor
 # Scheduler-config keys that change the sigmas in ways this module does not reproduce.
 _UNSUPPORTED_FLAGS = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas")
 # ``sigma_spacing`` values: the pre-shift σ of a family's diffusers pipeline.
-SIGMA_SPACINGS = ("scheduler", "linspace")
+SIGMA_SPACINGS = ("scheduler", "linspace", "linspace_fp32")
 # ``mu_policy`` values: how a dynamic shift's μ is chosen when the caller passes none.
 MU_POLICIES = ("linear", "flux2_empirical")
 # FLUX.2's μ fits (slope per image token, intercept) at 10 and at 200 denoising steps.
@@ -42,6 +43,13 @@ def linspace_base_sigmas(num_inference_steps: int) -> np.ndarray:
     """``linspace(1, 1/T, T)`` in float64: the pre-shift σ the Qwen-Image and FLUX pipelines
     pass to the scheduler (``set_timesteps(sigmas=...)``)."""
     return np.linspace(1.0, 1 / num_inference_steps, num_inference_steps)
+
+
+def linspace_fp32_base_sigmas(num_inference_steps: int) -> np.ndarray:
+    """``linspace(1, 1/T, T)`` computed in float32 by ``torch.linspace`` (the Z-Image
+    pipeline's pre-shift σ), widened to float64 without changing a value."""
+    steps = torch.linspace(1.0, 1 / num_inference_steps, num_inference_steps, dtype=torch.float32)
+    return steps.double().numpy()
 
 
 def dynamic_shift_mu(
@@ -208,6 +216,8 @@ def sigmas_from_scheduler_config(
         )
     if spacing == "linspace" and base_sigmas is None:
         base_sigmas = linspace_base_sigmas(num_inference_steps).tolist()
+    elif spacing == "linspace_fp32" and base_sigmas is None:
+        base_sigmas = linspace_fp32_base_sigmas(num_inference_steps).tolist()
     mu_policy = config.get("mu_policy", "linear")
     if mu_policy not in MU_POLICIES:
         raise ValueError(f"scheduler config sets mu_policy={mu_policy!r}; use one of {MU_POLICIES}")

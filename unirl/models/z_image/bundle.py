@@ -1,0 +1,261 @@
+"""``ZImageBundle``: the Z-Image modules (trainable single-stream DiT + frozen Qwen3 text
+encoder and FLUX-format VAE) and Z-Image's own part of the family contract: loading, prompt
+encoding, the velocity call on caption lists, Z-Image's CFG, the static-shift σ policy, latent
+geometry and decode. The rest is :class:`~unirl.models.common.bundle.FlowMatchingBundle`'s.
+
+Latents are the VAE's ``[N, 16, H/8, W/8]`` (the transformer patchifies 2x2 inside). The
+transformer takes lists: one ``[C, 1, h, w]`` latent and one ``[L_i, D]`` caption per sample,
+and a time ``t = 1 − σ`` (data at 1); its output points from noise to data, so the velocity
+of UniRL's loop (``x_{σ'} = x_σ + v·(σ' − σ)``) is its negation, as the pipeline's
+``noise_pred = -noise_pred`` makes it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from unirl.config.precision import parse_dtype
+from unirl.config.require import require
+from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
+from unirl.models.common.engine_maps import EngineMaps
+from unirl.models.common.guidance import Guidance
+from unirl.models.common.progress import hf_progress_bars_disabled
+from unirl.models.z_image.arch import ZImageArchSpec, build_arch_modules
+from unirl.models.z_image.conditions import ZImageConditions
+from unirl.models.z_image.config import ZImageBundleConfig
+from unirl.models.z_image.engine_maps import ZImageEngineMaps
+from unirl.models.z_image.guidance import ZImageCFG
+from unirl.models.z_image.presets import architecture_configs, resolve_model_source
+from unirl.models.z_image.text_encode import encode_z_image_prompts
+
+# The transformer pads every caption and image token run to a multiple of this (diffusers'
+# SEQ_MULTI_OF); captions take RoPE positions 1.. and the image the next one on the first axis.
+SEQ_MULTIPLE = 32
+PIPELINE_TIMESTEP_SCALE = 1000.0  # ZImagePipeline: timestep = (1000 - σ·N) / 1000
+
+
+def _load_folder(folder: Path, cfg: ZImageBundleConfig) -> dict[str, Any]:
+    """Components of a diffusers Z-Image folder (``save_pretrained`` layout), on CPU, cast."""
+    from diffusers import AutoencoderKL, ZImageTransformer2DModel
+    from transformers import AutoTokenizer, Qwen3Model
+
+    common = {"local_files_only": True}
+    return {
+        "transformer": ZImageTransformer2DModel.from_pretrained(
+            folder,
+            subfolder="transformer",
+            torch_dtype=parse_dtype(cfg.dtype, "bundle.dtype"),
+            **common,
+        ),
+        "vae": AutoencoderKL.from_pretrained(
+            folder,
+            subfolder="vae",
+            torch_dtype=parse_dtype(cfg.vae_dtype, "bundle.vae_dtype"),
+            **common,
+        ),
+        "text_encoder": Qwen3Model.from_pretrained(
+            folder,
+            subfolder="text_encoder",
+            dtype=parse_dtype(cfg.text_encoder_dtype, "bundle.text_encoder_dtype"),
+            **common,
+        ),
+        "tokenizer": AutoTokenizer.from_pretrained(folder, subfolder="tokenizer", **common),
+        "scheduler_config": json.loads(
+            (folder / "scheduler" / "scheduler_config.json").read_text()
+        ),
+    }
+
+
+def _padded(length: int) -> int:
+    return length + (-length) % SEQ_MULTIPLE
+
+
+class ZImageBundle(FlowMatchingBundle):
+    """Z-Image weights for rollout and training.
+
+    Keyword arguments are the fields of :class:`ZImageBundleConfig` (a recipe block
+    ``{_target_: unirl.models.z_image.ZImageBundle, path: Tongyi-MAI/Z-Image, dtype: bf16}``
+    builds it); ``ZImageBundle.from_config(config)`` takes a config whole.
+    ``self.transformer`` is the trainable module; ``self.guidance`` is a :class:`ZImageCFG`
+    with the config's ``cfg_normalization`` / ``cfg_truncation``.
+    """
+
+    config_class: ClassVar[type[ZImageBundleConfig]] = ZImageBundleConfig
+    config: ZImageBundleConfig
+    # the pipeline's defaults; load() sets the instance's from the config's CFG knobs
+    guidance: ClassVar[Guidance] = ZImageCFG()
+    frozen_module_names: ClassVar[tuple[str, ...]] = ("text_encoder", "vae")
+    block_class_names: ClassVar[tuple[str, ...]] = ("ZImageTransformerBlock",)
+    # every attention projection (noise / context refiners and the main blocks)
+    lora_default_targets: ClassVar[tuple[str, ...]] = ("to_q", "to_k", "to_v", "to_out.0")
+    engine_maps: ClassVar[EngineMaps | None] = ZImageEngineMaps()
+
+    # -- checks before anything is built ----------------------------------------------------
+
+    @classmethod
+    def architecture(cls, path: str) -> tuple[dict, dict] | None:
+        return architecture_configs(path)
+
+    @classmethod
+    def check_image_size(cls, architecture: tuple[dict, dict], key: str, size: int) -> None:
+        transformer, vae = architecture
+        vae_factor = 2 ** (len(vae.get("block_out_channels", [0] * 4)) - 1)
+        patch = int(transformer.get("all_patch_size", [2])[0])
+        multiple = vae_factor * patch
+        require_size_multiple(
+            key, size, multiple, f"VAE factor {vae_factor} x {patch}x{patch} patches of Z-Image"
+        )
+        axis = 1 if key == "height" else 2
+        rope_rows = int(transformer.get("axes_lens", [1536, 512, 512])[axis])
+        require(
+            size // multiple <= rope_rows,
+            f"sampling.{key}={size} is {size // multiple} tokens, more than this model's RoPE "
+            f"table holds (axes_lens[{axis}]={rope_rows}: at most {rope_rows * multiple} pixels)",
+        )
+
+    @classmethod
+    def trainable_from_architecture(cls, architecture: tuple[dict, dict]) -> torch.nn.Module:
+        from diffusers import ZImageTransformer2DModel
+
+        config = {k: v for k, v in architecture[0].items() if not k.startswith("_")}
+        return ZImageTransformer2DModel.from_config(config)
+
+    # -- modules -------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        cfg = self.config
+        self.source = resolve_model_source(cfg.path)
+        if isinstance(self.source, ZImageArchSpec):
+            parts = build_arch_modules(
+                self.source,
+                device=self.device,
+                dtype=self.dtype,
+                text_encoder_dtype=self.text_encoder_dtype,
+                vae_dtype=self.vae_dtype,
+            )
+        else:
+            with hf_progress_bars_disabled():
+                parts = _load_folder(self.source, cfg)
+        self.transformer: torch.nn.Module = parts["transformer"]
+        self.vae: torch.nn.Module = parts["vae"]
+        self.text_encoder: torch.nn.Module = parts["text_encoder"]
+        self.tokenizer = parts["tokenizer"]
+        # per instance: the knobs are the config's (guidance_of reads the attribute)
+        self.guidance = ZImageCFG(  # type: ignore[misc]
+            normalization=cfg.cfg_normalization, truncation=cfg.cfg_truncation
+        )
+        # the pipeline hands the scheduler torch.linspace(1, 1/T, T) (float32) pre-shift σ
+        self.scheduler_config: dict[str, Any] = {
+            **parts["scheduler_config"],
+            "sigma_spacing": "linspace_fp32",
+        }
+
+        # Geometry, read once before anyone wraps the transformer.
+        tcfg, vcfg = self.transformer.config, self.vae.config
+        self.latent_channels = int(tcfg.in_channels)
+        self.patch_size = int(tcfg.all_patch_size[0])
+        self.vae_scale_factor = 2 ** (len(vcfg.block_out_channels) - 1)
+        self.scaling_factor = float(vcfg.scaling_factor)
+        self.shift_factor = float(vcfg.shift_factor)
+        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
+        if int(vcfg.latent_channels) != self.latent_channels:
+            raise ValueError(
+                f"transformer in_channels={self.latent_channels} is not the VAE's "
+                f"latent_channels={vcfg.latent_channels}"
+            )
+        text_width = int(self.text_encoder.config.hidden_size)
+        if text_width != int(tcfg.cap_feat_dim):
+            raise ValueError(
+                f"text encoder hidden_size={text_width} is not the transformer's "
+                f"cap_feat_dim={tcfg.cap_feat_dim}"
+            )
+        caption_rows = int(tcfg.axes_lens[0])
+        require(
+            _padded(cfg.max_sequence_length) + 1 < caption_rows,
+            f"bundle.max_sequence_length={cfg.max_sequence_length} needs "
+            f"{_padded(cfg.max_sequence_length) + 2} RoPE positions on the caption axis; this "
+            f"model has axes_lens[0]={caption_rows}: lower it",
+        )
+
+    # -- encode --------------------------------------------------------------------------------
+
+    def encode_unique(self, texts: list[str]) -> ZImageConditions:
+        captions = encode_z_image_prompts(
+            self.tokenizer,
+            self.text_encoder,
+            texts,
+            max_sequence_length=self.config.max_sequence_length,
+        )
+        return ZImageConditions(prompt_embeds=captions).to(self.device)
+
+    def with_negative(  # type: ignore[override]
+        self, conditions: ZImageConditions, negative: ZImageConditions
+    ) -> ZImageConditions:
+        return ZImageConditions(
+            prompt_embeds=conditions.prompt_embeds,
+            negative_prompt_embeds=negative.prompt_embeds.select([0] * len(conditions)),
+        )
+
+    # -- velocity ------------------------------------------------------------------------------
+
+    def predict_velocity(
+        self, latents: torch.Tensor, sigma: torch.Tensor | float, conditions: ZImageConditions
+    ) -> torch.Tensor:
+        """``v[B, C, h, w]`` (fp32) for ``latents[B, C, h, w]`` at ``sigma`` (``[B]`` or
+        scalar), with the prompt captions of ``conditions`` (``B`` rows).
+
+        As the pipeline calls it: ``t = (1000 − σ·N) / 1000`` in float32 (``N`` the
+        scheduler's ``num_train_timesteps``), one ``[C, 1, h, w]`` latent and one caption
+        per sample, and the output negated.
+        """
+        b = latents.shape[0]
+        if len(conditions) != b:
+            raise ValueError(f"predict_velocity: {b} latents but {len(conditions)} caption rows")
+        sigma_t = torch.as_tensor(sigma, dtype=torch.float32, device=self.device).reshape(-1)
+        if sigma_t.numel() == 1:
+            sigma_t = sigma_t.expand(b)
+        elif sigma_t.numel() != b:
+            raise ValueError(
+                f"predict_velocity: sigma has {sigma_t.numel()} values for {b} latents"
+            )
+        scale = PIPELINE_TIMESTEP_SCALE
+        timestep = (scale - sigma_t * self.num_train_timesteps) / scale
+        captions = [c.to(self.device, self.dtype) for c in conditions.captions()]
+        frames = list(latents.to(self.device, self.dtype).unsqueeze(2).unbind(0))
+        with self.sdpa_context(), self.autocast():
+            out = self.transformer(frames, timestep, captions, return_dict=False)[0]
+        return -torch.stack([o.float() for o in out]).squeeze(2)
+
+    # -- geometry and decode ------------------------------------------------------------------
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
+        """``(C, H/8, W/8)``: the VAE latent of a ``height x width`` image (multiples of 16)."""
+        multiple = self.vae_scale_factor * self.patch_size
+        if height % multiple or width % multiple or height <= 0 or width <= 0:
+            raise ValueError(
+                f"sampling.height={height} and sampling.width={width} must be positive multiples of "
+                f"{multiple} (VAE factor {self.vae_scale_factor} x {self.patch_size}x"
+                f"{self.patch_size} patches)"
+            )
+        return (
+            self.latent_channels,
+            height // self.vae_scale_factor,
+            width // self.vae_scale_factor,
+        )
+
+    def image_seq_len(self, height: int, width: int) -> int:
+        """Image tokens the transformer sees (what a dynamic shift would read)."""
+        _, h, w = self.latent_shape(height, width)
+        return (h // self.patch_size) * (w // self.patch_size)
+
+    def decode_chunk(self, latents: torch.Tensor) -> torch.Tensor:
+        """Un-normalises as the pipeline does (``z / scaling_factor + shift_factor`` in the
+        VAE's dtype) and decodes; ``pixels[B, 3, H, W]`` float32 in [0, 1]."""
+        z = latents.to(self.device, self.vae_dtype)
+        z = z / self.scaling_factor + self.shift_factor
+        image = self.vae.decode(z, return_dict=False)[0]
+        return (image.float() / 2 + 0.5).clamp(0, 1)

@@ -1,0 +1,254 @@
+"""The ``tiny`` Z-Image stack: every component at toy size, built from configs, no download.
+
+Components are the real diffusers / transformers classes (``ZImageTransformer2DModel``,
+``AutoencoderKL``, ``Qwen3Model``, ``Qwen2Tokenizer``), so the saved folder is a valid
+``ZImagePipeline`` layout; only sizes and two initialisations are ours:
+
+- the tokenizer is a byte-level BPE trained on the bundled corpus wrapped in the chat turn
+  the pipeline renders (``<|im_start|>user ... <|im_end|> <|im_start|>assistant``), with
+  Qwen's special tokens and a chat template of ours that renders plain user turns the way
+  the released Qwen3 template does (``enable_thinking=False`` adds the empty think block);
+- the VAE is the FLUX-format ``AutoencoderKL`` (16 channels, scaling 0.3611, shift 0.1159)
+  with SD3's tiny decoder shaping (``unirl.models.sd3.tiny.shape_tiny_decoder``: the same
+  class and the same ``z / scaling + shift`` un-normalisation), because a random decoder
+  barely reacts to its latents and pixel rewards would not learn.
+
+The scheduler config is the released base model's (``Tongyi-MAI/Z-Image``: static shift 6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from unirl.models.common.progress import hf_progress_bars_disabled
+from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
+
+# Bump when the build code changes what it writes: it is part of the cache key.
+TINY_BUILDER_VERSION = 1
+
+ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+THINK, END_THINK = "<think>", "</think>"
+
+# Plain chat turns as the released Qwen3 template renders them (system / user / assistant
+# messages, no tools): each turn is ``<|im_start|>{role}\n{content}<|im_end|>\n``; the
+# generation prompt opens the assistant turn and, only when ``enable_thinking`` is false,
+# closes an empty think block.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- endif -%}"
+    "{%- endif -%}"
+)
+
+# The released Tongyi-MAI/Z-Image scheduler (FlowMatchEulerDiscreteScheduler) config; the
+# Turbo checkpoint's differs only in shift (3.0).
+SCHEDULER_CONFIG: dict[str, Any] = {
+    "num_train_timesteps": 1000,
+    "use_dynamic_shifting": False,
+    "shift": 6.0,
+}
+
+
+@dataclass(kw_only=True, frozen=True)
+class TinyZImageSpec:
+    """Sizes of the tiny stack (about 0.9 M parameters in all; the transformer's timestep MLP
+    has a fixed 1024-wide hidden layer, 0.33 M of its 0.5 M)."""
+
+    seed: int = 0
+    vocab_size: int = 1000
+    # Qwen3 text encoder (the pipeline reads the second-to-last hidden state)
+    text_hidden: int = 32
+    text_intermediate: int = 64
+    text_layers: int = 2
+    text_heads: int = 2
+    text_kv_heads: int = 1
+    text_head_dim: int = 16
+    # transformer (single-stream DiT); rope axes sum to the head dim dim / n_heads
+    dim: int = 64
+    n_layers: int = 2
+    n_refiner_layers: int = 1
+    n_heads: int = 2
+    axes_dims: tuple[int, int, int] = (8, 12, 12)
+    axes_lens: tuple[int, int, int] = (1536, 512, 512)
+    # VAE (FLUX latent format: 16 channels, scaling / shift factors)
+    latent_channels: int = 16
+    vae_channels: int = 32
+    vae_levels: int = 4
+    scaling_factor: float = 0.3611
+    shift_factor: float = 0.1159
+    # decoder shaping (SD3's shape_tiny_decoder; the gain is lower than SD3's because
+    # 1/0.3611 amplifies latents 4x more than SD3's 1/1.5305)
+    decoder_anchor_channels: int = 8
+    decoder_anchor_value: float = 20.0
+    decoder_gain: float = 0.6
+    decoder_residual_damping: float = 0.05
+
+    @property
+    def latent_sample_size(self) -> int:
+        """The latent side the decoder is centred on (64-pixel images)."""
+        return 64 // 2 ** (self.vae_levels - 1)
+
+
+# -- tokenizer -----------------------------------------------------------------------------------
+
+
+def chat_turn(prompt: str) -> str:
+    """The text the pipeline tokenises for ``prompt`` (one user turn, generation prompt open,
+    thinking enabled): what :data:`CHAT_TEMPLATE` renders."""
+    return f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n"
+
+
+def build_tiny_tokenizer(spec: TinyZImageSpec, lines: list[str] | None = None) -> Any:
+    """A ``Qwen2Tokenizer`` (byte-level BPE) trained on the corpus wrapped in the chat turn,
+    with :data:`CHAT_TEMPLATE`. Special tokens first: ``<|endoftext|>`` (pad, id 0),
+    ``<|im_start|>``, ``<|im_end|>``, ``<think>``, ``</think>``."""
+    from transformers import Qwen2Tokenizer
+
+    lines = corpus_lines() if lines is None else lines
+    specials = [ENDOFTEXT, IM_START, IM_END, THINK, END_THINK]
+    bpe = train_byte_level_bpe(
+        [chat_turn(line) for line in lines], specials, spec.vocab_size, lowercase=False
+    )
+    tokenizer = Qwen2Tokenizer(
+        tokenizer_object=bpe,
+        unk_token=ENDOFTEXT,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        model_max_length=131072,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "a cat"}],
+        tokenize=False,
+        add_generation_prompt=True,
+        enable_thinking=True,
+    )
+    if rendered != chat_turn("a cat"):
+        raise ValueError(f"the tiny chat template renders {rendered!r}, not the pipeline's turn")
+    return tokenizer
+
+
+# -- model configs -------------------------------------------------------------------------------
+
+
+def transformer_config(spec: TinyZImageSpec) -> dict[str, Any]:
+    return {
+        "all_patch_size": [2],
+        "all_f_patch_size": [1],
+        "in_channels": spec.latent_channels,
+        "dim": spec.dim,
+        "n_layers": spec.n_layers,
+        "n_refiner_layers": spec.n_refiner_layers,
+        "n_heads": spec.n_heads,
+        "n_kv_heads": spec.n_heads,
+        "norm_eps": 1e-5,
+        "qk_norm": True,
+        "cap_feat_dim": spec.text_hidden,
+        "rope_theta": 256.0,
+        "t_scale": 1000.0,
+        "axes_dims": list(spec.axes_dims),
+        "axes_lens": list(spec.axes_lens),
+    }
+
+
+def _sd3_vae_spec(spec: TinyZImageSpec) -> Any:
+    """The VAE part of ``spec`` as the SD3 tiny spec its builders read."""
+    from unirl.models.sd3.tiny import TinySD3Spec
+
+    return TinySD3Spec(
+        latent_channels=spec.latent_channels,
+        vae_channels=spec.vae_channels,
+        vae_levels=spec.vae_levels,
+        scaling_factor=spec.scaling_factor,
+        shift_factor=spec.shift_factor,
+        sample_size=spec.latent_sample_size,
+        decoder_anchor_channels=spec.decoder_anchor_channels,
+        decoder_anchor_value=spec.decoder_anchor_value,
+        decoder_gain=spec.decoder_gain,
+        decoder_residual_damping=spec.decoder_residual_damping,
+    )
+
+
+def vae_config(spec: TinyZImageSpec) -> dict[str, Any]:
+    """A FLUX-format ``AutoencoderKL`` (SD3's tiny layout: equal widths, one norm group)."""
+    from unirl.models.sd3.tiny import vae_config as sd3_vae_config
+
+    return sd3_vae_config(_sd3_vae_spec(spec))
+
+
+def text_encoder_config(spec: TinyZImageSpec, tokenizer: Any) -> Any:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.text_hidden,
+        intermediate_size=spec.text_intermediate,
+        num_hidden_layers=spec.text_layers,
+        num_attention_heads=spec.text_heads,
+        num_key_value_heads=spec.text_kv_heads,
+        head_dim=spec.text_head_dim,
+        max_position_embeddings=2048,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+# -- build ---------------------------------------------------------------------------------------
+
+
+def build_tiny_pipeline(spec: TinyZImageSpec) -> Any:
+    """The tiny stack as an in-memory diffusers ``ZImagePipeline`` (fp32, CPU, seeded)."""
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        ZImagePipeline,
+        ZImageTransformer2DModel,
+    )
+    from transformers import Qwen3Model
+
+    from unirl.models.sd3.tiny import shape_tiny_decoder
+
+    tokenizer = build_tiny_tokenizer(spec)
+    # One seed per component, so resizing one leaves the others' weights unchanged; the
+    # caller's RNG state is restored afterwards.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        transformer = ZImageTransformer2DModel(**transformer_config(spec))
+        # diffusers initialises the pad tokens to zeros; random ones make a wrong padding show
+        with torch.no_grad():
+            transformer.x_pad_token.normal_()
+            transformer.cap_pad_token.normal_()
+        torch.manual_seed(spec.seed + 1)
+        vae = AutoencoderKL(**vae_config(spec))
+        shape_tiny_decoder(
+            vae.decoder, _sd3_vae_spec(spec), torch.Generator().manual_seed(spec.seed + 2)
+        )
+        torch.manual_seed(spec.seed + 3)
+        text_encoder = Qwen3Model(text_encoder_config(spec, tokenizer))
+    for module in (transformer, vae, text_encoder):
+        module.eval()
+    return ZImagePipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
+    )
+
+
+def write_tiny_z_image(folder: Path, spec: TinyZImageSpec) -> None:
+    """Build the tiny stack and ``save_pretrained`` it (safetensors) into ``folder``."""
+    pipe = build_tiny_pipeline(spec)
+    with hf_progress_bars_disabled():
+        pipe.save_pretrained(str(folder), safe_serialization=True)
