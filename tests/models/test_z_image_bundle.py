@@ -103,14 +103,14 @@ def request(
 def test_encode_prompts_equals_diffusers_encode_prompt(bundle, reference) -> None:
     cond = bundle.encode_prompts(PROMPTS, negative=True, negative_prompt=" ")
     # encode_prompt rewrites the prompt list it is given (the chat template): pass a copy
-    ours_pos, ours_neg = reference.encode_prompt(
+    theirs_pos, theirs_neg = reference.encode_prompt(
         list(PROMPTS), negative_prompt=[" "] * 3, max_sequence_length=TEXT_TOKENS
     )
     assert isinstance(cond, ZImageConditions) and len(cond) == 3
     # one variable-length caption per prompt, bit for bit, chat-template tokens included
-    for mine, theirs in zip(cond.captions(), ours_pos, strict=True):
+    for mine, theirs in zip(cond.captions(), theirs_pos, strict=True):
         assert torch.equal(mine, theirs)
-    for mine, theirs in zip(cond.negative().captions(), ours_neg, strict=True):
+    for mine, theirs in zip(cond.negative().captions(), theirs_neg, strict=True):
         assert torch.equal(mine, theirs)
     lengths = cond.prompt_embeds.lengths.tolist()
     assert lengths[2] < lengths[0] < lengths[1] <= TEXT_TOKENS  # "" still has its template
