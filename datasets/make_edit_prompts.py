@@ -2,7 +2,7 @@
 
     python datasets/make_edit_prompts.py      # writes datasets/edit/{train,test}.jsonl + PNGs
 
-Each source is a 64x64 scene (a plain background and one coloured square or disc); the
+Each source is a 64x64 scene (a plain light background and one coloured square or disc); the
 instruction asks to recolour the shape ("make the red square blue"). Every line carries the
 source as a ``media`` reference, the edit region as ``edit_box`` ([x0, y0, x1, y1] in
 fractions of width / height: the shape's bounding box), the wanted colour as
@@ -33,7 +33,8 @@ COLORS = {
     "orange": (245, 140, 20),
     "purple": (140, 50, 180),
 }
-BACKGROUNDS = {"grey": (128, 128, 128), "beige": (225, 210, 180), "teal": (40, 120, 120)}
+# light backdrops: keeping them is a brightness-like target a tiny random decoder can learn
+BACKGROUNDS = {"paper": (235, 232, 225), "beige": (225, 210, 180), "mist": (205, 215, 225)}
 SHAPES = ("square", "disc")
 TEMPLATES = (
     "make the {old} {shape} {new}",

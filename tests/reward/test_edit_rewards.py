@@ -99,3 +99,18 @@ def test_service_sends_references_to_every_component_of_a_weighted_edit_reward()
     assert scored.component_rewards["region_color"].tolist() == pytest.approx([1.0, 1.0])
     assert scored.rewards.tolist() == pytest.approx([2.0, 2.0 - 0.5 / 12], abs=1e-6)
     assert metrics["reward/preserve/mean"] == pytest.approx(sum(preserve) / 2, abs=1e-6)
+
+
+def test_pooled_preservation_compares_block_averages() -> None:
+    """A checkerboard around a flat grey source: every pixel is 0.5 off, every 2x2 block
+    average equal; the box's blocks (centre inside) are excluded alike."""
+    source = torch.full((1, 3, 8, 8), 0.5)
+    board = ((torch.arange(8)[:, None] + torch.arange(8)[None, :]) % 2).float()
+    result = board.expand(1, 3, 8, 8).clone()
+    meta = [{"edit_box": [0.25, 0.25, 0.75, 0.75]}]
+    per_pixel = SourcePreservation().score_edit(result, source, ["p"], meta)
+    pooled = SourcePreservation(pool=2).score_edit(result, source, ["p"], meta)
+    assert float(per_pixel.scores["preserve"][0]) == pytest.approx(0.5, abs=1e-7)
+    assert float(pooled.scores["preserve"][0]) == pytest.approx(1.0, abs=1e-7)
+    with pytest.raises(RewardError, match=r"pool=3 does not divide the 8x8 images"):
+        SourcePreservation(pool=3).score_edit(result, source, ["p"], meta)

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from unirl.config import require
+from unirl.config.typecheck import PositiveInt
 from unirl.reward.base import (
     EditRewardBackend,
     RewardError,
@@ -45,8 +47,14 @@ def edit_mask(meta: dict[str, Any], height: int, width: int) -> Tensor:
 
 
 def _pairs(
-    name: str, images: Tensor, sources: Tensor, prompts: list[str], metadata: list[dict]
+    name: str,
+    images: Tensor,
+    sources: Tensor,
+    prompts: list[str],
+    metadata: list[dict],
+    pool: int,
 ) -> tuple[Tensor, Tensor]:
+    """Results and sources, checked, average-pooled over ``pool x pool`` blocks."""
     n = len(prompts)
     check_lengths(n, name, metadata=metadata)
     images = check_images(images, n, name).float()
@@ -56,16 +64,25 @@ def _pairs(
             f"{name}: sources {tuple(sources.shape)} and results {tuple(images.shape)} differ; "
             "reference images are resized to the sampled size by the trainer"
         )
-    return images, sources.to(images.device)
+    h, w = images.shape[-2:]
+    if h % pool or w % pool:
+        raise RewardError(f"{name}.pool={pool} does not divide the {h}x{w} images")
+    sources = sources.to(images.device)
+    if pool > 1:
+        images, sources = F.avg_pool2d(images, pool), F.avg_pool2d(sources, pool)
+    return images, sources
 
 
 @dataclass(kw_only=True)
 class SourcePreservation(EditRewardBackend):
     """``1 - mean |result - source|`` over the pixels outside the edit region (all three
-    channels): 1 leaves the rest of the image untouched, 0 is the farthest change. A sample
-    whose box covers the whole image scores NaN with an error (nothing to preserve)."""
+    channels): 1 leaves the rest of the image untouched, 0 is the farthest change. ``pool``
+    compares ``pool x pool`` block averages instead of pixels (layout and colour, not
+    texture; a block belongs to the region when its centre does). A sample whose box covers
+    the whole image scores NaN with an error (nothing to preserve)."""
 
     name: str = "preserve"
+    pool: PositiveInt = 1
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -74,7 +91,9 @@ class SourcePreservation(EditRewardBackend):
     def score_edit(
         self, images: Tensor, sources: Tensor, prompts: list[str], metadata: list[dict]
     ) -> ScoreResult:
-        images, sources = _pairs("SourcePreservation", images, sources, prompts, metadata)
+        images, sources = _pairs(
+            "SourcePreservation", images, sources, prompts, metadata, self.pool
+        )
         h, w = images.shape[-2:]
         values: list[float] = []
         errors: list[str | None] = []
@@ -95,11 +114,13 @@ class RegionColorTarget(EditRewardBackend):
     """``1 - mean |result - target_color|`` over the pixels inside the edit region (the
     instruction's colour, ``metadata["target_color"] = [r, g, b]`` in [0, 1]). With
     ``relative=True`` the score is the improvement over the source's own distance, so an
-    unedited image scores 0 and a perfect edit ``1 - d(source)``. A sample without
+    unedited image scores 0 and a perfect edit ``1 - d(source)``. ``pool`` compares
+    ``pool x pool`` block averages (as :class:`SourcePreservation`). A sample without
     ``target_color`` scores NaN with an error."""
 
     name: str = "region_color"
     relative: bool = False
+    pool: PositiveInt = 1
 
     def __post_init__(self) -> None:
         require(bool(self.name), "RegionColorTarget.name must be a non-empty string")
@@ -111,7 +132,7 @@ class RegionColorTarget(EditRewardBackend):
     def score_edit(
         self, images: Tensor, sources: Tensor, prompts: list[str], metadata: list[dict]
     ) -> ScoreResult:
-        images, sources = _pairs("RegionColorTarget", images, sources, prompts, metadata)
+        images, sources = _pairs("RegionColorTarget", images, sources, prompts, metadata, self.pool)
         h, w = images.shape[-2:]
         values: list[float] = []
         errors: list[str | None] = []
