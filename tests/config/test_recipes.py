@@ -15,7 +15,11 @@ from unirl.config import ConfigError
 from unirl.config.entry import compose_recipe, examples_dir
 from unirl.config.validate import validate
 
-ENTRY_BY_DOMAIN = {"diffusion": "unirl.train_diffusion"}
+ENTRY_BY_DOMAIN = {
+    "diffusion": "unirl.train_diffusion",
+    "llm": "unirl.train_vlm",
+    "vlm": "unirl.train_vlm",
+}
 RECIPES = sorted(
     str(p.relative_to(examples_dir()).with_suffix(""))
     for p in examples_dir().rglob("*.yaml")

@@ -137,7 +137,16 @@ def _fsync_dir(path: Path) -> None:
 def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(path))
+    out: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for key, value in tensors.items():
+        t = value.detach().cpu().contiguous()
+        storage = t.untyped_storage().data_ptr()
+        # tied weights (an LM's embedding and head) share storage, which safetensors refuses:
+        # every name gets its own copy; loading writes the same values into the tie
+        out[key] = t.clone() if storage in storages else t
+        storages.add(storage)
+    save_file(out, str(path))
 
 
 def _save_torch(obj: Any, path: Path) -> None:

@@ -1,0 +1,223 @@
+"""The autoregressive trainer: a placement recipe of the loop in ``unirl.trainer.base``.
+
+One stage, the ``text`` track: a causal-LM family (Qwen3, …) samples completions with the
+trained module itself (trainside), a text reward scores them, and a token-level loss (GRPO,
+DRPO) trains on the packed completions. The driver authors the request: ids, groups and the
+``TextRequest`` block (generation knobs and per-sample seed ids).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+
+from unirl.config.require import ConfigError, require
+from unirl.config.run import RunConfig
+from unirl.config.validate import engine_kind
+from unirl.distributed.group import DevicePool, placement, remote
+from unirl.distributed.group.dispatch import Dispatch, distributed
+from unirl.trainer.base import StageTrainer
+from unirl.trainer.roles import RewardWorker, TrainOps
+from unirl.trainer.stage import Stage
+from unirl.types import ARSamplingParams, RolloutReq, RolloutTrack, TextRequest, Texts
+
+TRACK = "text"
+
+
+def check_ar_recipe(cfg: RunConfig) -> None:
+    """Before any Ray work: what this trainer can place. The sampling block is
+    ``ARSamplingParams``; the engine is trainside (a dedicated / SGLang engine for text needs
+    its adapter and weight sync, not built yet: refused here by name)."""
+    target = str((cfg.sampling or {}).get("_target_", ""))
+    require(
+        target.rsplit(".", 1)[-1] == "ARSamplingParams",
+        f"sampling._target_={target or None}: unirl.train_vlm samples text; use "
+        "unirl.types.ARSamplingParams",
+    )
+    kind = engine_kind(cfg)
+    if kind != "trainside":
+        raise ConfigError(
+            f"rollout._target_={cfg.rollout.get('_target_')} is a {kind!r} engine; unirl.train_vlm "
+            "runs the trainside engine only so far (the SGLang text adapter with weight sync is "
+            "not built): use rollout._target_=unirl.rollout.TrainsideEngine and drop the `sync` "
+            "block"
+        )
+
+
+def plan_roles(cfg: RunConfig) -> list[tuple[str, str, str]]:
+    """``(role, _target_, slab)`` in creation order — printed by ``dry_run``."""
+    blocks = [
+        ("bundle", cfg.bundle),
+        ("pipeline", cfg.pipeline),
+        ("backend", cfg.backend),
+        ("algorithm", cfg.algorithm),
+        ("stack", cfg.stack),
+        ("rollout", cfg.rollout),
+        ("reward", cfg.reward),
+    ]
+    if cfg.sync is not None:
+        blocks.append(("sync", cfg.sync))
+    slab = "all workers (colocate)" if cfg.layout == "colocate" else "see layout"
+    return [(name, str((block or {}).get("_target_", "?")), slab) for name, block in blocks]
+
+
+class ARTrainOps(TrainOps):
+    """:class:`TrainOps` plus what the text trainer reads from its family."""
+
+    @distributed(dispatch=Dispatch.RANK_ZERO)
+    def describe_policy(self) -> dict[str, Any]:
+        """Trainable parameters, device, vocabulary size and stop tokens of the policy."""
+        bundle = self.pipeline.bundle
+        return {
+            "trainable_params": int(self.backend.num_trainable_params()),
+            "device": str(self.backend.device),
+            "vocab_size": int(bundle.vocab_size),
+            "stop_token_ids": list(bundle.stop_token_ids),
+        }
+
+
+def response_metrics(track: RolloutTrack) -> dict[str, float]:
+    """``response_length/mean|min|max`` (tokens) and ``response/clip_ratio`` (the fraction
+    cut at ``max_new_tokens``) from the engine's per-sample metadata."""
+    lengths = [float(m["response_tokens"]) for m in track.metadata if "response_tokens" in m]
+    if not lengths:
+        return {}
+    clipped = [m.get("finish_reason") == "length" for m in track.metadata]
+    return {
+        "response_length/mean": sum(lengths) / len(lengths),
+        "response_length/min": min(lengths),
+        "response_length/max": max(lengths),
+        "response/clip_ratio": sum(clipped) / len(clipped),
+    }
+
+
+class ARTrainer(StageTrainer):
+    """A text recipe as a placement of the loop: one stage (the ``text`` track) whose every
+    role is a sibling on every worker (trainside). ``run()`` returns the process exit code."""
+
+    def __init__(self, cfg: RunConfig, data: dict[str, Any]) -> None:
+        check_ar_recipe(cfg)
+        super().__init__(cfg, data)
+        self.sampling: ARSamplingParams = instantiate(cfg.sampling, _convert_="object")
+
+    # -- placement -----------------------------------------------------------------------------
+
+    def place(self, pool: DevicePool) -> None:
+        cfg = self.cfg
+        train_ranks, rollout_ranks = cfg.slab_sizes()
+        if cfg.num_devices > 1:
+            pool.init_process_group(list(range(cfg.num_devices)), group_name="world")
+        with placement(pool, fraction=1.0):  # every role a sibling on every worker
+            bundle = remote(cfg.bundle, name="bundle")
+            pipeline = remote(cfg.pipeline, name="pipeline", bundle=bundle)
+            backend = remote(cfg.backend, name="backend", bundle=bundle)
+            algorithm = remote(cfg.algorithm, name="algorithm", policy=pipeline)
+            stack = remote(cfg.stack, name="stack", backend=backend, algorithm=algorithm)
+            ops = remote(
+                ARTrainOps,
+                name="ops",
+                backend=backend,
+                pipeline=pipeline,
+                stack=stack,
+                algorithm=algorithm,
+            )
+            rollout = remote(cfg.rollout, name="rollout", pipeline=pipeline)
+            reward = remote(RewardWorker, name="reward", service=cfg.reward)
+        self.rollout = rollout
+        self.stages = [
+            Stage(
+                track=TRACK,
+                reward=reward,
+                stack=stack,
+                algorithm=algorithm,
+                ops=ops,
+                train_ranks=train_ranks,
+                rollout_ranks=rollout_ranks,
+                exports_lora=(cfg.backend or {}).get("lora") is not None,
+            )
+        ]
+        info = ops.describe_policy()
+        print(
+            f"[unirl] trainable parameters: {info['trainable_params']:,} on {info['device']} "
+            f"(vocabulary {info['vocab_size']:,}, stop tokens {info['stop_token_ids']})",
+            flush=True,
+        )
+
+    # -- request building ------------------------------------------------------------------
+
+    def build_request(
+        self, prompts: list[Any], rollout_index: int, *, mode: str = "train"
+    ) -> RolloutReq:
+        """Ids, groups and the text stage's ``TextRequest`` (seed ids = sample ids, so every
+        sample's draws follow from ``(seed, sample id)``)."""
+        sampling = self.sampling
+        spp = sampling.samples_per_prompt if mode == "train" else self.cfg.eval.samples_per_prompt
+        b = len(prompts)
+        n = b * spp
+        base = rollout_index * n if mode == "train" else 10**12 + rollout_index * n
+        sample_ids = torch.arange(base, base + n, dtype=torch.long)
+        group_base = rollout_index * b
+        return RolloutReq(
+            sample_ids=sample_ids,
+            group_ids=torch.arange(group_base, group_base + b, dtype=torch.long).repeat_interleave(
+                spp
+            ),
+            primitives={"text": Texts(texts=[ex.prompt for ex in prompts for _ in range(spp)])},
+            metadata=[dict(ex.metadata) for ex in prompts for _ in range(spp)],
+            stage_params={
+                TRACK: TextRequest(
+                    seed_ids=sample_ids.clone(),
+                    max_new_tokens=sampling.max_new_tokens,
+                    temperature=sampling.temperature_for(mode),
+                    top_p=sampling.top_p,
+                    top_k=sampling.top_k,
+                    stop=tuple(sampling.stop or ()),
+                )
+            },
+            sampling_params=sampling,
+            seed=self.cfg.seed if mode == "train" else self.cfg.eval.seed,
+            rollout_index=rollout_index,
+            mode=mode,  # type: ignore[arg-type]
+        )
+
+    # -- what differs from media tracks ----------------------------------------------------------
+
+    def train_stage(
+        self, stage: Stage, track: RolloutTrack, rollout_index: int
+    ) -> dict[str, float]:
+        """The base's training step, plus the rollout's response-length statistics."""
+        out = super().train_stage(stage, track, rollout_index)
+        out.update({stage.key(k): v for k, v in response_metrics(track).items()})
+        return out
+
+    def gallery(self, path: Path, track: RolloutTrack, limit: int) -> Path:
+        """The first ``limit`` samples as JSON lines (prompt, completion, reward, length,
+        finish reason) in ``<path>.jsonl``."""
+        out = path.with_suffix(".jsonl")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        texts = track.decoded.texts if isinstance(track.decoded, Texts) else []
+        rewards = track.rewards.tolist() if track.rewards is not None else [math.nan] * len(track)
+        prompts = track.prompts or [""] * len(track)
+        with out.open("w", encoding="utf-8") as f:
+            for i in range(min(limit, len(texts))):
+                meta = track.metadata[i] if track.metadata else {}
+                row = {
+                    "sample_id": int(track.sample_ids[i]),
+                    "prompt": prompts[i],
+                    "completion": texts[i],
+                    "reward": rewards[i],
+                    "answer": meta.get("answer"),
+                    "response_tokens": meta.get("response_tokens"),
+                    "finish_reason": meta.get("finish_reason"),
+                }
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        return out
+
+
+def run_ar(cfg: RunConfig, data: dict[str, Any]) -> int:
+    return ARTrainer(cfg, data).run()
