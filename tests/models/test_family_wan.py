@@ -17,7 +17,6 @@ from unirl.models.wan import (
     WanBundle,
     WanPipeline,
     count_params,
-    split_expert_lora,
     tiny_preset_path,
     wan21_1_3b_arch_spec,
     wan22_14b_arch_spec,
@@ -47,9 +46,6 @@ class WanFamilyTester(FamilyTester):
 
     def tiny_path(self) -> Path:
         return tiny_preset_path(self.preset)
-
-    def backend_kwargs(self, bundle: WanBundle) -> dict[str, Any]:
-        return {"trainable_attr": bundle.trainable_attr}
 
     def diffusers_sample(
         self,
@@ -99,10 +95,10 @@ class TestWan22Family(WanFamilyTester):
     preset = "tiny-wan2.2"
 
     def load_exported_lora(self, pipe: Any, folder: Path) -> None:
-        parts = split_expert_lora(folder)
-        assert set(parts) == {"transformer", "transformer_2"}  # both experts trained
-        pipe.load_lora_weights(str(parts["transformer"]))
-        pipe.load_lora_weights(str(parts["transformer_2"]), load_into_transformer_2=True)
+        # backend.export_lora wrote one diffusers folder per trained expert
+        # (WanBundle.postprocess_lora_export), beside the combined file
+        pipe.load_lora_weights(str(folder / "transformer"))
+        pipe.load_lora_weights(str(folder / "transformer_2"), load_into_transformer_2=True)
 
     def test_the_update_reaches_both_experts(self, trained: Any) -> None:
         """One optimizer step over trained steps on both sides of the boundary moves the LoRA

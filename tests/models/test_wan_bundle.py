@@ -256,6 +256,39 @@ def test_expert_settings_a_model_cannot_take_are_refused(bundle) -> None:
         make(train_experts="all")
 
 
+def test_backend_defaults_to_the_bundles_trainable_attr_and_export_splits_the_experts(
+    tmp_path: Path,
+) -> None:
+    """No ``trainable_attr`` given: the backend wraps ``bundle.experts`` (both experts) and
+    ``export_lora`` leaves the combined file plus one diffusers folder per expert, keys
+    ``transformer.*`` holding exactly that expert's adapter."""
+    from safetensors.torch import load_file
+
+    from unirl.train import FSDPBackend, LoraConfig
+
+    both = make("tiny-wan2.2")
+    backend = FSDPBackend(bundle=both, lora=LoraConfig(rank=2, alpha=2), param_dtype="fp32")
+    assert backend.trainable_attr == "experts" and both.experts is backend.module
+    backend.export_lora(tmp_path / "lora")
+    combined = load_file(str(tmp_path / "lora" / "pytorch_lora_weights.safetensors"))
+    for name in ("transformer", "transformer_2"):
+        part = load_file(str(tmp_path / "lora" / name / "pytorch_lora_weights.safetensors"))
+        prefix = f"transformer.{name}."
+        expected = {
+            "transformer." + k[len(prefix) :]: v
+            for k, v in combined.items()
+            if k.startswith(prefix)
+        }
+        assert part.keys() == expected.keys() and len(part) == 2 * 4 * 2 * 2  # A, B x 4 x 2 x 2
+        assert all(torch.equal(part[k], expected[k]) for k in part)
+    # one trained expert (or Wan 2.1): the export is diffusers' form already, no sub-folders
+    low = make("tiny-wan2.2", train_experts="low")
+    backend = FSDPBackend(bundle=low, lora=LoraConfig(rank=2, alpha=2), param_dtype="fp32")
+    assert backend.trainable_attr == "transformer_2" and low.transformer_2 is backend.module
+    backend.export_lora(tmp_path / "low")
+    assert sorted(p.name for p in (tmp_path / "low").iterdir() if p.is_dir()) == []
+
+
 def test_split_expert_lora_refuses_a_single_expert_export(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
@@ -357,14 +390,17 @@ def test_check_config_names_the_field_and_the_fix() -> None:
         WanBundle.check_config({"path": "tiny"}, recipe(sampling={"num_frames": 80}))
     with pytest.raises(ConfigError, match=r"sampling.height=40 is not a multiple of 16"):
         WanBundle.check_config({"path": "tiny"}, recipe(sampling={"height": 40}))
-    both = recipe(backend={"_target_": "unirl.train.FSDPBackend"})
-    with pytest.raises(ConfigError, match=r"set backend.trainable_attr: experts"):
-        WanBundle.check_config({"path": "tiny-wan2.2"}, both)
+    # no trainable_attr (or null): the backend takes the bundle's, nothing to refuse
+    for backend in ({"_target_": "unirl.train.FSDPBackend"}, {"trainable_attr": None}):
+        WanBundle.check_config({"path": "tiny-wan2.2"}, recipe(backend=backend))
+    wrong = recipe(backend={"_target_": "unirl.train.FSDPBackend", "trainable_attr": "transformer"})
+    with pytest.raises(ConfigError, match=r"set backend.trainable_attr: experts \(or drop it"):
+        WanBundle.check_config({"path": "tiny-wan2.2"}, wrong)
     WanBundle.check_config(
         {"path": "tiny-wan2.2"}, recipe(backend={"trainable_attr": "experts", "lora": None})
     )
     with pytest.raises(ConfigError, match=r"set backend.trainable_attr: transformer_2"):
-        WanBundle.check_config({"path": "wan2.2-14b-arch", "train_experts": "low"}, both)
+        WanBundle.check_config({"path": "wan2.2-14b-arch", "train_experts": "low"}, wrong)
     with pytest.raises(ConfigError, match=r"train_experts=high but this Wan model has one"):
         WanBundle.check_config({"path": "wan2.1-1.3b-arch", "train_experts": "high"}, recipe())
 

@@ -77,6 +77,17 @@ def _as_config(value: Any, cls: type[_C], field: str) -> _C | None:
     return None
 
 
+def bundle_trainable_attr(bundle: Any) -> str:
+    """Where ``bundle`` keeps its trainable module: its ``trainable_attr``, else the first of
+    its ``trainable_module_names``, else ``transformer`` (what ``backend.trainable_attr: null``
+    means)."""
+    attr = getattr(bundle, "trainable_attr", None)
+    if attr:
+        return str(attr)
+    names = getattr(bundle, "trainable_module_names", None)
+    return str(names[0]) if names else "transformer"
+
+
 def _resolve_device(device: str) -> torch.device:
     name = str(device)
     require(
@@ -103,9 +114,12 @@ class FSDPBackend:
     clipping, offload, checkpoints and LoRA export. See the module docstring for the order.
 
     ``bundle``: any object with ``trainable_module`` (or the attribute ``trainable_attr``);
-    the wrapped module is set back as ``bundle.<trainable_attr>``. ``lora=None`` trains every
-    parameter. ``param_dtype`` is the storage dtype of frozen parameters (and, with LoRA, of
-    floating buffers); trainable ones are always fp32. ``seed`` seeds the LoRA draw only.
+    the wrapped module is set back as ``bundle.<trainable_attr>``. ``trainable_attr=None``
+    (the default) takes the bundle's own: its ``trainable_attr`` (Wan: ``transformer``,
+    ``transformer_2`` or ``experts``), else the first of its ``trainable_module_names``, else
+    ``transformer``; an explicit value wins. ``lora=None`` trains every parameter.
+    ``param_dtype`` is the storage dtype of frozen parameters (and, with LoRA, of floating
+    buffers); trainable ones are always fp32. ``seed`` seeds the LoRA draw only.
     """
 
     def __init__(
@@ -120,7 +134,7 @@ class FSDPBackend:
         param_dtype: str = "bf16",
         device: str = "cpu",
         seed: int = 0,
-        trainable_attr: str = "transformer",
+        trainable_attr: str | None = None,
     ) -> None:
         self.lora = _as_config(lora, LoraConfig, "lora")
         self.optimizer_config = (
@@ -134,7 +148,9 @@ class FSDPBackend:
         self.param_dtype = parse_dtype(param_dtype, "backend.param_dtype")
         self._device = _resolve_device(device)
         self.seed = int(seed)
-        self.trainable_attr = trainable_attr
+        self.trainable_attr = (
+            trainable_attr if trainable_attr is not None else bundle_trainable_attr(bundle)
+        )
         self.rank, self.world_size = world_info()
         replicate = self.fsdp_config.data_parallel == "replicate"
         self.is_sharded = self.world_size > 1 and not replicate
@@ -190,7 +206,7 @@ class FSDPBackend:
             apply_fsdp(module, blocks, self.fsdp_config, self._device)
         elif self.is_replicated:
             broadcast_module(module)  # one starting point for every rank
-        setattr(bundle, trainable_attr, module)
+        setattr(bundle, self.trainable_attr, module)
         self.module = module
 
         # 5. optimizer over the trainable parameters only; schedule; EMA.
@@ -482,12 +498,25 @@ class FSDPBackend:
     def export_lora(self, path: str | Path, *, adapter: str | None = None) -> Path:
         """Write ``adapter`` (default: the trained one) for diffusers
         (``pytorch_lora_weights.safetensors``) and peft (``adapter_config.json`` +
-        ``adapter_model.safetensors``). Call on every rank; rank 0 writes."""
+        ``adapter_model.safetensors``), then lets the bundle reshape the folder for its
+        pipeline (``postprocess_lora_export``). Call on every rank; rank 0 writes."""
         lora = self._require_lora("export_lora")
         adapter = adapter or lora.adapter_name
         state = self.adapter_state_dict(adapter)
         peft_config = self.module.peft_config[adapter]
         backend_checkpoint.run_on_rank0(
-            self.rank, lambda: write_lora_export(path, state, peft_config)
+            self.rank, lambda: self._write_export(path, state, peft_config)
         )
         return Path(path)
+
+    def _write_export(
+        self, path: str | Path, state: dict[str, torch.Tensor], peft_config: Any
+    ) -> Path:
+        """Rank 0: both formats, then the family's reshaping of the folder
+        (``bundle.postprocess_lora_export``, when the bundle has one: Wan 2.2 training both
+        experts splits the export into the per-expert folders diffusers loads)."""
+        folder = write_lora_export(path, state, peft_config)
+        postprocess = getattr(self._bundle, "postprocess_lora_export", None)
+        if postprocess is not None:
+            postprocess(folder)
+        return folder

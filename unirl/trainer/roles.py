@@ -143,7 +143,11 @@ class TrainOps:
         ``torch.utils.flop_counter.FlopCounterMode`` (not timed; weights do change)."""
         from torch.utils.flop_counter import FlopCounterMode
 
-        trained = [type(m).__name__ for m in self.pipeline.bundle.trainable_modules.values()]
+        # one entry per class: modules of one class (Wan 2.2's two experts) share the
+        # counter's entry, which already holds the FLOPs of both
+        trained = sorted(
+            {type(m).__name__ for m in self.pipeline.bundle.trainable_modules.values()}
+        )
         with FlopCounterMode(display=False) as counter:
             resp = self.pipeline.generate(req)
         rollout_total = counter.get_total_flops()
@@ -176,7 +180,9 @@ def pixels_of(track: RolloutTrack) -> torch.Tensor:
 
 def _module_flops(counter: Any, class_name: str) -> int:
     """FLOPs attributed to the outermost module whose name mentions ``class_name`` (the
-    transformer; peft / FSDP wrappers keep the class name in the counter's module path)."""
+    transformer; peft / FSDP wrappers keep the class name in the counter's module path).
+    The counter names a module called at the top level by its class, so every such module of
+    that class (two experts) adds into one entry: count a class once."""
     counts = counter.get_flop_counts()
     best = 0
     for name, ops in counts.items():

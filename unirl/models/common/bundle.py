@@ -19,6 +19,7 @@ import dataclasses
 import inspect
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -355,6 +356,11 @@ class FlowMatchingBundle:
     def trainable_module(self) -> torch.nn.Module:
         """The (first) trainable module, what ``FSDPBackend`` wraps."""
         return getattr(self, self.trainable_module_names[0])
+
+    def postprocess_lora_export(self, folder: Path) -> None:
+        """*Family* (optional): reshape a LoRA export the backend just wrote to ``folder`` into
+        what the family's diffusers pipeline loads (Wan 2.2 with both experts: one folder per
+        expert). Runs on the writing rank only. The default keeps the export as written."""
 
     def _frozen_modules(self) -> list[torch.nn.Module]:
         modules = (getattr(self, name, None) for name in self.frozen_module_names)

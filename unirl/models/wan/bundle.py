@@ -19,6 +19,7 @@ both).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -35,7 +36,7 @@ from unirl.models.wan.config import (
     check_num_frames,
     trainable_attr_for,
 )
-from unirl.models.wan.experts import WanExperts
+from unirl.models.wan.experts import WanExperts, split_expert_lora
 from unirl.models.wan.presets import (
     architecture_configs,
     expert_layout,
@@ -114,13 +115,14 @@ class WanBundle(FlowMatchingBundle):
         train = str(block.get("train_experts", "both"))
         check_expert_choice(two, train, block.get("boundary_ratio"))
         backend = getattr(recipe, "backend", None) or {}
-        if isinstance(backend, dict) and backend:
+        got = backend.get("trainable_attr") if isinstance(backend, dict) else None
+        if got is not None:  # null / absent: the backend takes bundle.trainable_attr itself
             wanted = trainable_attr_for(train, two)
-            got = str(backend.get("trainable_attr", "transformer"))
             require(
-                got == wanted,
+                str(got) == wanted,
                 f"backend.trainable_attr={got!r} but bundle.train_experts={train} trains "
-                f"bundle.{wanted}; set backend.trainable_attr: {wanted}",
+                f"bundle.{wanted}; set backend.trainable_attr: {wanted} (or drop it: the "
+                "backend defaults to the bundle's)",
             )
 
     # -- modules -------------------------------------------------------------------------------
@@ -253,6 +255,15 @@ class WanBundle(FlowMatchingBundle):
         for module in self.frozen_experts.values():
             module.to(self.device)
         return self
+
+    def postprocess_lora_export(self, folder: Path) -> None:
+        """Both experts trained (``trainable_attr == "experts"``): split the export into
+        ``folder/transformer`` and ``folder/transformer_2``, the diffusers LoRA of each expert
+        (:func:`~unirl.models.wan.experts.split_expert_lora`); the combined file stays. One
+        trained expert exports diffusers' form as written (``transformer_2``: load it with
+        ``load_into_transformer_2=True``)."""
+        if self.trainable_attr == "experts":
+            split_expert_lora(folder)
 
     # -- encode --------------------------------------------------------------------------------
 

@@ -1,0 +1,90 @@
+"""``TrainOps.count_flops`` attributes the trained modules' FLOPs once each, also when two of
+them share a class (Wan 2.2's two experts): the counter already sums both into one entry."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+from unirl.trainer.roles import TrainOps
+
+DIM, ROWS = 8, 3
+LINEAR_FLOPS = 2 * ROWS * DIM * DIM  # one [ROWS, DIM] x [DIM, DIM] matmul
+
+
+class Expert(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(DIM, DIM, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+class Decoder(Expert):
+    """A frozen module of another class: its FLOPs are in the total only."""
+
+
+@dataclasses.dataclass
+class FakeTrack:
+    rewards: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return ROWS
+
+    def compute_advantages(self) -> tuple[FakeTrack, dict[str, float]]:
+        return self, {}
+
+
+class FakePipeline:
+    """``generate`` runs each expert once at the top level (as the Wan bundle calls them)
+    and the decoder once."""
+
+    track_name = "diffusion"
+
+    def __init__(self, experts: dict[str, nn.Module]) -> None:
+        self.bundle = SimpleNamespace(trainable_modules=experts)
+        self.decoder = Decoder()
+
+    def generate(self, req: Any) -> Any:
+        x = torch.randn(ROWS, DIM)
+        with torch.no_grad():
+            for module in self.bundle.trainable_modules.values():
+                x = module(x)
+            self.decoder(x)
+        return SimpleNamespace(tracks={self.track_name: FakeTrack()})
+
+
+class FakeStack:
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def train_track(self, track: FakeTrack, rollout_index: int) -> None:
+        # forward: 1 matmul; backward: 1 (the weight's gradient; the input needs none)
+        self.module(torch.randn(ROWS, DIM)).sum().backward()
+
+
+def count(experts: dict[str, nn.Module]) -> dict[str, float]:
+    pipeline = FakePipeline(experts)
+    ops = TrainOps(backend=None, pipeline=pipeline, stack=FakeStack(next(iter(experts.values()))))
+    [row] = ops.count_flops(None, 0)
+    return row
+
+
+def test_two_experts_of_one_class_are_counted_once_each() -> None:
+    row = count({"transformer": Expert(), "transformer_2": Expert()})
+    assert row["rollout_total"] == 3 * LINEAR_FLOPS
+    assert row["rollout_transformer"] == 2 * LINEAR_FLOPS  # both experts, neither twice
+    assert row["train_transformer"] == row["train_total"] == 2 * LINEAR_FLOPS
+    assert row["samples"] == ROWS
+
+
+def test_one_trained_module() -> None:
+    row = count({"transformer": Expert()})
+    assert row["rollout_total"] == 2 * LINEAR_FLOPS
+    assert row["rollout_transformer"] == LINEAR_FLOPS
+    assert row["train_transformer"] == 2 * LINEAR_FLOPS
