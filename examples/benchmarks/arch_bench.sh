@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One recipe's Flow-GRPO rollout + train step at a family's real shapes, random weights
+# (an `*-arch` preset: nothing downloaded), on one GPU; writes the benchmark JSON
+# (samples/s, seconds per phase, peak memory).
+#
+#   bash examples/benchmarks/arch_bench.sh RECIPE PRESET [OUT_DIR] [extra overrides...]
+#   bash examples/benchmarks/arch_bench.sh diffusion/flux2_klein_trainside flux2-klein-arch
+#   bash examples/benchmarks/arch_bench.sh diffusion/z_image_trainside z-image-arch
+#   SIZE=512 SPP=8 MICRO=4 WARMUP=1 ITERS=2 override the shape below.
+#
+# The recipe's own sampling (steps, CFG, SDE window, LoRA, activation checkpointing), scaled
+# to one GPU: one prompt x SPP samples at SIZE x SIZE, one forward of SPP samples, micro-batches
+# of MICRO, one optimizer step per rollout, old log-probs replayed at training geometry; JPEG
+# compressibility as a cheap reward. The presets' tokenizers are the tiny ones, so prompts
+# are shorter than with the real tokenizers (text encoders still run at their real shapes).
+set -euo pipefail
+recipe="$1"
+preset="$2"
+name="$(basename "${recipe}")"
+out="${3:-outputs/bench_${name}}"
+shift 2
+[[ $# -gt 0 ]] && shift
+export PRETRAINED_MODEL="${preset}" RAY_USAGE_STATS_ENABLED=0
+size="${SIZE:-512}"
+python -m unirl.tools.bench --config-name="${recipe}" \
+  --warmup "${WARMUP:-1}" --iters "${ITERS:-2}" --no-flops \
+  --json "${out}/${name}.json" output_dir="${out}/${name}" \
+  num_devices=1 device=cuda batch_size=1 sampling.samples_per_prompt="${SPP:-8}" \
+  sampling.height="${size}" sampling.width="${size}" \
+  stack.micro_batch_size="${MICRO:-4}" stack.num_updates_per_batch=1 \
+  pipeline.forward_batch_size="${SPP:-8}" \
+  reward.backend._target_=unirl.reward.local.JpegCompressibility "~reward.backend.engine" "reward.guards=[]" \
+  logging.progress=off "$@"
