@@ -149,7 +149,8 @@ class FlowMatchingPipeline:
         references = req.primitives.get("image")
         if references is not None:  # editing: each row is conditioned on its source image
             conditions = self.bundle.encode_references(
-                conditions, references.pixels.to(self.device)  # type: ignore[attr-defined]
+                conditions,
+                references.pixels.to(self.device),  # type: ignore[attr-defined]
             )
         timings["text_encode"] = time.perf_counter() - t0
 
