@@ -57,7 +57,7 @@ def test_refused_before_any_ray_work(tmp_path: Path) -> None:
         check_ar_recipe(cfg)
     cfg = RunConfig.from_dict(data)
     cfg.rollout = {"_target_": "unirl.rollout.DedicatedEngine"}
-    with pytest.raises(ConfigError, match="trainside engine only"):
+    with pytest.raises(ConfigError, match="places the trainside engine"):
         check_ar_recipe(cfg)
 
 

@@ -1,7 +1,8 @@
 """The autoregressive trainer: a placement recipe of the loop in ``unirl.trainer.base``.
 
 One stage, the ``text`` track: a causal-LM family (Qwen3, …) samples completions with the
-trained module itself (trainside), a text reward scores them, and a token-level loss (GRPO,
+trained module itself (trainside) or through SGLang's server (a dedicated layout with weight
+sync, ``trainer/dedicated.py``), a text reward scores them, and a token-level loss (GRPO,
 DRPO) trains on the packed completions. The driver authors the request: ids, groups and the
 ``TextRequest`` block (generation knobs and per-sample seed ids).
 """
@@ -19,9 +20,10 @@ from hydra.utils import instantiate
 from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
 from unirl.config.validate import engine_kind
-from unirl.distributed.group import DevicePool, placement, remote
+from unirl.distributed.group import DevicePool, Handle, placement, remote
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.trainer.base import StageTrainer
+from unirl.trainer.dedicated import DedicatedLayout, plan_dedicated_roles
 from unirl.trainer.roles import RewardWorker, TrainOps
 from unirl.trainer.stage import Stage
 from unirl.types import ARSamplingParams, RolloutReq, RolloutTrack, TextRequest, Texts
@@ -29,10 +31,13 @@ from unirl.types import ARSamplingParams, RolloutReq, RolloutTrack, TextRequest,
 TRACK = "text"
 
 
+PLACED_ENGINES = ("trainside", "sglang")
+
+
 def check_ar_recipe(cfg: RunConfig) -> None:
     """Before any Ray work: what this trainer can place. The sampling block is
-    ``ARSamplingParams``; the engine is trainside (a dedicated / SGLang engine for text needs
-    its adapter and weight sync, not built yet: refused here by name)."""
+    ``ARSamplingParams``; the engine is trainside or SGLang's text server (our own dedicated
+    engine has no text variant yet: refused here by name)."""
     target = str((cfg.sampling or {}).get("_target_", ""))
     require(
         target.rsplit(".", 1)[-1] == "ARSamplingParams",
@@ -40,17 +45,47 @@ def check_ar_recipe(cfg: RunConfig) -> None:
         "unirl.types.ARSamplingParams",
     )
     kind = engine_kind(cfg)
-    if kind != "trainside":
+    if kind not in PLACED_ENGINES:
         raise ConfigError(
             f"rollout._target_={cfg.rollout.get('_target_')} is a {kind!r} engine; unirl.train_vlm "
-            "runs the trainside engine only so far (the SGLang text adapter with weight sync is "
-            "not built): use rollout._target_=unirl.rollout.TrainsideEngine and drop the `sync` "
-            "block"
+            "places the trainside engine (unirl.rollout.TrainsideEngine) or SGLang's text server "
+            "(unirl.rollout.engine.sglang_llm.SGLangLLMEngine with a FullSync block)"
         )
+
+
+def text_train_roles(cfg: RunConfig) -> dict[str, Handle]:
+    """The training roles of a text stage in the current placement block: bundle, pipeline
+    (the token policy), backend, algorithm (``policy=pipeline``), stack and ops."""
+    bundle = remote(cfg.bundle, name="bundle")
+    pipeline = remote(cfg.pipeline, name="pipeline", bundle=bundle)
+    backend = remote(cfg.backend, name="backend", bundle=bundle)
+    algorithm = remote(cfg.algorithm, name="algorithm", policy=pipeline)
+    stack = remote(cfg.stack, name="stack", backend=backend, algorithm=algorithm)
+    ops = remote(
+        ARTrainOps, name="ops", backend=backend, pipeline=pipeline, stack=stack, algorithm=algorithm
+    )
+    return {
+        "bundle": bundle,
+        "pipeline": pipeline,
+        "backend": backend,
+        "algorithm": algorithm,
+        "stack": stack,
+        "ops": ops,
+    }
+
+
+class TextDedicatedLayout(DedicatedLayout):
+    """A dedicated-engine layout (colocate / separate, weight sync) whose train slab holds a
+    text stage's roles."""
+
+    def _train_roles(self) -> dict[str, Handle]:
+        return text_train_roles(self.cfg)
 
 
 def plan_roles(cfg: RunConfig) -> list[tuple[str, str, str]]:
     """``(role, _target_, slab)`` in creation order — printed by ``dry_run``."""
+    if engine_kind(cfg) != "trainside":
+        return plan_dedicated_roles(cfg)
     blocks = [
         ("bundle", cfg.bundle),
         ("pipeline", cfg.pipeline),
@@ -97,8 +132,9 @@ def response_metrics(track: RolloutTrack) -> dict[str, float]:
 
 
 class ARTrainer(StageTrainer):
-    """A text recipe as a placement of the loop: one stage (the ``text`` track) whose every
-    role is a sibling on every worker (trainside). ``run()`` returns the process exit code."""
+    """A text recipe as a placement of the loop: one stage (the ``text`` track), trainside
+    (every role a sibling on every worker) or on SGLang's server (colocated or on its own
+    slab, with weight sync). ``run()`` returns the process exit code."""
 
     def __init__(self, cfg: RunConfig, data: dict[str, Any]) -> None:
         check_ar_recipe(cfg)
@@ -110,24 +146,20 @@ class ARTrainer(StageTrainer):
     def place(self, pool: DevicePool) -> None:
         cfg = self.cfg
         train_ranks, rollout_ranks = cfg.slab_sizes()
-        if cfg.num_devices > 1:
-            pool.init_process_group(list(range(cfg.num_devices)), group_name="world")
-        with placement(pool, fraction=1.0):  # every role a sibling on every worker
-            bundle = remote(cfg.bundle, name="bundle")
-            pipeline = remote(cfg.pipeline, name="pipeline", bundle=bundle)
-            backend = remote(cfg.backend, name="backend", bundle=bundle)
-            algorithm = remote(cfg.algorithm, name="algorithm", policy=pipeline)
-            stack = remote(cfg.stack, name="stack", backend=backend, algorithm=algorithm)
-            ops = remote(
-                ARTrainOps,
-                name="ops",
-                backend=backend,
-                pipeline=pipeline,
-                stack=stack,
-                algorithm=algorithm,
-            )
-            rollout = remote(cfg.rollout, name="rollout", pipeline=pipeline)
-            reward = remote(RewardWorker, name="reward", service=cfg.reward)
+        sync = None
+        if engine_kind(cfg) == "trainside":
+            if cfg.num_devices > 1:
+                pool.init_process_group(list(range(cfg.num_devices)), group_name="world")
+            with placement(pool, fraction=1.0):  # every role a sibling on every worker
+                train = text_train_roles(cfg)
+                rollout = remote(cfg.rollout, name="rollout", pipeline=train["pipeline"])
+                reward = remote(RewardWorker, name="reward", service=cfg.reward)
+            algorithm, stack, ops = train["algorithm"], train["stack"], train["ops"]
+        else:  # SGLang's server: colocate / separate layout + weight sync (trainer/dedicated.py)
+            sync = layout = TextDedicatedLayout(cfg, pool)
+            rollout, reward = layout.rollout, layout.roles.reward
+            algorithm, stack, ops = layout.roles.algorithm, layout.roles.stack, layout.roles.ops
+            print(f"[unirl] {layout.describe()}", flush=True)
         self.rollout = rollout
         self.stages = [
             Stage(
@@ -136,6 +168,7 @@ class ARTrainer(StageTrainer):
                 stack=stack,
                 algorithm=algorithm,
                 ops=ops,
+                sync=sync,
                 train_ranks=train_ranks,
                 rollout_ranks=rollout_ranks,
                 exports_lora=(cfg.backend or {}).get("lora") is not None,

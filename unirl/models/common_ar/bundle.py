@@ -3,9 +3,10 @@
 A bundle holds one causal LM (the trainable module) and its tokenizer, and turns prompts into
 token ids. This base owns the generic part: the typed config taken whole
 (:class:`CausalLMBundleConfig` subclasses), the four weight sources (``tiny``, ``*-arch``,
-folder, hub), precision and device, the prompt formatting (chat template, system prompt,
-response prefix, length check), the stop tokens, the sampling and autocast contexts, and the
-checks the validators run before Ray (``check_config``, ``trainable_on_meta``). A family
+folder, hub), precision and device, the prompt formatting (``self.prompts``, a
+:class:`PromptFormatter`; ``prompt_formatter(block)`` builds one without weights for an
+external engine), the stop tokens, the sampling and autocast contexts, and the checks the
+validators run before Ray (``check_config``, ``trainable_on_meta``). A family
 subclass sets ``config_class``, ``sources``, ``block_class_names`` and implements the hooks
 marked *family* below.
 """
@@ -21,10 +22,11 @@ import torch
 from torch import nn
 
 from unirl.config.precision import parse_dtype
-from unirl.config.require import ConfigError, UserFacingError, require
+from unirl.config.require import ConfigError, UserFacingError
 from unirl.models.common.presets import ModelSourceError
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common_ar.config import CausalLMBundleConfig
+from unirl.models.common_ar.prompts import PromptFormatter, stop_token_ids
 from unirl.models.common_ar.sources import CausalLMSources
 
 LLM_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -58,9 +60,13 @@ class CausalLMBundle:
             self.model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
-        self.stop_token_ids = self._stop_token_ids()
-        self.pad_token_id = self._pad_token_id()
-        self._prompt_cache: dict[str, list[int]] = {}
+        where = f"bundle.path={self.config.path!r}"
+        stops = stop_token_ids(
+            self.tokenizer, getattr(self.model, "generation_config", None), where
+        )
+        self.prompts = PromptFormatter(self.config, self.tokenizer, stops)
+        self.stop_token_ids = self.prompts.stop_token_ids
+        self.pad_token_id = self.prompts.pad_token_id
 
     # -- family hooks ----------------------------------------------------------------------------
 
@@ -92,14 +98,46 @@ class CausalLMBundle:
 
     # -- loading ---------------------------------------------------------------------------------
 
+    @classmethod
+    def _source_folder(cls, path: str) -> tuple[str, Path | None, str]:
+        """``(kind, folder, name)``: the folder a source loads from (None for an ``*-arch``
+        preset, which builds in memory); a name that resolves to nothing is refused."""
+        try:
+            kind, name = cls.sources.classify(path)
+            if kind == "arch":
+                return kind, None, name
+            if kind == "tiny":
+                return kind, cls.tiny_folder(), name
+            if kind == "folder":
+                return kind, Path(name), name
+            return kind, cls.sources.snapshot(name), name
+        except ModelSourceError as exc:
+            raise UserFacingError(str(exc)) from exc
+
+    @classmethod
+    def prompt_formatter(cls, block: Any) -> PromptFormatter:
+        """The :class:`PromptFormatter` of a bundle block (its ``path`` and prompt knobs),
+        loading the tokenizer and generation config only — what an external engine needs to
+        tokenize prompts exactly as this bundle does."""
+        from transformers import AutoTokenizer, GenerationConfig
+
+        knobs = {str(k): v for k, v in dict(block).items() if not str(k).startswith("_")}
+        config = cls.config_class(**knobs)
+        kind, folder, _ = cls._source_folder(config.path)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder or cls.tiny_folder()))
+        generation = None
+        if folder is not None and (folder / "generation_config.json").is_file():
+            generation = GenerationConfig.from_pretrained(str(folder))
+        elif kind == "arch":
+            generation = GenerationConfig(eos_token_id=tokenizer.eos_token_id)
+        stops = stop_token_ids(tokenizer, generation, f"bundle.path={config.path!r}")
+        return PromptFormatter(config, tokenizer, stops)
+
     def _load(self) -> tuple[nn.Module, Any]:
         from transformers import AutoTokenizer
 
         cfg = self.config
-        try:
-            kind, name = self.sources.classify(cfg.path)
-        except ModelSourceError as exc:
-            raise UserFacingError(str(exc)) from exc
+        kind, folder, name = self._source_folder(cfg.path)
         model_cls = self.model_class()
         if kind == "arch":
             # random weights at the real shapes, built straight on the device (seeded); the
@@ -111,45 +149,13 @@ class CausalLMBundle:
                 model = model_cls._from_config(hf_config, dtype=self.dtype)
             tokenizer = AutoTokenizer.from_pretrained(str(self.tiny_folder()))
             return model.eval(), tokenizer
-        if kind == "tiny":
-            folder = self.tiny_folder()
-        elif kind == "folder":
-            folder = Path(name)
-        else:
-            try:
-                folder = self.sources.snapshot(name)
-            except ModelSourceError as exc:
-                raise UserFacingError(str(exc)) from exc
+        assert folder is not None
         with hf_progress_bars_disabled():
             model = model_cls.from_pretrained(
                 str(folder), dtype=self.dtype, attn_implementation=cfg.attn_implementation
             ).to(self.device)
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         return model.eval(), tokenizer
-
-    def _stop_token_ids(self) -> list[int]:
-        """End-of-sequence ids: the tokenizer's eos, the generation config's eos (one or a
-        list) and, with the chat template, the token that ends a turn."""
-        ids: set[int] = set()
-        tok_eos = getattr(self.tokenizer, "eos_token_id", None)
-        if tok_eos is not None:
-            ids.add(int(tok_eos))
-        gen = getattr(self.model, "generation_config", None)
-        gen_eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-        if isinstance(gen_eos, int):
-            ids.add(gen_eos)
-        elif isinstance(gen_eos, list | tuple):
-            ids.update(int(i) for i in gen_eos)
-        require(
-            bool(ids),
-            f"bundle.path={self.config.path!r}: the tokenizer and generation config name no "
-            "end-of-sequence token; the sampler would only stop at max_new_tokens",
-        )
-        return sorted(ids)
-
-    def _pad_token_id(self) -> int:
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        return int(pad) if pad is not None else self.stop_token_ids[0]
 
     # -- what the backend and the validators read --------------------------------------------
 
@@ -196,58 +202,16 @@ class CausalLMBundle:
         with torch.device("meta"):
             return cls.model_class()(hf_config)
 
-    # -- prompts ---------------------------------------------------------------------------------
+    # -- prompts (``self.prompts``, a PromptFormatter) -------------------------------------------
 
     def prompt_text(self, prompt: str) -> str:
-        """What the model reads: the chat turn (with the generation prompt) or the prompt as
-        it is, then ``response_prefix``."""
-        cfg = self.config
-        if cfg.chat_template:
-            if getattr(self.tokenizer, "chat_template", None) is None:
-                raise ConfigError(
-                    f"bundle.chat_template=true but the tokenizer of {cfg.path!r} has no chat "
-                    "template; set bundle.chat_template=false for a base model"
-                )
-            messages = [{"role": "user", "content": prompt}]
-            if cfg.system_prompt:
-                messages.insert(0, {"role": "system", "content": cfg.system_prompt})
-            text = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
-            )
-        else:
-            text = prompt
-        return text + cfg.response_prefix
+        return self.prompts.prompt_text(prompt)
 
     def encode_prompts(self, prompts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each prompt (:meth:`prompt_text`, no special tokens added beyond the
-        template's); a prompt over ``max_prompt_tokens`` is refused, naming it."""
-        out = []
-        for prompt in prompts:
-            ids = self._prompt_cache.get(prompt)
-            if ids is None:
-                ids = list(
-                    self.tokenizer(self.prompt_text(prompt), add_special_tokens=False).input_ids
-                )
-                if not ids:
-                    raise ValueError(f"prompt {prompt!r} tokenizes to nothing")
-                if len(ids) > self.config.max_prompt_tokens:
-                    raise ValueError(
-                        f"prompt {prompt[:80]!r}... is {len(ids)} tokens, over "
-                        f"bundle.max_prompt_tokens={self.config.max_prompt_tokens}; raise it or "
-                        "shorten the prompt"
-                    )
-                if len(self._prompt_cache) < 100_000:
-                    self._prompt_cache[prompt] = ids
-            out.append(list(ids))
-        return out
+        return self.prompts.encode_prompts(prompts)
 
     def decode(self, tokens: Sequence[int]) -> str:
-        """Text of generated tokens, special tokens (the stop token) left out."""
-        return str(self.tokenizer.decode(list(tokens), skip_special_tokens=True))
-
-    def decode_raw(self, tokens: Sequence[int]) -> str:
-        """Text of tokens with special tokens kept (stop-string matching)."""
-        return str(self.tokenizer.decode(list(tokens), skip_special_tokens=False))
+        return self.prompts.decode(tokens)
 
     # -- contexts ----------------------------------------------------------------------------------
 

@@ -18,15 +18,8 @@ import torch
 from unirl.config.require import require
 from unirl.models.common_ar.conditions import PromptConditions
 from unirl.models.common_ar.generate import StopStrings, generate_completions
-from unirl.types import (
-    Packed,
-    RolloutReq,
-    RolloutResp,
-    RolloutTrack,
-    TextRequest,
-    Texts,
-    TextSegment,
-)
+from unirl.models.common_ar.track import text_track
+from unirl.types import Packed, RolloutReq, RolloutResp, TextRequest, TextSegment
 
 
 def packed_positions(offsets: torch.Tensor) -> torch.Tensor:
@@ -57,8 +50,7 @@ class CausalLMPipeline:
     # -- sampling ----------------------------------------------------------------------------------
 
     def generate(self, req: RolloutReq) -> RolloutResp:
-        """This shard's completions as one ``RolloutTrack`` (tensors on the model's device
-        for the segment's log-probs, ids on CPU)."""
+        """This shard's completions as one ``RolloutTrack`` (``track.text_track``; on CPU)."""
         bundle = self.bundle
         block = req.params_for(self.track_name, TextRequest)
         texts = req.prompts
@@ -66,7 +58,7 @@ class CausalLMPipeline:
         prompt_ids = bundle.encode_prompts(texts)
         t_encode = time.perf_counter() - t0
         uniforms = block.uniforms(req.seed)
-        stops = StopStrings(block.stop, bundle.decode_raw)
+        stops = StopStrings(block.stop, bundle.prompts.decode_raw)
         t0 = time.perf_counter()
         chunk = self.forward_batch_size or max(len(texts), 1)
         completions = []
@@ -87,40 +79,8 @@ class CausalLMPipeline:
                     )
                 )
         t_generate = time.perf_counter() - t0
-        rows, masks, logps, decoded = [], [], [], []
-        metadata = [dict(m) for m in req.metadata]
-        for prompt, done, meta in zip(prompt_ids, completions, metadata, strict=True):
-            rows.append(torch.tensor(prompt + done.tokens, dtype=torch.long))
-            masks.append(
-                torch.cat(
-                    [
-                        torch.zeros(len(prompt), dtype=torch.bool),
-                        torch.ones(len(done.tokens), dtype=torch.bool),
-                    ]
-                )
-            )
-            logps.append(torch.cat([torch.zeros(len(prompt)), done.log_probs.float().cpu()]))
-            decoded.append(bundle.config.response_prefix + bundle.decode(done.tokens))
-            meta["response_tokens"] = len(done.tokens)
-            meta["finish_reason"] = done.finish_reason
-        tokens = Packed.from_list(rows)
-        segment = TextSegment(
-            tokens=tokens,
-            log_probs=Packed(values=torch.cat(logps), offsets=tokens.offsets),
-            loss_mask=Packed(values=torch.cat(masks), offsets=tokens.offsets),
-        )
-        conditions = PromptConditions(
-            prompt_lengths=torch.tensor([len(p) for p in prompt_ids], dtype=torch.long),
-            temperature=block.temperature if block.temperature > 0 else 1.0,
-        )
-        track = RolloutTrack(
-            sample_ids=req.sample_ids,
-            group_ids=req.group_ids,
-            prompts=list(texts),
-            metadata=metadata,
-            conditions=conditions,
-            segment=segment,
-            decoded=Texts(texts=decoded),
+        track = text_track(
+            req, prompt_ids, completions, formatter=bundle.prompts, temperature=block.temperature
         )
         return RolloutResp(
             tracks={self.track_name: track},

@@ -1,0 +1,133 @@
+"""HTTP client of an SGLang language-model server (``python -m sglang.launch_server``),
+written against its native routes:
+
+- ``POST /generate`` — a batch of ``input_ids`` with per-sample ``sampling_params``;
+  ``return_logprob`` gives ``meta_info.output_token_logprobs`` (``[logprob, token id, text]``
+  per generated token) and ``meta_info.finish_reason`` (``{"type": "stop" | "length" |
+  "abort", ...}``);
+- ``POST /update_weights_from_tensor`` — ``serialized_named_tensors`` (one payload per
+  tensor-parallel rank, SGLang's ``MultiprocessingSerializer``: CUDA tensors travel as IPC
+  handles, so the server must share the GPU) and ``flush_cache``;
+- ``POST /get_weights_by_name`` — the first ``truncate_size`` values of a parameter
+  (read-back check after a sync);
+- ``POST /release_memory_occupation`` / ``/resume_memory_occupation`` — sleep / wake (the
+  server runs with ``--enable-memory-saver``).
+
+No run against a real server was possible where this was written (no sglang install, no
+GPU); the adapter's contract tests drive it with a fake of this class.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+
+INSTALL_HINT = "pip install 'unirl[sglang]' (or sglang itself: pip install sglang)"
+
+
+def require_sglang_runtime() -> Any:
+    """Import SGLang's language-model runtime or fail naming the install."""
+    try:
+        import sglang.srt
+    except ImportError as exc:
+        raise ImportError(
+            f"the sglang text engine needs SGLang's runtime (sglang.srt): {INSTALL_HINT} "
+            f"(import failed: {exc})"
+        ) from exc
+    import sglang
+
+    return sglang
+
+
+class SGLangTextClient:
+    """Talks to one server at ``base_url`` (e.g. ``http://127.0.0.1:30000``)."""
+
+    def __init__(
+        self, *, base_url: str, timeout_s: float = 600.0, api_key: str | None = None
+    ) -> None:
+        require_sglang_runtime()
+        import httpx
+
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.base_url = base_url.rstrip("/")
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        resp = self.http.post(path, json=body)
+        try:
+            data = resp.json()
+        except ValueError:
+            data = {"success": False, "message": resp.text[:500]}
+        if resp.status_code >= 400:
+            raise RuntimeError(f"SGLang {path} -> HTTP {resp.status_code}: {data}")
+        return data
+
+    def generate(
+        self, input_ids: list[list[int]], sampling_params: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """One output dict per prompt (``output_ids``, ``meta_info``)."""
+        out = self._post(
+            "/generate",
+            {
+                "input_ids": input_ids,
+                "sampling_params": sampling_params,
+                "return_logprob": True,
+                "logprob_start_len": -1,  # generated tokens only
+            },
+        )
+        return out if isinstance(out, list) else [out]
+
+    def update_weights_from_tensor(
+        self, named_tensors: list[tuple[str, torch.Tensor]], *, tp_size: int = 1
+    ) -> dict[str, Any]:
+        from sglang.srt.utils import MultiprocessingSerializer
+
+        payload = MultiprocessingSerializer.serialize(named_tensors, output_str=True)
+        return dict(
+            self._post(
+                "/update_weights_from_tensor",
+                {"serialized_named_tensors": [payload] * tp_size, "flush_cache": True},
+            )
+        )
+
+    def get_weights_by_name(self, name: str, truncate_size: int) -> Any:
+        return self._post("/get_weights_by_name", {"name": name, "truncate_size": truncate_size})
+
+    def release_memory(self) -> dict[str, Any]:
+        return dict(self._post("/release_memory_occupation", {}))
+
+    def resume_memory(self) -> dict[str, Any]:
+        return dict(self._post("/resume_memory_occupation", {}))
+
+
+def launch_text_server(
+    *, model_path: str, port: int, args: list[str], startup_timeout_s: float
+) -> subprocess.Popen[bytes]:
+    """``python -m sglang.launch_server --model-path ... --port ...`` as a child process;
+    returns once ``/health`` answers (a server that exits or stays silent is an error)."""
+    require_sglang_runtime()
+    import httpx
+
+    command = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path]
+    proc = subprocess.Popen([*command, "--host", "127.0.0.1", "--port", str(port), *args])
+    deadline = time.monotonic() + startup_timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"sglang.launch_server exited with code {proc.returncode} during startup "
+                f"(model {model_path})"
+            )
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(2.0)
+    proc.terminate()
+    raise TimeoutError(
+        f"sglang.launch_server did not answer /health within {startup_timeout_s:g} s"
+    )
