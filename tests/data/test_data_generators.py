@@ -116,3 +116,45 @@ def test_edit_set_is_deterministic_matches_the_committed_files_and_its_boxes(tmp
         }
     train = {json.dumps(x["edit_box"]) + x["prompt"] for x in lines["train"]}
     assert not train & {json.dumps(x["edit_box"]) + x["prompt"] for x in lines["test"]}
+
+
+def test_video_sets_are_deterministic_match_the_committed_files_and_their_prompts(tmp_path):
+    """t2v.txt and i2v.jsonl byte for byte, first frames pixel for pixel; every first frame is
+    32x48 with the backdrop and the one colour its prompt names; no scene twice."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    module = _load("make_video_prompts")
+    module.main(["--out-dir", str(tmp_path / "a")])
+    module.main(["--out-dir", str(tmp_path / "b")])
+    committed = DATASETS / "video"
+    for name in ("t2v.txt", "i2v.jsonl"):
+        made = (tmp_path / "a" / name).read_bytes()
+        assert made == (tmp_path / "b" / name).read_bytes()
+        assert made == (committed / name).read_bytes(), "rerun make_video_prompts.py"
+    t2v = _lines(committed / "t2v.txt")
+    assert len(t2v) == len(set(t2v)) == 64
+    for line in t2v:
+        words = line.split()
+        assert words[0] == ("an" if words[1][0] in "aeiou" else "a"), line
+        assert " ".join(words[3:]) in module.MOTIONS, line
+    lines = [json.loads(x) for x in _lines(committed / "i2v.jsonl")]
+    assert len(lines) == 48 and len({x["prompt"] + x["media"][0]["uri"] for x in lines}) == 48
+    frames = []
+    for line in lines:
+        [ref] = line["media"]
+        assert ref["modality"] == "image" and ref["role"] == "reference", line
+        ours = np.asarray(Image.open(tmp_path / "a" / ref["uri"]))
+        frame = np.asarray(Image.open(committed / ref["uri"]))
+        assert np.array_equal(ours, frame), ref["uri"]
+        assert frame.shape == (32, 48, 3)
+        colors = {tuple(int(c) for c in px) for px in frame.reshape(-1, 3)}
+        shape_color = module.RGB[line["prompt"].split()[1]]
+        assert colors == {tuple(frame[0, 0]), shape_color}, line  # backdrop + the named shape
+        assert line["prompt"] == module.I2V_MOTIONS[line["motion"]].format(
+            color=line["prompt"].split()[1], shape=line["prompt"].split()[2]
+        )
+        frames.append(frame.tobytes())
+    assert len(set(frames)) == 48
