@@ -403,6 +403,13 @@ def test_check_config_names_the_field_and_the_fix() -> None:
         WanBundle.check_config({"path": "wan2.2-14b-arch", "train_experts": "low"}, wrong)
     with pytest.raises(ConfigError, match=r"train_experts=high but this Wan model has one"):
         WanBundle.check_config({"path": "wan2.1-1.3b-arch", "train_experts": "high"}, recipe())
+    # CLIP image tokens first, then exactly 512 text tokens (diffusers' split); T2V: any length
+    WanBundle.check_config({"path": "tiny-i2v", "max_sequence_length": 512}, recipe())
+    WanBundle.check_config({"path": "tiny", "max_sequence_length": 32}, recipe())
+    with pytest.raises(ConfigError, match=r"max_sequence_length=32 but .* set bundle.max_seq"):
+        WanBundle.check_config({"path": "tiny-i2v", "max_sequence_length": 32}, recipe())
+    with pytest.raises(ConfigError, match=r"max_sequence_length=32 but this Wan image-to-video"):
+        make("tiny-i2v")  # TEXT_TOKENS = 32
 
 
 def test_sources_resolve_offline_and_fail_fast(tmp_path: Path, monkeypatch) -> None:

@@ -34,6 +34,7 @@ from unirl.models.wan.config import (
     WanBundleConfig,
     check_expert_choice,
     check_num_frames,
+    check_text_tokens,
     trainable_attr_for,
 )
 from unirl.models.wan.experts import WanExperts, split_expert_lora
@@ -105,6 +106,13 @@ class WanBundle(FlowMatchingBundle):
         frames = sampling.get("num_frames") if isinstance(sampling, dict) else None
         if isinstance(frames, int) and not isinstance(frames, bool):
             check_num_frames(frames, 4)
+        try:
+            architecture = cls.architecture(cls._path_of(block))
+        except ModelSourceError as exc:
+            raise ConfigError(f"bundle.path: {exc}") from exc
+        tokens = block.get("max_sequence_length", WanBundleConfig.max_sequence_length)
+        if architecture is not None and isinstance(tokens, int):
+            check_text_tokens(architecture[0].get("image_dim") is not None, tokens)
         try:
             layout = expert_layout(cls._path_of(block))
         except ModelSourceError as exc:
@@ -191,6 +199,7 @@ class WanBundle(FlowMatchingBundle):
             f"latent channels (T2V) nor 2·{self.latent_channels} + 4 (I2V: noise, mask, first frame)",
         )
         self.uses_image_embeds = tcfg.image_dim is not None
+        check_text_tokens(self.uses_image_embeds, cfg.max_sequence_length)
         require(
             not self.uses_image_embeds or self.image_encoder is not None,
             f"bundle.path={cfg.path!r}: the transformer takes CLIP image tokens (image_dim set) "

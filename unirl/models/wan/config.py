@@ -79,6 +79,22 @@ def trainable_attr_for(train_experts: str, two_experts: bool) -> str:
     return {"both": "experts", "high": "transformer", "low": "transformer_2"}[train_experts]
 
 
+# diffusers' Wan attention reads the context as [CLIP image tokens; the last 512 tokens as text]
+IMAGE_MODEL_TEXT_TOKENS = 512
+
+
+def check_text_tokens(takes_image_tokens: bool, max_sequence_length: int) -> None:
+    """A model with CLIP image tokens (Wan 2.1 I2V) needs exactly 512 text tokens: its
+    attention splits the context at 512 from the end; another length silently mixes image
+    and text tokens."""
+    require(
+        not takes_image_tokens or max_sequence_length == IMAGE_MODEL_TEXT_TOKENS,
+        f"bundle.max_sequence_length={max_sequence_length} but this Wan image-to-video model "
+        f"reads the last {IMAGE_MODEL_TEXT_TOKENS} context tokens as text (CLIP image tokens "
+        f"first); set bundle.max_sequence_length: {IMAGE_MODEL_TEXT_TOKENS}",
+    )
+
+
 def check_num_frames(num_frames: int, temporal_factor: int) -> None:
     """``num_frames`` must be ``temporal_factor·k + 1`` (the causal VAE's frame grouping)."""
     if num_frames < 1 or (num_frames - 1) % temporal_factor:
