@@ -69,6 +69,11 @@ def test_quick_start_reward_rises_and_writes_outputs(tmp_path: Path, ray_session
     assert "the last 4 prompts of" in (out / "train.log").read_text()
     assert (out / "checkpoints" / "step_000024" / "driver_state.json").is_file()
     assert (out / "lora" / "pytorch_lora_weights.safetensors").is_file()
+    # the EMA adapter eval sampled with, beside the raw one, at the end and at each checkpoint
+    assert (out / "lora_ema" / "pytorch_lora_weights.safetensors").is_file()
+    for step in (12, 24):
+        export = out / "checkpoints" / f"step_{step:06d}" / "export"
+        assert {p.name for p in export.iterdir()} == {"lora", "lora_ema"}
 
 
 def _cli(out: Path, *overrides: str) -> list[str]:

@@ -450,6 +450,7 @@ class StageTrainer:
         path = self.out.checkpoint(done)
         for stage in self.trained:
             stage.ops.save_checkpoint(str(self._ops_path(path, stage)), {"rollout_index": done})
+        self.export(path / "export")  # what eval showed, loadable by diffusers at every step
         fault_point("kill_during_checkpoint", done)  # test hook: UNIRL_FAULT
         state = {
             "next_rollout": done,
@@ -511,8 +512,12 @@ class StageTrainer:
                 flush=True,
             )
 
-    def export(self) -> None:
-        """The trained LoRA of each stage in the diffusers / PEFT format (``lora/``)."""
+    def export(self, root: Path | None = None) -> None:
+        """The trained LoRA of each stage in the diffusers / PEFT format: ``lora/`` and, when
+        the backend keeps an EMA (the weights eval samples with), ``lora_ema/`` beside it.
+        ``root``: the run folder (the end of the run) or a checkpoint's ``export/``."""
+        root = self.out.root if root is None else root
         for stage in self.trained:
             if stage.exports_lora:
-                stage.ops.export_lora(str(self._ops_path(self.out.root / "lora", stage)))
+                stage.ops.export_lora(str(self._ops_path(root / "lora", stage)))
+                stage.ops.export_lora(str(self._ops_path(root / "lora_ema", stage)), True)

@@ -111,8 +111,18 @@ class TrainOps:
         return self.backend.load_checkpoint(path)
 
     @distributed(dispatch=Dispatch.BROADCAST)
-    def export_lora(self, path: str) -> None:
-        self.backend.export_lora(path)
+    def export_lora(self, path: str, ema: bool = False) -> bool:
+        """Write the trained LoRA to ``path`` (diffusers + peft formats); with ``ema=True``
+        the EMA weights (what eval samples with) instead. Returns False, writing nothing,
+        when ``ema`` is asked of a backend without EMA."""
+        if not ema:
+            self.backend.export_lora(path)
+            return True
+        if not getattr(self.backend, "has_ema", False):
+            return False
+        with self.backend.ema_weights():
+            self.backend.export_lora(path)
+        return True
 
     @distributed(dispatch=Dispatch.BROADCAST)
     def use_eval_weights(self, enabled: bool) -> bool:
