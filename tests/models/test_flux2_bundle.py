@@ -17,7 +17,7 @@ import torch
 
 from unirl.config import ConfigError
 from unirl.models.common.engine_maps import engine_maps_for
-from unirl.models.common.guidance import NoGuidance
+from unirl.models.common.guidance import NoGuidance, SeparateCFG
 from unirl.models.common.presets import ModelSourceError
 from unirl.models.flux2 import (
     Flux2KleinBundle,
@@ -25,7 +25,6 @@ from unirl.models.flux2 import (
     Flux2KleinConditions,
     Flux2KleinEngineMaps,
     Flux2KleinPipeline,
-    SeparateCFG,
     TinyFlux2Spec,
     resolve_model_source,
     tiny_preset_path,

@@ -9,6 +9,8 @@ replayed. Three kinds (docs/math.md, *Classifier-free guidance*):
 
 - :class:`BatchedCFG` (the default): ``[uncond; cond]`` rows in one forward,
   ``v = v_u + g·(v_c − v_u)``;
+- :class:`SeparateCFG` (true CFG, as the FLUX.2 base pipelines run it): separate conditional
+  and negative forwards, ``v = v_u + g·(v_c − v_u)``, no rescale;
 - :class:`NormRescaledCFG` (Qwen-Image's "true CFG"): separate conditional and negative
   forwards (their text lengths differ), the same combination ``c``, then rescaled per token
   to the conditional norm, ``v = c·‖v_c‖ / ‖c‖`` with norms over the channel dimension;
@@ -88,6 +90,21 @@ def guided(scale: float) -> bool:
     return scale > 1.0
 
 
+def positive_rows(conditions: Conditions) -> Conditions:
+    """The prompt rows of ``conditions`` (``conditions`` itself when it has no negative rows)."""
+    return conditions.positive() if isinstance(conditions, PairedConditions) else conditions
+
+
+def require_paired(guidance: str, conditions: Conditions) -> PairedConditions:
+    """``conditions``, which the guidance named ``guidance`` needs with negative rows."""
+    if not isinstance(conditions, PairedConditions):
+        raise TypeError(
+            f"{guidance} needs conditions with positive() / negative() rows, got "
+            f"{type(conditions).__name__}"
+        )
+    return conditions
+
+
 @dataclass(frozen=True)
 class BatchedCFG:
     """``[uncond; cond]`` (2·N rows, built by ``family.cfg_conditions``) in one forward."""
@@ -128,25 +145,21 @@ class BatchedCFG:
 
 
 @dataclass(frozen=True)
-class NormRescaledCFG:
-    """Separate conditional and negative forwards, CFG, then the per-token norm rescale.
-
-    ``channel_dim`` is the dimension of the velocity holding one token's channels (the last
-    one for packed latents ``[N, h, w, C·p²]``): the guided velocity of every token is scaled
-    to the norm of its conditional velocity.
-    """
-
-    channel_dim: int = -1
+class SeparateCFG:
+    """True CFG: the conditional and the negative rows in two forwards (each with the row's
+    own conditions, e.g. reference tokens), ``v = v_u + g·(v_c − v_u)`` (:meth:`combine`), no
+    rescale: the FLUX.2 base pipelines' guidance. Its conditions must carry negative rows even
+    when guidance is off (one conditional forward at a scale of at most 1)."""
 
     def forward_conditions(self, family: Any, conditions: Conditions, scale: float) -> Any:
+        paired = require_paired(type(self).__name__, conditions)
         if not guided(scale):
-            return conditions.positive() if isinstance(conditions, PairedConditions) else conditions
-        if not isinstance(conditions, PairedConditions):
-            raise TypeError(
-                f"NormRescaledCFG needs conditions with positive() / negative() rows, got "
-                f"{type(conditions).__name__}"
-            )
-        return conditions.positive(), conditions.negative()
+            return paired.positive()
+        return paired.positive(), paired.negative()
+
+    def combine(self, v_cond: torch.Tensor, v_uncond: torch.Tensor, scale: float) -> torch.Tensor:
+        """The guided velocity of the two fp32 forwards."""
+        return v_uncond + scale * (v_cond - v_uncond)
 
     def velocity(
         self,
@@ -167,12 +180,33 @@ class NormRescaledCFG:
         if v_uncond is None:
             with torch.set_grad_enabled(torch.is_grad_enabled() and cfg_gradient == "both"):
                 v_uncond = family.predict_velocity(latents, sigma, uncond)
-        else:
+        else:  # the rollout's, reused: no gradient through it
             v_uncond = v_uncond.detach()
-        v_uncond = v_uncond.float()
+        v_u = v_uncond.float()
         if uncond_out is not None:
-            uncond_out.append(v_uncond.detach())
-        combined = v_uncond + scale * (v_cond - v_uncond)
+            uncond_out.append(v_u.detach())
+        return self.combine(v_cond, v_u, scale)
+
+
+@dataclass(frozen=True)
+class NormRescaledCFG(SeparateCFG):
+    """:class:`SeparateCFG`'s two forwards and combination, then the per-token norm rescale.
+
+    ``channel_dim`` is the dimension of the velocity holding one token's channels (the last
+    one for packed latents ``[N, h, w, C·p²]``): the guided velocity of every token is scaled
+    to the norm of its conditional velocity. Unlike :class:`SeparateCFG`, conditions without
+    negative rows are accepted while guidance is off.
+    """
+
+    channel_dim: int = -1
+
+    def forward_conditions(self, family: Any, conditions: Conditions, scale: float) -> Any:
+        if not guided(scale):
+            return positive_rows(conditions)
+        return super().forward_conditions(family, conditions, scale)
+
+    def combine(self, v_cond: torch.Tensor, v_uncond: torch.Tensor, scale: float) -> torch.Tensor:
+        combined = super().combine(v_cond, v_uncond, scale)
         cond_norm = torch.norm(v_cond, dim=self.channel_dim, keepdim=True)
         combined_norm = torch.norm(combined, dim=self.channel_dim, keepdim=True)
         return combined * (cond_norm / combined_norm)
@@ -188,7 +222,7 @@ class NoGuidance:
                 f"sampling.guidance_scale={scale} but this model is distilled without "
                 "classifier-free guidance; set sampling.guidance_scale=1"
             )
-        return conditions.positive() if isinstance(conditions, PairedConditions) else conditions
+        return positive_rows(conditions)
 
     def velocity(
         self,

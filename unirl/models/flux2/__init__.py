@@ -9,7 +9,7 @@ from unirl.models.flux2.arch import (
     count_params,
     flux2_klein_arch_spec,
 )
-from unirl.models.flux2.bundle import Flux2KleinBundle, SeparateCFG
+from unirl.models.flux2.bundle import Flux2KleinBundle
 from unirl.models.flux2.conditions import Flux2KleinConditions
 from unirl.models.flux2.config import Flux2KleinBundleConfig
 from unirl.models.flux2.engine_maps import Flux2KleinEngineMaps
@@ -34,7 +34,6 @@ __all__ = [
     "Flux2KleinConditions",
     "Flux2KleinEngineMaps",
     "Flux2KleinPipeline",
-    "SeparateCFG",
     "TinyFlux2Spec",
     "arch_spec",
     "build_arch_modules",

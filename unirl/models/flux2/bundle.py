@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,14 +23,7 @@ from unirl.config.precision import parse_dtype
 from unirl.config.require import ConfigError
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
 from unirl.models.common.engine_maps import EngineMaps
-from unirl.models.common.guidance import (
-    CFGGradient,
-    Guidance,
-    NoGuidance,
-    PairedConditions,
-    VelocityModel,
-    guided,
-)
+from unirl.models.common.guidance import Guidance, NoGuidance, SeparateCFG
 from unirl.models.common.presets import ModelSourceError
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.flux2.arch import Flux2KleinArchSpec, build_arch_modules
@@ -46,55 +38,11 @@ from unirl.models.flux2.presets import (
 )
 from unirl.models.flux2.text_encode import encode_klein_prompts, pipeline_text_layers
 from unirl.models.flux2.tiny import patchify, unpatchify
-from unirl.types import Conditions, host_to_device
+from unirl.types import host_to_device
 
 PATCH = 2  # the 2x2 patchify of VAE latents into tokens
 REFERENCE_TIME = 10  # the time coordinate of the (first) reference image's tokens
 MAX_REFERENCE_PIXELS = 1024 * 1024  # the pipelines shrink larger references to this area
-
-
-@dataclass(frozen=True)
-class SeparateCFG:
-    """True CFG as the FLUX.2 base pipelines run it: the conditional and the negative rows in
-    two forwards (each with the row's reference tokens), ``v = v_u + g·(v_c − v_u)``, no
-    rescale. ``cfg_gradient``, ``v_uncond`` and ``uncond_out`` as in
-    :mod:`unirl.models.common.guidance`; guidance off (one forward) at a scale of at most 1."""
-
-    def forward_conditions(self, family: Any, conditions: Conditions, scale: float) -> Any:
-        if not isinstance(conditions, PairedConditions):
-            raise TypeError(
-                f"SeparateCFG needs conditions with positive() / negative() rows, got "
-                f"{type(conditions).__name__}"
-            )
-        if not guided(scale):
-            return conditions.positive()
-        return conditions.positive(), conditions.negative()
-
-    def velocity(
-        self,
-        family: VelocityModel,
-        latents: torch.Tensor,
-        sigma: torch.Tensor,
-        fwd_conditions: Any,
-        scale: float,
-        *,
-        cfg_gradient: CFGGradient = "both",
-        v_uncond: torch.Tensor | None = None,
-        uncond_out: list[torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        if not guided(scale):
-            return family.predict_velocity(latents, sigma, fwd_conditions).float()
-        cond, uncond = fwd_conditions
-        v_cond = family.predict_velocity(latents, sigma, cond).float()
-        if v_uncond is None:
-            with torch.set_grad_enabled(torch.is_grad_enabled() and cfg_gradient == "both"):
-                v_uncond = family.predict_velocity(latents, sigma, uncond)
-        else:  # the rollout's, reused: no gradient through it
-            v_uncond = v_uncond.detach()
-        v_u = v_uncond.float()
-        if uncond_out is not None:
-            uncond_out.append(v_u.detach())
-        return v_u + scale * (v_cond - v_u)
 
 
 def _load_folder(folder: Path, cfg: Flux2KleinBundleConfig) -> dict[str, Any]:

@@ -27,7 +27,13 @@ from typing import Any
 
 import torch
 
-from unirl.models.common.guidance import CFGGradient, PairedConditions, VelocityModel, guided
+from unirl.models.common.guidance import (
+    CFGGradient,
+    VelocityModel,
+    guided,
+    positive_rows,
+    require_paired,
+)
 from unirl.types import Conditions
 
 # ZImagePipeline's timestep scale: the truncation test reads ``(1000 - t) / 1000`` with
@@ -59,13 +65,9 @@ class ZImageCFG:
 
     def forward_conditions(self, family: Any, conditions: Conditions, scale: float) -> Any:
         if not guided(scale):
-            return conditions.positive() if isinstance(conditions, PairedConditions) else conditions
-        if not isinstance(conditions, PairedConditions):
-            raise TypeError(
-                f"ZImageCFG needs conditions with positive() / negative() rows, got "
-                f"{type(conditions).__name__}"
-            )
-        cond, uncond = conditions.positive(), conditions.negative()
+            return positive_rows(conditions)
+        paired = require_paired("ZImageCFG", conditions)
+        cond, uncond = paired.positive(), paired.negative()
         return CFGInputs(cond=cond, uncond=uncond, both=type(cond).concat([cond, uncond]))
 
     def guided_rows(self, sigma: torch.Tensor) -> torch.Tensor | None:
