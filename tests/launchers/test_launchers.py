@@ -162,3 +162,60 @@ def test_wait_for_cluster_times_out_with_what_is_missing(tmp_path: Path) -> None
         os.killpg(head.pid, signal.SIGTERM)
         head.wait(timeout=60)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_slurm_wrapper_makes_the_first_node_the_head_and_the_rest_workers(tmp_path: Path) -> None:
+    """Under DRY_RUN the sbatch script prints one srun per node: the head with the node count
+    and the recipe, each worker pointed at the head; `scontrol` is faked on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "scontrol"
+    fake.write_text(
+        '#!/usr/bin/env bash\n[[ "$1 $2" == "show hostnames" ]] && printf "gpu-a\\ngpu-b\\ngpu-c\\n"\n'
+    )
+    fake.chmod(0o755)
+    env = {
+        "DRY_RUN": "1",
+        "SLURM_JOB_NODELIST": "gpu-[a-c]",
+        "SLURM_GPUS_ON_NODE": "h100:8",
+        "UNIRL_ROOT": str(EXAMPLES.parent),
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+    }
+    out = _run("slurm/unirl.sbatch", "diffusion/sd3_trainside", "num_devices=24", **env)
+    assert out.returncode == 0, out.stderr
+    lines = sorted(x.rstrip() for x in out.stdout.splitlines())  # started in the background
+    launcher = str(EXAMPLES / "run_experiment_multinode.sh")
+    head = [line for line in lines if "ROLE=head" in line]
+    workers = [line for line in lines if "ROLE=worker" in line]
+    assert len(head) == 1 and len(workers) == 2
+    assert head[0].startswith("srun --nodes=1 --ntasks=1 -w gpu-a env ROLE=head NODE_IP=gpu-a")
+    assert "NNODES=3 ENTRY=train_diffusion" in head[0] and "GPUS_PER_NODE=8" in head[0]
+    assert head[0].endswith(f"bash {launcher} diffusion/sd3_trainside num_devices=24")
+    assert {w.split(" -w ")[1].split()[0] for w in workers} == {"gpu-b", "gpu-c"}
+    assert all("HEAD_ADDR=gpu-a" in w and w.endswith(f"bash {launcher}") for w in workers)
+    missing = _run(
+        "slurm/unirl.sbatch", "diffusion/sd3_trainside", **{**env, "SLURM_JOB_NODELIST": ""}
+    )
+    assert missing.returncode == 2 and "submit with sbatch" in missing.stderr
+
+
+def test_kuberay_example_entrypoint_composes() -> None:
+    """The RayJob's entrypoint is a recipe command that passes dry_run as written."""
+    import shlex
+
+    import yaml
+
+    spec = yaml.safe_load((EXAMPLES / "kuberay" / "rayjob.yaml").read_text())
+    assert spec["kind"] == "RayJob"
+    argv = shlex.split(spec["spec"]["entrypoint"])
+    assert argv[:3] == ["python", "-m", "unirl.train_diffusion"]
+    out = subprocess.run(
+        [sys.executable, *argv[1:], "dry_run=true"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        cwd=EXAMPLES.parent,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "num_devices" in out.stdout
