@@ -183,11 +183,11 @@ def test_slurm_wrapper_makes_the_first_node_the_head_and_the_rest_workers(tmp_pa
     }
     out = _run("slurm/unirl.sbatch", "diffusion/sd3_trainside", "num_devices=24", **env)
     assert out.returncode == 0, out.stderr
-    lines = sorted(x.rstrip() for x in out.stdout.splitlines())  # started in the background
+    lines = [x.rstrip() for x in out.stdout.splitlines()]
     launcher = str(EXAMPLES / "run_experiment_multinode.sh")
     head = [line for line in lines if "ROLE=head" in line]
     workers = [line for line in lines if "ROLE=worker" in line]
-    assert len(head) == 1 and len(workers) == 2
+    assert len(head) == 1 and len(workers) == 2 and lines[0] == head[0]  # head first
     assert head[0].startswith("srun --nodes=1 --ntasks=1 -w gpu-a env ROLE=head NODE_IP=gpu-a")
     assert "NNODES=3 ENTRY=train_diffusion" in head[0] and "GPUS_PER_NODE=8" in head[0]
     assert head[0].endswith(f"bash {launcher} diffusion/sd3_trainside num_devices=24")
@@ -218,4 +218,4 @@ def test_kuberay_example_entrypoint_composes() -> None:
         cwd=EXAMPLES.parent,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "num_devices" in out.stdout
+    assert "devices: 16 x cuda" in out.stdout
