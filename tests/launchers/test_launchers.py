@@ -181,7 +181,7 @@ def test_slurm_wrapper_makes_the_first_node_the_head_and_the_rest_workers(tmp_pa
         "UNIRL_ROOT": str(EXAMPLES.parent),
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
     }
-    out = _run("slurm/unirl.sbatch", "diffusion/sd3_trainside", "num_devices=24", **env)
+    out = _run("../deploy/slurm/unirl.sbatch", "diffusion/sd3_trainside", "num_devices=24", **env)
     assert out.returncode == 0, out.stderr
     lines = [x.rstrip() for x in out.stdout.splitlines()]
     launcher = str(EXAMPLES / "run_experiment_multinode.sh")
@@ -194,7 +194,9 @@ def test_slurm_wrapper_makes_the_first_node_the_head_and_the_rest_workers(tmp_pa
     assert {w.split(" -w ")[1].split()[0] for w in workers} == {"gpu-b", "gpu-c"}
     assert all("HEAD_ADDR=gpu-a" in w and w.endswith(f"bash {launcher}") for w in workers)
     missing = _run(
-        "slurm/unirl.sbatch", "diffusion/sd3_trainside", **{**env, "SLURM_JOB_NODELIST": ""}
+        "../deploy/slurm/unirl.sbatch",
+        "diffusion/sd3_trainside",
+        **{**env, "SLURM_JOB_NODELIST": ""},
     )
     assert missing.returncode == 2 and "submit with sbatch" in missing.stderr
 
@@ -205,7 +207,7 @@ def test_kuberay_example_entrypoint_composes() -> None:
 
     import yaml
 
-    spec = yaml.safe_load((EXAMPLES / "kuberay" / "rayjob.yaml").read_text())
+    spec = yaml.safe_load((EXAMPLES.parent / "deploy" / "kuberay" / "rayjob.yaml").read_text())
     assert spec["kind"] == "RayJob"
     argv = shlex.split(spec["spec"]["entrypoint"])
     assert argv[:3] == ["python", "-m", "unirl.train_diffusion"]
