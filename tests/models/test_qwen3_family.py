@@ -170,3 +170,16 @@ def test_lora_defaults_fit_the_model_and_disabling_gives_the_base(bundle: Qwen3B
             base = pipe.token_log_probs(track.conditions, track.segment).values
     assert float((moved - before).abs().max()) > 1e-3
     torch.testing.assert_close(base, before, atol=1e-6, rtol=0)
+
+
+def test_a_save_pretrained_folder_loads_as_the_same_model(bundle: Qwen3Bundle, tmp_path) -> None:
+    bundle.model.save_pretrained(str(tmp_path))
+    bundle.tokenizer.save_pretrained(str(tmp_path))
+    again = Qwen3Bundle(path=str(tmp_path), dtype="fp32", device="cpu")
+    ids = torch.tensor([bundle.encode_prompts(PROMPTS[:1])[0]])
+    with torch.no_grad():
+        torch.testing.assert_close(again.model(ids).logits, bundle.model(ids).logits)
+    assert again.encode_prompts(PROMPTS) == bundle.encode_prompts(PROMPTS)
+    formatter = Qwen3Bundle.prompt_formatter({"path": str(tmp_path)})  # tokenizer only
+    assert formatter.encode_prompts(PROMPTS) == bundle.encode_prompts(PROMPTS)
+    assert formatter.stop_token_ids == bundle.stop_token_ids

@@ -29,6 +29,15 @@ from unirl.models.common_ar.config import CausalLMBundleConfig
 from unirl.models.common_ar.prompts import PromptFormatter, stop_token_ids
 from unirl.models.common_ar.sources import CausalLMSources
 
+
+def dtype_keyword() -> str:
+    """``dtype`` for transformers >= 4.56 (``torch_dtype`` before)."""
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
 LLM_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -91,6 +100,11 @@ class CausalLMBundle:
         raise NotImplementedError
 
     @classmethod
+    def tiny_tokenizer(cls) -> Any:
+        """*family*: the tokenizer the ``*-arch`` presets borrow (built in memory)."""
+        raise NotImplementedError
+
+    @classmethod
     def tiny_config(cls) -> dict[str, Any]:
         """*family*: the ``tiny`` preset's transformers config, without building it (the
         pre-Ray LoRA-target check reads its module names)."""
@@ -124,7 +138,11 @@ class CausalLMBundle:
         knobs = {str(k): v for k, v in dict(block).items() if not str(k).startswith("_")}
         config = cls.config_class(**knobs)
         kind, folder, _ = cls._source_folder(config.path)
-        tokenizer = AutoTokenizer.from_pretrained(str(folder or cls.tiny_folder()))
+        tokenizer = (
+            AutoTokenizer.from_pretrained(str(folder))
+            if folder is not None
+            else cls.tiny_tokenizer()
+        )
         generation = None
         if folder is not None and (folder / "generation_config.json").is_file():
             generation = GenerationConfig.from_pretrained(str(folder))
@@ -142,17 +160,18 @@ class CausalLMBundle:
         if kind == "arch":
             # random weights at the real shapes, built straight on the device (seeded); the
             # tiny preset's tokenizer stands in (its ids are far below the real vocabulary)
-            hf_config = self.hf_config_class()(**self.arch_config(name))
+            hf_config = self.hf_config_class().from_dict(self.arch_config(name))
             hf_config._attn_implementation = cfg.attn_implementation
             with torch.random.fork_rng(devices=[]), torch.device(self.device):
                 torch.manual_seed(cfg.seed)
-                model = model_cls._from_config(hf_config, dtype=self.dtype)
-            tokenizer = AutoTokenizer.from_pretrained(str(self.tiny_folder()))
-            return model.eval(), tokenizer
+                model = model_cls._from_config(hf_config, **{dtype_keyword(): self.dtype})
+            return model.eval(), self.tiny_tokenizer()
         assert folder is not None
         with hf_progress_bars_disabled():
             model = model_cls.from_pretrained(
-                str(folder), dtype=self.dtype, attn_implementation=cfg.attn_implementation
+                str(folder),
+                attn_implementation=cfg.attn_implementation,
+                **{dtype_keyword(): self.dtype},
             ).to(self.device)
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         return model.eval(), tokenizer

@@ -14,6 +14,7 @@ top-p / top-k truncation (the trainer replays that policy; see README.md).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -90,6 +91,13 @@ class StopStrings:
         return any(s in text for s in self.stops)
 
 
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword the model's ``forward`` takes its KV cache under (transformers renamed
+    ``past_key_values`` to ``cache`` in its 5.x line)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 @torch.no_grad()
 def generate_completions(
     model: torch.nn.Module,
@@ -137,13 +145,14 @@ def generate_completions(
     finish = [LENGTH] * b
     rows = torch.arange(b)  # batch row -> sample, for the rows still running
     cache = DynamicCache()
+    with_cache = {cache_keyword(model): cache}
     out = model(
         input_ids=input_ids,
         attention_mask=attention,
         position_ids=positions,
-        cache=cache,
         use_cache=True,
         logits_to_keep=1,
+        **with_cache,
     )
     for step in range(max_new_tokens):
         logits = out.logits[:, -1, :].float()
@@ -177,9 +186,9 @@ def generate_completions(
             input_ids=chosen[:, None],
             attention_mask=attention,
             position_ids=positions,
-            cache=cache,
             use_cache=True,
             logits_to_keep=1,
+            **with_cache,
         )
     return [
         Completion(tokens=t, log_probs=torch.stack(lp).float(), finish_reason=f)

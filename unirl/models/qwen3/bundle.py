@@ -9,6 +9,7 @@ from torch import nn
 
 from unirl.models.common_ar.bundle import CausalLMBundle
 from unirl.models.common_ar.sources import CausalLMSources
+from unirl.models.common_ar.tiny import build_chat_tokenizer
 from unirl.models.qwen3.arch import arch_config
 from unirl.models.qwen3.config import Qwen3BundleConfig
 from unirl.models.qwen3.presets import SOURCES, tiny_preset_path
@@ -42,6 +43,11 @@ class Qwen3Bundle(CausalLMBundle):
     @classmethod
     def arch_config(cls, name: str) -> dict[str, Any]:
         return arch_config(name)
+
+    @classmethod
+    def tiny_tokenizer(cls) -> Any:
+        spec = TinyQwen3Spec()
+        return build_chat_tokenizer(spec.vocab_size, model_max_length=spec.max_position_embeddings)
 
     @classmethod
     def tiny_config(cls) -> dict[str, Any]:
