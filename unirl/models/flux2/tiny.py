@@ -8,9 +8,9 @@ valid ``Flux2KleinPipeline`` layout; only sizes and three initialisations are ou
   pipeline builds, with Qwen's chat tokens and a small chat template of ours that renders one
   turn as Qwen3's does (generation prompt, thinking switched off);
 - the text encoder has 28 thin layers, so the pipeline's hidden states 9, 18 and 27 exist;
-- the VAE decoder is reshaped into a near-linear, smooth up-projection (SD3's
-  :func:`~unirl.models.sd3.tiny.shape_tiny_decoder`: the decoder is the same diffusers
-  ``Decoder``), then re-centred for this VAE's batch-norm latent statistics, which are set to
+- the VAE decoder is reshaped into a near-linear, smooth up-projection (the shared
+  :meth:`~unirl.models.common.tiny_vae.TinyKLVAE.shape_decoder`: the decoder is the same
+  diffusers ``Decoder`` as SD3's), then re-centred for this VAE's batch-norm latent statistics, which are set to
   non-trivial values so a wrong (un)normalisation shows. A random decoder barely reacts to its
   latents, which would make pixel rewards unlearnable.
 
@@ -30,6 +30,7 @@ import torch
 
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
+from unirl.models.common.tiny_vae import TinyKLVAE
 
 # Bump when the build code changes what it writes: it is part of the cache key.
 TINY_BUILDER_VERSION = 1
@@ -240,24 +241,12 @@ def patchify(z: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def shape_tiny_decoder(vae: Any, spec: TinyFlux2Spec, generator: torch.Generator) -> None:
-    """Make the random decoder a smooth, strongly responsive up-projection (SD3's shaping,
-    the same diffusers ``Decoder``), then centre every RGB channel on mid-grey over N(0, 1)
-    model-space latents un-normalised with this VAE's batch-norm statistics."""
-    from unirl.models.sd3.tiny import TinySD3Spec
-    from unirl.models.sd3.tiny import shape_tiny_decoder as shape_sd3_decoder
-
-    shaping = TinySD3Spec(
-        latent_channels=spec.latent_channels,
-        vae_channels=spec.vae_channels,
-        vae_levels=spec.vae_levels,
-        decoder_anchor_channels=spec.decoder_anchor_channels,
-        decoder_anchor_value=spec.decoder_anchor_value,
-        decoder_gain=spec.decoder_gain,
-        decoder_residual_damping=spec.decoder_residual_damping,
-        scaling_factor=1.0,
-        shift_factor=0.0,
-    )
-    shape_sd3_decoder(vae.decoder, shaping, generator)
+    """Make the random decoder a smooth, strongly responsive up-projection (the shared tiny
+    shaping of the diffusers ``Decoder``, ``models/common/tiny_vae.py``), then centre every
+    RGB channel on mid-grey over N(0, 1) model-space latents un-normalised with this VAE's
+    batch-norm statistics."""
+    shaping = TinyKLVAE.from_spec(spec, latent_sample_size=8, scaling_factor=1.0, shift_factor=0.0)
+    shaping.shape_decoder(vae.decoder, generator)
     z = torch.randn(32, spec.packed_channels, 4, 4, generator=generator)
     mean = vae.bn.running_mean.view(1, -1, 1, 1)
     std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps)

@@ -5,14 +5,14 @@ Components are the real diffusers / transformers classes (so the saved folder is
 
 - tokenizers: byte-level BPE trained on the bundled corpus (``models/common/tiny_corpus.txt``),
   CLIP-style and T5-style;
-- the VAE decoder is reshaped into a near-linear, smooth up-projection (:func:`shape_tiny_decoder`)
-  because a randomly initialised decoder barely reacts to its latents, which would make
-  pixel rewards (brightness, colour, JPEG size) unlearnable.
+- the VAE decoder is reshaped into a near-linear, smooth up-projection
+  (:meth:`~unirl.models.common.tiny_vae.TinyKLVAE.shape_decoder`) because a randomly
+  initialised decoder barely reacts to its latents, which would make pixel rewards
+  (brightness, colour, JPEG size) unlearnable.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import torch
 
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
+from unirl.models.common.tiny_vae import TinyKLVAE
 
 # Bump when the build code changes what it writes: it is part of the cache key.
 TINY_BUILDER_VERSION = 1
@@ -64,7 +65,7 @@ class TinySD3Spec:
     vae_levels: int = 4
     scaling_factor: float = 1.5305
     shift_factor: float = 0.0609
-    # decoder shaping (see shape_tiny_decoder)
+    # decoder shaping (common.tiny_vae.TinyKLVAE.shape_decoder)
     decoder_anchor_channels: int = 8
     decoder_anchor_value: float = 20.0
     decoder_gain: float = 2.5
@@ -153,25 +154,13 @@ def transformer_config(spec: TinySD3Spec) -> dict[str, Any]:
     }
 
 
+def tiny_vae(spec: TinySD3Spec) -> TinyKLVAE:
+    """The VAE part of ``spec`` (config and decoder shaping, ``models/common/tiny_vae.py``)."""
+    return TinyKLVAE.from_spec(spec, latent_sample_size=spec.sample_size)
+
+
 def vae_config(spec: TinySD3Spec) -> dict[str, Any]:
-    return {
-        "in_channels": 3,
-        "out_channels": 3,
-        "down_block_types": ("DownEncoderBlock2D",) * spec.vae_levels,
-        "up_block_types": ("UpDecoderBlock2D",) * spec.vae_levels,
-        # equal widths: no conv shortcuts, so the decoder's residual path is an identity
-        "block_out_channels": (spec.vae_channels,) * spec.vae_levels,
-        "layers_per_block": 1,
-        "latent_channels": spec.latent_channels,
-        # one group: GroupNorm normalises over all channels, which the anchor channels pin
-        "norm_num_groups": 1,
-        "sample_size": spec.sample_size * 2 ** (spec.vae_levels - 1),
-        "scaling_factor": spec.scaling_factor,
-        "shift_factor": spec.shift_factor,
-        "use_quant_conv": False,
-        "use_post_quant_conv": False,
-        "force_upcast": True,
-    }
+    return tiny_vae(spec).config()
 
 
 def clip_config(
@@ -218,83 +207,6 @@ def scheduler_config(spec: TinySD3Spec) -> dict[str, Any]:
     return {"num_train_timesteps": 1000, "shift": spec.shift}
 
 
-# -- the decoder trap ----------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def shape_tiny_decoder(
-    decoder: torch.nn.Module, spec: TinySD3Spec, generator: torch.Generator
-) -> None:
-    """Turn a random ``AutoencoderKL`` decoder into a smooth, strongly responsive one.
-
-    Hidden channels split into *signal* and *anchor* channels. ``conv_in`` maps the latent
-    to the signal channels by a random 1x1 projection and writes constant ±A into the anchor
-    channels; the anchors dominate every (single-group) GroupNorm's statistics, so the
-    normalisations act as fixed affine maps instead of erasing global shifts. Residual
-    branches (resnets, mid attention) are damped, upsamplers blur (nearest x2 then a 3x3
-    binomial), the last norm puts SiLU in its monotone near-linear range and ``conv_out``
-    mixes signal channels into RGB centred on mid-grey. The decoder is then close to a
-    smooth linear up-projection: shifting a latent direction moves brightness and colour
-    monotonically and different latents give visibly different images.
-    """
-    from diffusers.models.resnet import ResnetBlock2D
-    from diffusers.models.upsampling import Upsample2D
-
-    channels = spec.vae_channels
-    anchors = spec.decoder_anchor_channels
-    signal = channels - anchors
-    if anchors < 2 or anchors % 2 or signal < 3:
-        raise ValueError(
-            f"TinySD3Spec: decoder_anchor_channels={anchors} must be even and >= 2, leaving >= 3 of "
-            f"vae_channels={channels} for the signal"
-        )
-    latent = spec.latent_channels
-
-    w_in = torch.zeros_like(decoder.conv_in.weight)
-    w_in[:signal, :, 1, 1] = torch.randn(signal, latent, generator=generator) / math.sqrt(latent)
-    decoder.conv_in.weight.copy_(w_in)
-    b_in = torch.zeros(channels)
-    b_in[signal:] = spec.decoder_anchor_value * torch.tensor([1.0, -1.0]).repeat(anchors // 2)
-    decoder.conv_in.bias.copy_(b_in)
-
-    blur = torch.tensor([1.0, 2.0, 1.0])
-    blur = (blur[:, None] * blur[None, :]) / 16.0
-    for module in decoder.modules():
-        if isinstance(module, ResnetBlock2D):
-            module.conv2.weight.mul_(spec.decoder_residual_damping)
-            module.conv2.bias.zero_()
-        elif isinstance(module, Upsample2D):
-            w_up = torch.zeros_like(module.conv.weight)
-            for c in range(channels):
-                w_up[c, c] = blur
-            module.conv.weight.copy_(w_up)
-            module.conv.bias.zero_()
-    for attn in decoder.mid_block.attentions:
-        if attn is not None:
-            attn.to_out[0].weight.mul_(spec.decoder_residual_damping)
-            attn.to_out[0].bias.zero_()
-
-    # Global std after conv_in is ~A·sqrt(anchors/channels); undo it for the signal channels,
-    # scale to ~0.6 and bias by +1 so SiLU works in its monotone, near-linear range.
-    norm_scale = spec.decoder_anchor_value * math.sqrt(anchors / channels)
-    norm = decoder.conv_norm_out
-    norm.weight.zero_()
-    norm.weight[:signal] = 0.6 * norm_scale
-    norm.bias.zero_()
-    norm.bias[:signal] = 1.0
-
-    mix = torch.randn(3, signal, generator=generator) * (spec.decoder_gain / math.sqrt(signal))
-    w_out = torch.zeros_like(decoder.conv_out.weight)
-    w_out[:, :signal, 1, 1] = mix
-    decoder.conv_out.weight.copy_(w_out)
-    decoder.conv_out.bias.zero_()
-    # Centre each RGB channel on mid-grey over N(0, 1) model-space latents (the damped residual
-    # branches and SiLU's curvature leave a small offset otherwise).
-    z = torch.randn(32, latent, spec.sample_size, spec.sample_size, generator=generator)
-    offset = decoder(z / spec.scaling_factor + spec.shift_factor).mean(dim=(0, 2, 3))
-    decoder.conv_out.bias.copy_(-offset)
-
-
 # -- build ---------------------------------------------------------------------------------------
 
 
@@ -318,7 +230,7 @@ def build_tiny_pipeline(spec: TinySD3Spec) -> Any:
         transformer = SD3Transformer2DModel(**transformer_config(spec))
         torch.manual_seed(spec.seed + 1)
         vae = AutoencoderKL(**vae_config(spec))
-        shape_tiny_decoder(vae.decoder, spec, torch.Generator().manual_seed(spec.seed + 2))
+        tiny_vae(spec).shape_decoder(vae.decoder, torch.Generator().manual_seed(spec.seed + 2))
         torch.manual_seed(spec.seed + 3)
         clip_l = CLIPTextModelWithProjection(
             clip_config(

@@ -9,9 +9,9 @@ Components are the real diffusers / transformers classes (``ZImageTransformer2DM
   Qwen's special tokens and a chat template of ours that renders plain user turns the way
   the released Qwen3 template does (``enable_thinking=False`` adds the empty think block);
 - the VAE is the FLUX-format ``AutoencoderKL`` (16 channels, scaling 0.3611, shift 0.1159)
-  with SD3's tiny decoder shaping (``unirl.models.sd3.tiny.shape_tiny_decoder``: the same
-  class and the same ``z / scaling + shift`` un-normalisation), because a random decoder
-  barely reacts to its latents and pixel rewards would not learn.
+  in the shared tiny layout with its decoder shaping (``unirl.models.common.tiny_vae``: the
+  same class and the same ``z / scaling + shift`` un-normalisation as SD3's), because a
+  random decoder barely reacts to its latents and pixel rewards would not learn.
 
 The scheduler config is the released base model's (``Tongyi-MAI/Z-Image``: static shift 6).
 """
@@ -26,6 +26,7 @@ import torch
 
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
+from unirl.models.common.tiny_vae import TinyKLVAE
 
 # Bump when the build code changes what it writes: it is part of the cache key.
 TINY_BUILDER_VERSION = 1
@@ -85,7 +86,7 @@ class TinyZImageSpec:
     vae_levels: int = 4
     scaling_factor: float = 0.3611
     shift_factor: float = 0.1159
-    # decoder shaping (SD3's shape_tiny_decoder; the gain is lower than SD3's because
+    # decoder shaping (common.tiny_vae, as SD3's; the gain is lower than SD3's because
     # 1/0.3611 amplifies latents 4x more than SD3's 1/1.5305)
     decoder_anchor_channels: int = 8
     decoder_anchor_value: float = 20.0
@@ -160,29 +161,14 @@ def transformer_config(spec: TinyZImageSpec) -> dict[str, Any]:
     }
 
 
-def _sd3_vae_spec(spec: TinyZImageSpec) -> Any:
-    """The VAE part of ``spec`` as the SD3 tiny spec its builders read."""
-    from unirl.models.sd3.tiny import TinySD3Spec
-
-    return TinySD3Spec(
-        latent_channels=spec.latent_channels,
-        vae_channels=spec.vae_channels,
-        vae_levels=spec.vae_levels,
-        scaling_factor=spec.scaling_factor,
-        shift_factor=spec.shift_factor,
-        sample_size=spec.latent_sample_size,
-        decoder_anchor_channels=spec.decoder_anchor_channels,
-        decoder_anchor_value=spec.decoder_anchor_value,
-        decoder_gain=spec.decoder_gain,
-        decoder_residual_damping=spec.decoder_residual_damping,
-    )
+def tiny_vae(spec: TinyZImageSpec) -> TinyKLVAE:
+    """The VAE part of ``spec``: a FLUX-format ``AutoencoderKL`` in the tiny layout (equal
+    widths, one norm group) and its decoder shaping (``models/common/tiny_vae.py``)."""
+    return TinyKLVAE.from_spec(spec)
 
 
 def vae_config(spec: TinyZImageSpec) -> dict[str, Any]:
-    """A FLUX-format ``AutoencoderKL`` (SD3's tiny layout: equal widths, one norm group)."""
-    from unirl.models.sd3.tiny import vae_config as sd3_vae_config
-
-    return sd3_vae_config(_sd3_vae_spec(spec))
+    return tiny_vae(spec).config()
 
 
 def text_encoder_config(spec: TinyZImageSpec, tokenizer: Any) -> Any:
@@ -217,8 +203,6 @@ def build_tiny_pipeline(spec: TinyZImageSpec) -> Any:
     )
     from transformers import Qwen3Model
 
-    from unirl.models.sd3.tiny import shape_tiny_decoder
-
     tokenizer = build_tiny_tokenizer(spec)
     # One seed per component, so resizing one leaves the others' weights unchanged; the
     # caller's RNG state is restored afterwards.
@@ -231,9 +215,7 @@ def build_tiny_pipeline(spec: TinyZImageSpec) -> Any:
             transformer.cap_pad_token.normal_()
         torch.manual_seed(spec.seed + 1)
         vae = AutoencoderKL(**vae_config(spec))
-        shape_tiny_decoder(
-            vae.decoder, _sd3_vae_spec(spec), torch.Generator().manual_seed(spec.seed + 2)
-        )
+        tiny_vae(spec).shape_decoder(vae.decoder, torch.Generator().manual_seed(spec.seed + 2))
         torch.manual_seed(spec.seed + 3)
         text_encoder = Qwen3Model(text_encoder_config(spec, tokenizer))
     for module in (transformer, vae, text_encoder):

@@ -1,0 +1,62 @@
+"""The pieces of ``unirl.models.common`` the diffusion families share (folded out of them):
+each is checked here on its own; the family testers prove the families still match diffusers
+bit for bit through them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from unirl.models.common.tiny_vae import TinyKLVAE
+from unirl.models.flux2.tiny import TinyFlux2Spec
+from unirl.models.sd3.tiny import TinySD3Spec, vae_config
+from unirl.models.z_image.tiny import TinyZImageSpec
+
+# -- tiny_vae ------------------------------------------------------------------------------------
+
+
+def test_tiny_kl_vae_reads_a_family_spec_by_field_name() -> None:
+    vae = TinyKLVAE.from_spec(TinyZImageSpec())
+    assert (vae.spec_name, vae.latent_sample_size, vae.decoder_gain) == ("TinyZImageSpec", 8, 0.6)
+    assert (vae.scaling_factor, vae.shift_factor) == (0.3611, 0.1159)
+    config = TinyKLVAE.from_spec(TinySD3Spec(), latent_sample_size=8).config()
+    assert config == vae_config(TinySD3Spec())
+    assert config["block_out_channels"] == (32, 32, 32, 32) and config["sample_size"] == 64
+    # FLUX.2's spec has no scaling / shift: they must be given
+    with pytest.raises(AttributeError, match="scaling_factor"):
+        TinyKLVAE.from_spec(TinyFlux2Spec(), latent_sample_size=8)
+    with pytest.raises(TypeError, match="unknown fields \\['gain'\\]"):
+        TinyKLVAE.from_spec(TinySD3Spec(), latent_sample_size=8, gain=1.0)
+
+
+def test_tiny_kl_vae_names_the_family_spec_in_a_bad_size() -> None:
+    from diffusers import AutoencoderKL
+
+    vae = TinyKLVAE.from_spec(
+        TinyZImageSpec(decoder_anchor_channels=3), latent_sample_size=2, vae_levels=2
+    )
+    decoder = AutoencoderKL(**vae.config()).decoder
+    with pytest.raises(
+        ValueError, match=r"^TinyZImageSpec: decoder_anchor_channels=3 must be even"
+    ):
+        vae.shape_decoder(decoder, torch.Generator().manual_seed(0))
+
+
+@torch.no_grad()
+def test_tiny_kl_vae_shaped_decoder_is_centred_and_moves_with_the_latent() -> None:
+    from diffusers import AutoencoderKL
+
+    vae = TinyKLVAE.from_spec(TinySD3Spec(), latent_sample_size=4, vae_levels=2)
+    torch.manual_seed(0)
+    model = AutoencoderKL(**vae.config()).eval()
+    vae.shape_decoder(model.decoder, torch.Generator().manual_seed(1))
+    z = torch.randn(32, 16, 4, 4, generator=torch.Generator().manual_seed(2))
+    pixels = model.decoder(z / vae.scaling_factor + vae.shift_factor)
+    assert pixels.mean(dim=(0, 2, 3)).abs().max() < 0.08  # centred on mid-grey (0 in [-1, 1])
+    direction = torch.randn(16, 1, 1, generator=torch.Generator().manual_seed(3))
+    brightness = [
+        model.decoder((z + t * direction) / vae.scaling_factor + vae.shift_factor).mean()
+        for t in (-1.0, 0.0, 1.0)
+    ]
+    assert abs(float(brightness[2] - brightness[0])) > 0.4  # unshaped: 0.08
+    assert torch.stack(brightness).diff().sign().unique().numel() == 1  # monotone
