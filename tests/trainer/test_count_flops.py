@@ -40,21 +40,37 @@ class FakeTrack:
         return self, {}
 
 
+class Experts(nn.Module):
+    """Both experts as one module called at the top level (Wan 2.2's ``WanExperts`` when both
+    train): the counter names them by attribute, not by class."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.transformer = Expert()
+        self.transformer_2 = Expert()
+
+    def forward(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        return getattr(self, name)(x)
+
+
 class FakePipeline:
     """``generate`` runs each expert once at the top level (as the Wan bundle calls them)
     and the decoder once."""
 
     track_name = "diffusion"
 
-    def __init__(self, experts: dict[str, nn.Module]) -> None:
+    def __init__(self, experts: dict[str, nn.Module], container: Experts | None = None) -> None:
         self.bundle = SimpleNamespace(trainable_modules=experts)
+        if container is not None:
+            self.bundle.trainable_module = container
+        self.container = container
         self.decoder = Decoder()
 
     def generate(self, req: Any) -> Any:
         x = torch.randn(ROWS, DIM)
         with torch.no_grad():
-            for module in self.bundle.trainable_modules.values():
-                x = module(x)
+            for name, module in self.bundle.trainable_modules.items():
+                x = module(x) if self.container is None else self.container(name, x)
             self.decoder(x)
         return SimpleNamespace(tracks={self.track_name: FakeTrack()})
 
@@ -68,8 +84,8 @@ class FakeStack:
         self.module(torch.randn(ROWS, DIM)).sum().backward()
 
 
-def count(experts: dict[str, nn.Module]) -> dict[str, float]:
-    pipeline = FakePipeline(experts)
+def count(experts: dict[str, nn.Module], container: Experts | None = None) -> dict[str, float]:
+    pipeline = FakePipeline(experts, container)
     ops = TrainOps(backend=None, pipeline=pipeline, stack=FakeStack(next(iter(experts.values()))))
     [row] = ops.count_flops(None, 0)
     return row
@@ -88,3 +104,11 @@ def test_one_trained_module() -> None:
     assert row["rollout_total"] == 2 * LINEAR_FLOPS
     assert row["rollout_transformer"] == LINEAR_FLOPS
     assert row["train_transformer"] == 2 * LINEAR_FLOPS
+
+
+def test_experts_called_through_their_container_are_counted() -> None:
+    container = Experts()
+    experts = {"transformer": container.transformer, "transformer_2": container.transformer_2}
+    row = count(experts, container)
+    assert row["rollout_total"] == 3 * LINEAR_FLOPS
+    assert row["rollout_transformer"] == 2 * LINEAR_FLOPS

@@ -153,15 +153,16 @@ class TrainOps:
         ``torch.utils.flop_counter.FlopCounterMode`` (not timed; weights do change)."""
         from torch.utils.flop_counter import FlopCounterMode
 
-        # one entry per class: modules of one class (Wan 2.2's two experts) share the
-        # counter's entry, which already holds the FLOPs of both
-        trained = sorted(
-            {type(m).__name__ for m in self.pipeline.bundle.trainable_modules.values()}
-        )
+        # the trained modules' classes, and the class of what the backend wraps (a container
+        # called at the top level names its children by attribute, not class: Wan 2.2's
+        # WanExperts)
+        bundle = self.pipeline.bundle
+        modules = [*bundle.trainable_modules.values(), getattr(bundle, "trainable_module", None)]
+        trained = sorted({type(m).__name__ for m in modules if m is not None})
         with FlopCounterMode(display=False) as counter:
             resp = self.pipeline.generate(req)
         rollout_total = counter.get_total_flops()
-        rollout_transformer = sum(_module_flops(counter, name) for name in trained)
+        rollout_transformer = _modules_flops(counter, trained)
         track = resp.tracks[self.pipeline.track_name]
         n = len(track)
         gen = torch.Generator().manual_seed(rollout_index)
@@ -175,7 +176,7 @@ class TrainOps:
                 "rollout_total": float(rollout_total),
                 "rollout_transformer": float(rollout_transformer),
                 "train_total": float(counter.get_total_flops()),
-                "train_transformer": float(sum(_module_flops(counter, n) for n in trained)),
+                "train_transformer": float(_modules_flops(counter, trained)),
                 "samples": float(n),
             }
         ]
@@ -188,14 +189,19 @@ def pixels_of(track: RolloutTrack) -> torch.Tensor:
     return decoded.pixels
 
 
-def _module_flops(counter: Any, class_name: str) -> int:
-    """FLOPs attributed to the outermost module whose name mentions ``class_name`` (the
-    transformer; peft / FSDP wrappers keep the class name in the counter's module path).
-    The counter names a module called at the top level by its class, so every such module of
-    that class (two experts) adds into one entry: count a class once."""
+def _modules_flops(counter: Any, class_names: list[str]) -> int:
+    """FLOPs of the outermost modules whose counter name mentions one of ``class_names`` (the
+    trained modules; peft / FSDP wrappers keep the class name in the counter's module path),
+    each counted once: the counter names a module called at the top level by its class, so
+    modules of one class (two experts) add into one entry, and a matched module's children
+    (a container's experts) are inside its count already."""
     counts = counter.get_flop_counts()
-    best = 0
-    for name, ops in counts.items():
-        if name != "Global" and class_name in name:
-            best = max(best, sum(ops.values()))
-    return best
+    matched = [
+        name
+        for name in counts
+        if name != "Global" and any(class_name in name for class_name in class_names)
+    ]
+    outermost = [
+        name for name in matched if not any(name.startswith(other + ".") for other in matched)
+    ]
+    return sum(sum(counts[name].values()) for name in outermost)

@@ -19,6 +19,7 @@ both).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -437,7 +438,10 @@ class WanBundle(FlowMatchingBundle):
                 f"{self.boundary_ratio}; bundle.train_experts={self.config.train_experts}): "
                 "keep sampling.sde_steps within the trained expert's σ range"
             )
-        module = getattr(self.experts, name)
+        if self.trainable_attr == "experts":  # one FSDP root: its forward gathers its parameters
+            module: Any = functools.partial(self.experts, name)
+        else:
+            module = getattr(self.experts, name)
         hidden = latents.to(self.device, self.dtype)
         if conditions.image_condition is not None:
             hidden = torch.cat(

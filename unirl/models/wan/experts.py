@@ -23,7 +23,11 @@ DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"
 class WanExperts(torch.nn.Module):
     """``transformer`` (high noise) and, for two-expert models, ``transformer_2`` (low noise).
 
-    Not called itself: the bundle calls the expert that owns each σ.
+    ``experts(name, **kwargs)`` runs the expert ``name``. The bundle calls through the
+    container when both experts train: the backend then wraps it as one FSDP root, whose
+    hooks gather the parameters outside the blocks (patch embedding, condition embedder,
+    output head) only when the root itself is called. Otherwise the bundle calls the expert
+    directly.
     """
 
     def __init__(
@@ -45,11 +49,15 @@ class WanExperts(torch.nn.Module):
         for module in self.experts().values():
             module.enable_gradient_checkpointing()  # type: ignore[operator]
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError(
-            "WanExperts is a container: call bundle.predict_velocity, which picks the expert "
-            "of each σ"
-        )
+    def forward(self, expert: str, *args: Any, **kwargs: Any) -> Any:
+        """The expert ``expert`` (``transformer`` | ``transformer_2``) on the arguments."""
+        module = getattr(self, expert, None) if expert in EXPERT_NAMES else None
+        if module is None:
+            raise ValueError(
+                f"WanExperts has no expert {expert!r}; present: {sorted(self.experts())} (call "
+                "bundle.predict_velocity, which picks the expert of each σ)"
+            )
+        return module(*args, **kwargs)
 
 
 def split_expert_lora(folder: str | Path) -> dict[str, Path]:
