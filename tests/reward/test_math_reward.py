@@ -83,17 +83,22 @@ def test_math_answer_reads_the_last_box_against_every_accepted_answer() -> None:
 
 def test_boxed_format_ladder() -> None:
     plain = BoxedFormat()
-    ladder = BoxedFormat(open_credit=0.25, numeric=True, non_numeric_credit=0.5)
+    ladder = BoxedFormat(open_credit=0.25, expect="number", mismatch_credit=0.5)
     texts = ["\\boxed{7}", "\\boxed{seven}", "\\boxed{}", "\\boxed{7", "7"]
     assert [plain.score_one(t) for t in texts] == [1.0, 1.0, 1.0, 0.0, 0.0]
     assert [ladder.score_one(t) for t in texts] == [1.0, 0.5, 0.5, 0.25, 0.0]
+    choice = BoxedFormat(expect="choice", letters="ABCD", mismatch_credit=0.5)
+    picks = ["\\boxed{B}", "\\boxed{(C)}", "\\boxed{E}", "\\boxed{AB}", "\\boxed{b}"]
+    assert [choice.score_one(t) for t in picks] == [1.0, 1.0, 0.5, 0.5, 0.5]
     with pytest.raises(ConfigError, match="open_credit"):
         BoxedFormat(open_credit=1.5)
+    with pytest.raises(ConfigError, match="expect"):
+        BoxedFormat(expect="letter")  # type: ignore[arg-type]
 
 
 def test_through_the_reward_service_on_a_text_track() -> None:
     backend = WeightedRewardBackend(
-        components={"answer": MathAnswer(), "format": BoxedFormat(numeric=True)},
+        components={"answer": MathAnswer(), "format": BoxedFormat(expect="number")},
         weights={"answer": 1.0, "format": 0.5},
     )
     track = RolloutTrack(

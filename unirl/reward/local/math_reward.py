@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from unirl.config import require
 from unirl.reward.base import ScoreResult, TextRewardBackend, as_scores, check_lengths
@@ -204,25 +204,43 @@ class MathAnswer(_TextMatch):
 
 @dataclass(kw_only=True)
 class BoxedFormat(TextRewardBackend):
-    """A format reward for a final answer in a box: 1.0 for a complete ``\\boxed{...}``
-    (the last one); ``open_credit`` when a box is opened but never closed; 0.0 without a box.
-    With ``numeric`` the box must hold a number (``12``, ``-3.5``, ``\\frac{1}{2}``) for 1.0;
-    a complete box holding anything else (empty included) gets ``non_numeric_credit``."""
+    """A format reward for a final answer in a box: 1.0 for a complete ``\\boxed{...}`` (the
+    last one) whose content is what ``expect`` asks for; ``open_credit`` when a box is opened
+    but never closed; ``mismatch_credit`` for a complete box holding something else; 0.0
+    without a box. ``expect``: ``any`` content, a ``number`` (``12``, ``-3.5``,
+    ``\\frac{1}{2}``) or a ``choice`` (one of ``letters``, optionally in parentheses)."""
 
     name: str = "boxed_format"
     open_credit: float = 0.0
-    numeric: bool = False
-    non_numeric_credit: float = 0.0
+    expect: Literal["any", "number", "choice"] = "any"
+    letters: str = "ABCDE"
+    mismatch_credit: float = 0.0
 
     def __post_init__(self) -> None:
         require(bool(self.name), "BoxedFormat.name must be non-empty")
-        for field in ("open_credit", "non_numeric_credit"):
+        for field in ("open_credit", "mismatch_credit"):
             value = getattr(self, field)
             require(0.0 <= value <= 1.0, f"BoxedFormat.{field} must be in [0, 1], got {value}")
+        require(
+            self.expect in ("any", "number", "choice"),
+            f"BoxedFormat.expect must be any, number or choice, got {self.expect!r}",
+        )
+        require(
+            bool(self.letters) and self.letters.isalpha() and self.letters.isupper(),
+            f"BoxedFormat.letters={self.letters!r}: give upper-case option letters, e.g. 'ABCD'",
+        )
 
     @property
     def names(self) -> tuple[str, ...]:
         return (self.name,)
+
+    def _fits(self, content: str) -> bool:
+        if self.expect == "number":
+            return is_number(content)
+        if self.expect == "choice":
+            letter = content.strip().strip("()").strip()
+            return len(letter) == 1 and letter in self.letters
+        return True
 
     def score_one(self, text: str) -> float:
         if not re.search(r"\\(?:boxed|fbox)\s*\{", text):
@@ -230,9 +248,7 @@ class BoxedFormat(TextRewardBackend):
         content = extract_boxed(text)
         if content is None:
             return self.open_credit
-        if self.numeric and not is_number(content):
-            return self.non_numeric_credit
-        return 1.0
+        return 1.0 if self._fits(content) else self.mismatch_credit
 
     def score_texts(
         self, texts: list[str], prompts: list[str], metadata: list[dict]
