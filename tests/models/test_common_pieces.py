@@ -60,3 +60,41 @@ def test_tiny_kl_vae_shaped_decoder_is_centred_and_moves_with_the_latent() -> No
     ]
     assert abs(float(brightness[2] - brightness[0])) > 0.4  # unshaped: 0.08
     assert torch.stack(brightness).diff().sign().unique().numel() == 1  # monotone
+
+
+# -- arch ----------------------------------------------------------------------------------------
+
+
+def test_build_seeded_seeds_each_part_in_its_dtype_and_leaves_global_state_alone() -> None:
+    from unirl.models.common.arch import build_seeded, count_params_on_meta
+
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    cpu = torch.device("cpu")
+    parts = build_seeded(
+        [
+            ("a", lambda: torch.nn.Linear(4, 3), torch.bfloat16),
+            ("b", lambda: torch.nn.Linear(4, 3).train(), torch.float64),
+        ],
+        device=cpu,
+        seed=7,
+    )
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert torch.get_default_dtype() == torch.float32
+    assert parts["a"].weight.dtype == torch.bfloat16 and parts["b"].weight.dtype == torch.float64
+    assert not parts["a"].training and not parts["b"].training
+    torch.manual_seed(8)  # part 1 is seeded with seed + 1
+    expected = torch.nn.Linear(4, 3).to(torch.float64)
+    assert not torch.equal(parts["b"].weight, expected.weight)  # built in float64, not cast
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(8)
+        torch.set_default_dtype(torch.float64)
+        try:
+            direct = torch.nn.Linear(4, 3)
+        finally:
+            torch.set_default_dtype(torch.float32)
+    assert torch.equal(parts["b"].weight, direct.weight)
+    counts = count_params_on_meta(
+        {"a": lambda: torch.nn.Linear(4, 3), "b": lambda: torch.nn.Conv2d(2, 5, 3)}
+    )
+    assert counts == {"a": 15, "b": 95}

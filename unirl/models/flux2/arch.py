@@ -9,23 +9,19 @@ CFG).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from unirl.models.common.arch import ArchSpec, build_seeded, count_params_on_meta
 from unirl.models.flux2.tiny import SCHEDULER_CONFIG
 
 
 @dataclass(kw_only=True, frozen=True)
-class Flux2KleinArchSpec:
+class Flux2KleinArchSpec(ArchSpec):
     """Configs of one architecture preset (plain dicts, as in the released ``config.json``)."""
 
-    name: str
-    transformer: dict[str, Any]
-    vae: dict[str, Any]
     text_encoder: dict[str, Any]
     is_distilled: bool = True
     scheduler: dict[str, Any] = field(default_factory=lambda: dict(SCHEDULER_CONFIG))
@@ -103,28 +99,9 @@ def _text_encoder(spec: Flux2KleinArchSpec, pad_token_id: int | None = None) -> 
 def count_params(spec: Flux2KleinArchSpec) -> dict[str, int]:
     """Parameter counts of the transformer and the text encoder, built on the meta device
     (no allocation)."""
-    with torch.device("meta"):
-        transformer = _transformer(spec)
-        text_encoder = _text_encoder(spec)
-    return {
-        "transformer": sum(p.numel() for p in transformer.parameters()),
-        "text_encoder": sum(p.numel() for p in text_encoder.parameters()),
-    }
-
-
-@contextlib.contextmanager
-def _built_as(seed: int, device: torch.device, dtype: torch.dtype) -> Iterator[None]:
-    """Seeded construction directly on ``device`` in ``dtype``; global RNG and default dtype
-    restored afterwards."""
-    previous = torch.get_default_dtype()
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        torch.set_default_dtype(dtype)
-        try:
-            with torch.device(device):
-                yield
-        finally:
-            torch.set_default_dtype(previous)
+    return count_params_on_meta(
+        {"transformer": lambda: _transformer(spec), "text_encoder": lambda: _text_encoder(spec)}
+    )
 
 
 def build_arch_modules(
@@ -143,16 +120,21 @@ def build_arch_modules(
     from unirl.models.flux2.tiny import TinyFlux2Spec, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer(TinyFlux2Spec())
-    with _built_as(seed, device, dtype):
-        transformer = _transformer(spec).eval()
-    with _built_as(seed + 1, device, vae_dtype):
-        vae = AutoencoderKLFlux2(**spec.vae).eval()
-    with _built_as(seed + 2, device, text_encoder_dtype):
-        text_encoder = _text_encoder(spec, pad_token_id=tokenizer.pad_token_id).eval()
+    modules = build_seeded(
+        [
+            ("transformer", lambda: _transformer(spec), dtype),
+            ("vae", lambda: AutoencoderKLFlux2(**spec.vae), vae_dtype),
+            (
+                "text_encoder",
+                lambda: _text_encoder(spec, pad_token_id=tokenizer.pad_token_id),
+                text_encoder_dtype,
+            ),
+        ],
+        device=device,
+        seed=seed,
+    )
     return {
-        "transformer": transformer,
-        "vae": vae,
-        "text_encoder": text_encoder,
+        **modules,
         "tokenizer": tokenizer,
         "scheduler_config": dict(spec.scheduler),
         "is_distilled": spec.is_distilled,

@@ -9,23 +9,19 @@ module shape are the real ones.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from unirl.models.common.arch import ArchSpec, build_seeded, count_params_on_meta
 from unirl.models.qwen_image.tiny import SCHEDULER_CONFIG
 
 
 @dataclass(kw_only=True, frozen=True)
-class QwenImageArchSpec:
+class QwenImageArchSpec(ArchSpec):
     """Configs of one architecture preset (plain dicts, as in the released ``config.json``)."""
 
-    name: str
-    transformer: dict[str, Any]
-    vae: dict[str, Any]
     text_encoder: dict[str, Any]
     scheduler: dict[str, Any] = field(default_factory=lambda: dict(SCHEDULER_CONFIG))
 
@@ -117,28 +113,9 @@ def _text_encoder(spec: QwenImageArchSpec, pad_token_id: int | None = None) -> t
 def count_params(spec: QwenImageArchSpec) -> dict[str, int]:
     """Parameter counts of the transformer and the text encoder, built on the meta device
     (no allocation)."""
-    with torch.device("meta"):
-        transformer = _transformer(spec)
-        text_encoder = _text_encoder(spec)
-    return {
-        "transformer": sum(p.numel() for p in transformer.parameters()),
-        "text_encoder": sum(p.numel() for p in text_encoder.parameters()),
-    }
-
-
-@contextlib.contextmanager
-def _built_as(seed: int, device: torch.device, dtype: torch.dtype) -> Iterator[None]:
-    """Seeded construction directly on ``device`` in ``dtype``; global RNG and default dtype
-    restored afterwards."""
-    previous = torch.get_default_dtype()
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        torch.set_default_dtype(dtype)
-        try:
-            with torch.device(device):
-                yield
-        finally:
-            torch.set_default_dtype(previous)
+    return count_params_on_meta(
+        {"transformer": lambda: _transformer(spec), "text_encoder": lambda: _text_encoder(spec)}
+    )
 
 
 def build_arch_modules(
@@ -157,16 +134,21 @@ def build_arch_modules(
     from unirl.models.qwen_image.tiny import TinyQwenImageSpec, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer(TinyQwenImageSpec())
-    with _built_as(seed, device, dtype):
-        transformer = _transformer(spec).eval()
-    with _built_as(seed + 1, device, vae_dtype):
-        vae = AutoencoderKLQwenImage(**spec.vae).eval()
-    with _built_as(seed + 2, device, text_encoder_dtype):
-        text_encoder = _text_encoder(spec, pad_token_id=tokenizer.pad_token_id).eval()
+    modules = build_seeded(
+        [
+            ("transformer", lambda: _transformer(spec), dtype),
+            ("vae", lambda: AutoencoderKLQwenImage(**spec.vae), vae_dtype),
+            (
+                "text_encoder",
+                lambda: _text_encoder(spec, pad_token_id=tokenizer.pad_token_id),
+                text_encoder_dtype,
+            ),
+        ],
+        device=device,
+        seed=seed,
+    )
     return {
-        "transformer": transformer,
-        "vae": vae,
-        "text_encoder": text_encoder,
+        **modules,
         "tokenizer": tokenizer,
         "scheduler_config": dict(spec.scheduler),
     }

@@ -9,21 +9,18 @@ are the real ones.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from unirl.models.common.arch import ArchSpec, built_as, count_params_on_meta
+
 
 @dataclass(kw_only=True, frozen=True)
-class SD3ArchSpec:
+class SD3ArchSpec(ArchSpec):
     """Configs of one architecture preset (plain dicts, as in the released ``config.json`` files)."""
 
-    name: str
-    transformer: dict[str, Any]
-    vae: dict[str, Any]
     clip_l: dict[str, Any]
     clip_g: dict[str, Any]
     t5: dict[str, Any]
@@ -113,17 +110,8 @@ def count_transformer_params(spec: SD3ArchSpec) -> int:
     """Parameter count of the spec's transformer, built on the meta device (no allocation)."""
     from diffusers import SD3Transformer2DModel
 
-    with torch.device("meta"):
-        model = SD3Transformer2DModel(**spec.transformer)
-    return sum(p.numel() for p in model.parameters())
-
-
-@contextlib.contextmanager
-def _seeded(seed: int, device: torch.device) -> Iterator[None]:
-    """Seed the global RNGs for one build and restore them afterwards."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        yield
+    factory = {"transformer": lambda: SD3Transformer2DModel(**spec.transformer)}
+    return count_params_on_meta(factory)["transformer"]
 
 
 def build_arch_modules(
@@ -152,7 +140,7 @@ def build_arch_modules(
     special = {"bos_token_id": tok_l.bos_token_id, "eos_token_id": tok_l.eos_token_id}
 
     def make(factory: Any, out_dtype: torch.dtype, offset: int) -> Any:
-        with _seeded(seed + offset, device), torch.device(device):
+        with built_as(seed + offset, device):
             module = factory()
         # diffusers' ModelMixin.to(dtype) warns about fp32-pinned modules even when it has
         # none; cast through nn.Module.to in that case (same result, no noise).

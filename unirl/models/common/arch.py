@@ -1,0 +1,72 @@
+"""What every family's ``<family>-arch`` preset does alike, written once.
+
+An arch preset is random weights at a released model's shapes, built in memory on the
+target device (never saved): speed does not depend on the weights' values, so it measures
+what a real checkpoint would cost without downloading one. A family declares its shapes in
+an :class:`ArchSpec` subclass (plain dicts, as in the released ``config.json`` files) and
+builds its modules with :func:`build_seeded` (each module seeded, directly on the device, in
+its own dtype); :func:`count_params_on_meta` counts parameters without allocating.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+ModuleFactory = Callable[[], torch.nn.Module]
+
+
+@dataclass(kw_only=True, frozen=True)
+class ArchSpec:
+    """Configs of one architecture preset: the ``transformer`` and ``vae`` configs every
+    family has (what ``ModelSources.architecture_configs`` reads) and the scheduler's; a
+    family's subclass adds its text encoders (and sets its scheduler default)."""
+
+    name: str
+    transformer: dict[str, Any]
+    vae: dict[str, Any]
+    scheduler: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def built_as(seed: int, device: torch.device, dtype: torch.dtype | None = None) -> Iterator[None]:
+    """Seeded construction directly on ``device``, in ``dtype`` (None: the current default
+    dtype); the global RNG and the default dtype are restored afterwards."""
+    previous = torch.get_default_dtype()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        if dtype is not None:
+            torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                yield
+        finally:
+            torch.set_default_dtype(previous)
+
+
+def build_seeded(
+    parts: Sequence[tuple[str, ModuleFactory, torch.dtype]],
+    *,
+    device: torch.device,
+    seed: int,
+) -> dict[str, torch.nn.Module]:
+    """``{name: module}`` in eval mode: part ``i`` built by its factory with seed ``seed + i``
+    directly on ``device`` in its dtype (a 20 B-parameter transformer never exists in fp32)."""
+    modules: dict[str, torch.nn.Module] = {}
+    for offset, (name, factory, dtype) in enumerate(parts):
+        with built_as(seed + offset, device, dtype):
+            modules[name] = factory().eval()
+    return modules
+
+
+def count_params_on_meta(factories: Mapping[str, ModuleFactory]) -> dict[str, int]:
+    """Parameter count of each module, built on the meta device (no allocation)."""
+    with torch.device("meta"):
+        return {
+            name: sum(p.numel() for p in factory().parameters())
+            for name, factory in factories.items()
+        }
