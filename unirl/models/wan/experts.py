@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 
 EXPERT_NAMES = ("transformer", "transformer_2")
 DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"
@@ -57,7 +58,12 @@ class WanExperts(torch.nn.Module):
                 f"WanExperts has no expert {expert!r}; present: {sorted(self.experts())} (call "
                 "bundle.predict_velocity, which picks the expert of each σ)"
             )
-        return module(*args, **kwargs)
+        # FSDP hooks the root's outputs for backward; an in-place op on a view would drop the
+        # hook, so views (diffusers' last reshape) leave as their own tensors
+        return tree_map(
+            lambda t: t.clone() if isinstance(t, torch.Tensor) and t._base is not None else t,
+            module(*args, **kwargs),
+        )
 
 
 def split_expert_lora(folder: str | Path) -> dict[str, Path]:
