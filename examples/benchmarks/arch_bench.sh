@@ -6,7 +6,10 @@
 #   bash examples/benchmarks/arch_bench.sh RECIPE PRESET [OUT_DIR] [extra overrides...]
 #   bash examples/benchmarks/arch_bench.sh diffusion/flux2_klein_trainside flux2-klein-arch
 #   bash examples/benchmarks/arch_bench.sh diffusion/z_image_trainside z-image-arch
-#   SIZE=512 SPP=8 MICRO=4 WARMUP=1 ITERS=2 override the shape below.
+#   SIZE=512 SPP=8 MICRO=4 WARMUP=1 ITERS=2 override the shape below; HEIGHT / WIDTH for a
+#   non-square shape; FRAMES=81 for a video recipe (the reward then scores every frame).
+#   bash examples/benchmarks/arch_bench.sh diffusion/wan21_t2v_dancegrpo wan2.1-1.3b-arch \
+#     OUT HEIGHT=480 WIDTH=832 FRAMES=81 SPP=2 MICRO=1 (as environment variables)
 #
 # The recipe's own sampling (steps, CFG, SDE window, LoRA, activation checkpointing), scaled
 # to one GPU: one prompt x SPP samples at SIZE x SIZE, one forward of SPP samples, micro-batches
@@ -22,12 +25,18 @@ shift 2
 [[ $# -gt 0 ]] && shift
 export PRETRAINED_MODEL="${preset}" RAY_USAGE_STATS_ENABLED=0
 size="${SIZE:-512}"
+reward='{_target_: unirl.reward.local.JpegCompressibility}'
+frames=()
+if [[ -n "${FRAMES:-}" ]]; then
+  reward="{_target_: unirl.reward.local.PerFrame, scorer: ${reward}}"
+  frames=(sampling.num_frames="${FRAMES}")
+fi
 python -m unirl.tools.bench --config-name="${recipe}" \
   --warmup "${WARMUP:-1}" --iters "${ITERS:-2}" --no-flops \
   --json "${out}/${name}.json" output_dir="${out}/${name}" \
   num_devices=1 device=cuda batch_size=1 sampling.samples_per_prompt="${SPP:-8}" \
-  sampling.height="${size}" sampling.width="${size}" \
+  sampling.height="${HEIGHT:-${size}}" sampling.width="${WIDTH:-${size}}" "${frames[@]}" \
   stack.micro_batch_size="${MICRO:-4}" stack.num_updates_per_batch=1 \
   pipeline.forward_batch_size="${SPP:-8}" \
-  reward.backend._target_=unirl.reward.local.JpegCompressibility "~reward.backend.engine" "reward.guards=[]" \
+  "~reward.backend" "+reward.backend=${reward}" "reward.guards=[]" \
   logging.progress=off "$@"
