@@ -98,3 +98,52 @@ def test_build_seeded_seeds_each_part_in_its_dtype_and_leaves_global_state_alone
         {"a": lambda: torch.nn.Linear(4, 3), "b": lambda: torch.nn.Conv2d(2, 5, 3)}
     )
     assert counts == {"a": 15, "b": 95}
+
+
+# -- folders -------------------------------------------------------------------------------------
+
+
+def test_load_parts_builds_arch_specs_on_the_device_and_reads_folders(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from unirl.models.common.arch import ArchSpec
+    from unirl.models.common.folders import load_parts
+
+    bundle = SimpleNamespace(
+        device=torch.device("cpu"),
+        dtype=torch.bfloat16,
+        text_encoder_dtype=torch.float16,
+        vae_dtype=torch.float32,
+    )
+    calls: list[tuple[str, object]] = []
+
+    def build_arch(spec: ArchSpec, **kwargs: object) -> dict:
+        calls.append(("arch", (spec.name, kwargs)))
+        return {"built": spec.name}
+
+    def read_folder(folder, got_bundle) -> dict:
+        calls.append(("folder", (folder, got_bundle is bundle)))
+        return {"read": str(folder)}
+
+    spec = ArchSpec(name="x-arch", transformer={}, vae={})
+    assert load_parts(bundle, spec, build_arch=build_arch, read_folder=read_folder) == {
+        "built": "x-arch"
+    }
+    assert load_parts(bundle, tmp_path, build_arch=build_arch, read_folder=read_folder) == {
+        "read": str(tmp_path)
+    }
+    assert calls == [
+        (
+            "arch",
+            (
+                "x-arch",
+                {
+                    "device": torch.device("cpu"),
+                    "dtype": torch.bfloat16,
+                    "text_encoder_dtype": torch.float16,
+                    "vae_dtype": torch.float32,
+                },
+            ),
+        ),
+        ("folder", (tmp_path, True)),
+    ]

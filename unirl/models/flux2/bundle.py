@@ -13,20 +13,18 @@ sequence element for element.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from unirl.config.precision import parse_dtype
 from unirl.config.require import ConfigError
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
 from unirl.models.common.engine_maps import EngineMaps
+from unirl.models.common.folders import load_parts, read_diffusers_folder
 from unirl.models.common.guidance import Guidance, NoGuidance, SeparateCFG
 from unirl.models.common.presets import ModelSourceError
-from unirl.models.common.progress import hf_progress_bars_disabled
-from unirl.models.flux2.arch import Flux2KleinArchSpec, build_arch_modules
+from unirl.models.flux2.arch import build_arch_modules
 from unirl.models.flux2.conditions import Flux2KleinConditions
 from unirl.models.flux2.config import Flux2KleinBundleConfig
 from unirl.models.flux2.engine_maps import Flux2KleinEngineMaps
@@ -45,37 +43,20 @@ REFERENCE_TIME = 10  # the time coordinate of the (first) reference image's toke
 MAX_REFERENCE_PIXELS = 1024 * 1024  # the pipelines shrink larger references to this area
 
 
-def _load_folder(folder: Path, cfg: Flux2KleinBundleConfig) -> dict[str, Any]:
+def _read_folder(folder: Path, bundle: Flux2KleinBundle) -> dict[str, Any]:
     """Components of a diffusers FLUX.2-Klein folder (``save_pretrained`` layout), on CPU, cast."""
     from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
-    from transformers import AutoTokenizer, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
-    common = {"local_files_only": True}
-    return {
-        "transformer": Flux2Transformer2DModel.from_pretrained(
-            folder,
-            subfolder="transformer",
-            torch_dtype=parse_dtype(cfg.dtype, "bundle.dtype"),
-            **common,
-        ),
-        "vae": AutoencoderKLFlux2.from_pretrained(
-            folder,
-            subfolder="vae",
-            torch_dtype=parse_dtype(cfg.vae_dtype, "bundle.vae_dtype"),
-            **common,
-        ),
-        "text_encoder": Qwen3ForCausalLM.from_pretrained(
-            folder,
-            subfolder="text_encoder",
-            dtype=parse_dtype(cfg.text_encoder_dtype, "bundle.text_encoder_dtype"),
-            **common,
-        ),
-        "tokenizer": AutoTokenizer.from_pretrained(folder, subfolder="tokenizer", **common),
-        "scheduler_config": json.loads(
-            (folder / "scheduler" / "scheduler_config.json").read_text()
-        ),
-        "is_distilled": folder_is_distilled(folder),
-    }
+    parts = read_diffusers_folder(
+        folder,
+        bundle,
+        transformer=Flux2Transformer2DModel,
+        vae=AutoencoderKLFlux2,
+        text_encoders={"text_encoder": Qwen3ForCausalLM},
+        tokenizers=("tokenizer",),
+    )
+    return {**parts, "is_distilled": folder_is_distilled(folder)}
 
 
 def grid_position_ids(time: int, height: int, width: int) -> torch.Tensor:
@@ -183,17 +164,12 @@ class Flux2KleinBundle(FlowMatchingBundle):
     def load(self) -> None:
         cfg = self.config
         self.source = resolve_model_source(cfg.path)
-        if isinstance(self.source, Flux2KleinArchSpec):
-            parts = build_arch_modules(
-                self.source,
-                device=self.device,
-                dtype=self.dtype,
-                text_encoder_dtype=self.text_encoder_dtype,
-                vae_dtype=self.vae_dtype,
-            )
-        else:
-            with hf_progress_bars_disabled():
-                parts = _load_folder(self.source, cfg)
+        parts = load_parts(
+            self,
+            self.source,
+            build_arch=build_arch_modules,
+            read_folder=_read_folder,
+        )
         self.transformer: torch.nn.Module = parts["transformer"]
         self.vae: torch.nn.Module = parts["vae"]
         self.text_encoder: torch.nn.Module = parts["text_encoder"]

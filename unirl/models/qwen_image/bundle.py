@@ -12,18 +12,16 @@ the guidance's per-token norms run over the last dimension.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from unirl.config.precision import parse_dtype
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
 from unirl.models.common.engine_maps import EngineMaps
+from unirl.models.common.folders import load_parts, read_diffusers_folder
 from unirl.models.common.guidance import Guidance, NormRescaledCFG
-from unirl.models.common.progress import hf_progress_bars_disabled
-from unirl.models.qwen_image.arch import QwenImageArchSpec, build_arch_modules
+from unirl.models.qwen_image.arch import build_arch_modules
 from unirl.models.qwen_image.conditions import QwenImageConditions
 from unirl.models.qwen_image.config import QwenImageBundleConfig
 from unirl.models.qwen_image.engine_maps import QwenImageEngineMaps
@@ -33,36 +31,19 @@ from unirl.models.qwen_image.text_encode import encode_qwen_prompts
 PATCH = 2  # the transformer's 2x2 packing of VAE latents
 
 
-def _load_folder(folder: Path, cfg: QwenImageBundleConfig) -> dict[str, Any]:
+def _read_folder(folder: Path, bundle: QwenImageBundle) -> dict[str, Any]:
     """Components of a diffusers Qwen-Image folder (``save_pretrained`` layout), on CPU, cast."""
     from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
-    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+    from transformers import Qwen2_5_VLForConditionalGeneration
 
-    common = {"local_files_only": True}
-    return {
-        "transformer": QwenImageTransformer2DModel.from_pretrained(
-            folder,
-            subfolder="transformer",
-            torch_dtype=parse_dtype(cfg.dtype, "bundle.dtype"),
-            **common,
-        ),
-        "vae": AutoencoderKLQwenImage.from_pretrained(
-            folder,
-            subfolder="vae",
-            torch_dtype=parse_dtype(cfg.vae_dtype, "bundle.vae_dtype"),
-            **common,
-        ),
-        "text_encoder": Qwen2_5_VLForConditionalGeneration.from_pretrained(
-            folder,
-            subfolder="text_encoder",
-            dtype=parse_dtype(cfg.text_encoder_dtype, "bundle.text_encoder_dtype"),
-            **common,
-        ),
-        "tokenizer": AutoTokenizer.from_pretrained(folder, subfolder="tokenizer", **common),
-        "scheduler_config": json.loads(
-            (folder / "scheduler" / "scheduler_config.json").read_text()
-        ),
-    }
+    return read_diffusers_folder(
+        folder,
+        bundle,
+        transformer=QwenImageTransformer2DModel,
+        vae=AutoencoderKLQwenImage,
+        text_encoders={"text_encoder": Qwen2_5_VLForConditionalGeneration},
+        tokenizers=("tokenizer",),
+    )
 
 
 class QwenImageBundle(FlowMatchingBundle):
@@ -121,17 +102,12 @@ class QwenImageBundle(FlowMatchingBundle):
     def load(self) -> None:
         cfg = self.config
         self.source = resolve_model_source(cfg.path)
-        if isinstance(self.source, QwenImageArchSpec):
-            parts = build_arch_modules(
-                self.source,
-                device=self.device,
-                dtype=self.dtype,
-                text_encoder_dtype=self.text_encoder_dtype,
-                vae_dtype=self.vae_dtype,
-            )
-        else:
-            with hf_progress_bars_disabled():
-                parts = _load_folder(self.source, cfg)
+        parts = load_parts(
+            self,
+            self.source,
+            build_arch=build_arch_modules,
+            read_folder=_read_folder,
+        )
         self.transformer: torch.nn.Module = parts["transformer"]
         self.vae: torch.nn.Module = parts["vae"]
         self.text_encoder: torch.nn.Module = parts["text_encoder"]

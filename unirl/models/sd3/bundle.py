@@ -5,18 +5,17 @@ checks) is :class:`~unirl.models.common.bundle.FlowMatchingBundle`'s."""
 
 from __future__ import annotations
 
-import json
+import functools
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from unirl.config.precision import parse_dtype
 from unirl.config.require import require
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
 from unirl.models.common.engine_maps import EngineMaps
-from unirl.models.common.progress import hf_progress_bars_disabled
-from unirl.models.sd3.arch import SD3ArchSpec, build_arch_modules
+from unirl.models.common.folders import load_parts, read_diffusers_folder
+from unirl.models.sd3.arch import build_arch_modules
 from unirl.models.sd3.attention import install_fused_attention
 from unirl.models.sd3.conditions import SD3Conditions
 from unirl.models.sd3.config import SD3BundleConfig
@@ -25,48 +24,26 @@ from unirl.models.sd3.presets import architecture_configs, resolve_model_source
 from unirl.models.sd3.text_encode import SD3TextStack, encode_sd3_prompts
 
 
-def _load_folder(folder: Path, cfg: SD3BundleConfig) -> dict[str, Any]:
-    """Components of a diffusers SD3 folder (``save_pretrained`` layout), on CPU, cast."""
+def _read_folder(folder: Path, bundle: SD3Bundle) -> dict[str, Any]:
+    """Components of a diffusers SD3 folder (``save_pretrained`` layout), on CPU, cast; T5
+    and its tokenizer are None with ``skip_t5``."""
     from diffusers import AutoencoderKL, SD3Transformer2DModel
-    from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
+    from transformers import CLIPTextModelWithProjection, T5EncoderModel
 
-    te_dtype = parse_dtype(cfg.text_encoder_dtype, "bundle.text_encoder_dtype")
-    common = {"local_files_only": True}
-    out: dict[str, Any] = {
-        "transformer": SD3Transformer2DModel.from_pretrained(
-            folder,
-            subfolder="transformer",
-            torch_dtype=parse_dtype(cfg.dtype, "bundle.dtype"),
-            **common,
-        ),
-        "vae": AutoencoderKL.from_pretrained(
-            folder,
-            subfolder="vae",
-            torch_dtype=parse_dtype(cfg.vae_dtype, "bundle.vae_dtype"),
-            **common,
-        ),
-        "text_encoder": CLIPTextModelWithProjection.from_pretrained(
-            folder, subfolder="text_encoder", dtype=te_dtype, **common
-        ),
-        "text_encoder_2": CLIPTextModelWithProjection.from_pretrained(
-            folder, subfolder="text_encoder_2", dtype=te_dtype, **common
-        ),
-        "text_encoder_3": None,
-        "tokenizer": AutoTokenizer.from_pretrained(folder, subfolder="tokenizer", **common),
-        "tokenizer_2": AutoTokenizer.from_pretrained(folder, subfolder="tokenizer_2", **common),
-        "tokenizer_3": None,
-        "scheduler_config": json.loads(
-            (folder / "scheduler" / "scheduler_config.json").read_text()
-        ),
-    }
-    if not cfg.skip_t5:
-        out["text_encoder_3"] = T5EncoderModel.from_pretrained(
-            folder, subfolder="text_encoder_3", dtype=te_dtype, **common
-        )
-        out["tokenizer_3"] = AutoTokenizer.from_pretrained(
-            folder, subfolder="tokenizer_3", **common
-        )
-    return out
+    t5 = not bundle.config.skip_t5
+    parts = read_diffusers_folder(
+        folder,
+        bundle,
+        transformer=SD3Transformer2DModel,
+        vae=AutoencoderKL,
+        text_encoders={
+            "text_encoder": CLIPTextModelWithProjection,
+            "text_encoder_2": CLIPTextModelWithProjection,
+            **({"text_encoder_3": T5EncoderModel} if t5 else {}),
+        },
+        tokenizers=("tokenizer", "tokenizer_2", *(("tokenizer_3",) if t5 else ())),
+    )
+    return {"text_encoder_3": None, "tokenizer_3": None, **parts}
 
 
 class SD3Bundle(FlowMatchingBundle):
@@ -133,18 +110,12 @@ class SD3Bundle(FlowMatchingBundle):
     def load(self) -> None:
         cfg = self.config
         self.source = resolve_model_source(cfg.path)
-        if isinstance(self.source, SD3ArchSpec):
-            parts = build_arch_modules(
-                self.source,
-                device=self.device,
-                dtype=self.dtype,
-                text_encoder_dtype=self.text_encoder_dtype,
-                vae_dtype=self.vae_dtype,
-                build_t5=not cfg.skip_t5,
-            )
-        else:
-            with hf_progress_bars_disabled():
-                parts = _load_folder(self.source, cfg)
+        parts = load_parts(
+            self,
+            self.source,
+            build_arch=functools.partial(build_arch_modules, build_t5=not cfg.skip_t5),
+            read_folder=_read_folder,
+        )
 
         self.transformer: torch.nn.Module = parts["transformer"]
         self.vae: torch.nn.Module = parts["vae"]

@@ -12,19 +12,17 @@ of UniRL's loop (``x_{σ'} = x_σ + v·(σ' − σ)``) is its negation, as the p
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from unirl.config.precision import parse_dtype
 from unirl.config.require import require
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
 from unirl.models.common.engine_maps import EngineMaps
+from unirl.models.common.folders import load_parts, read_diffusers_folder
 from unirl.models.common.guidance import Guidance
-from unirl.models.common.progress import hf_progress_bars_disabled
-from unirl.models.z_image.arch import ZImageArchSpec, build_arch_modules
+from unirl.models.z_image.arch import build_arch_modules
 from unirl.models.z_image.conditions import ZImageConditions
 from unirl.models.z_image.config import ZImageBundleConfig
 from unirl.models.z_image.engine_maps import ZImageEngineMaps
@@ -38,36 +36,19 @@ SEQ_MULTIPLE = 32
 PIPELINE_TIMESTEP_SCALE = 1000.0  # ZImagePipeline: timestep = (1000 - σ·N) / 1000
 
 
-def _load_folder(folder: Path, cfg: ZImageBundleConfig) -> dict[str, Any]:
+def _read_folder(folder: Path, bundle: ZImageBundle) -> dict[str, Any]:
     """Components of a diffusers Z-Image folder (``save_pretrained`` layout), on CPU, cast."""
     from diffusers import AutoencoderKL, ZImageTransformer2DModel
-    from transformers import AutoTokenizer, Qwen3Model
+    from transformers import Qwen3Model
 
-    common = {"local_files_only": True}
-    return {
-        "transformer": ZImageTransformer2DModel.from_pretrained(
-            folder,
-            subfolder="transformer",
-            torch_dtype=parse_dtype(cfg.dtype, "bundle.dtype"),
-            **common,
-        ),
-        "vae": AutoencoderKL.from_pretrained(
-            folder,
-            subfolder="vae",
-            torch_dtype=parse_dtype(cfg.vae_dtype, "bundle.vae_dtype"),
-            **common,
-        ),
-        "text_encoder": Qwen3Model.from_pretrained(
-            folder,
-            subfolder="text_encoder",
-            dtype=parse_dtype(cfg.text_encoder_dtype, "bundle.text_encoder_dtype"),
-            **common,
-        ),
-        "tokenizer": AutoTokenizer.from_pretrained(folder, subfolder="tokenizer", **common),
-        "scheduler_config": json.loads(
-            (folder / "scheduler" / "scheduler_config.json").read_text()
-        ),
-    }
+    return read_diffusers_folder(
+        folder,
+        bundle,
+        transformer=ZImageTransformer2DModel,
+        vae=AutoencoderKL,
+        text_encoders={"text_encoder": Qwen3Model},
+        tokenizers=("tokenizer",),
+    )
 
 
 def _padded(length: int) -> int:
@@ -129,17 +110,12 @@ class ZImageBundle(FlowMatchingBundle):
     def load(self) -> None:
         cfg = self.config
         self.source = resolve_model_source(cfg.path)
-        if isinstance(self.source, ZImageArchSpec):
-            parts = build_arch_modules(
-                self.source,
-                device=self.device,
-                dtype=self.dtype,
-                text_encoder_dtype=self.text_encoder_dtype,
-                vae_dtype=self.vae_dtype,
-            )
-        else:
-            with hf_progress_bars_disabled():
-                parts = _load_folder(self.source, cfg)
+        parts = load_parts(
+            self,
+            self.source,
+            build_arch=build_arch_modules,
+            read_folder=_read_folder,
+        )
         self.transformer: torch.nn.Module = parts["transformer"]
         self.vae: torch.nn.Module = parts["vae"]
         self.text_encoder: torch.nn.Module = parts["text_encoder"]
