@@ -2,7 +2,9 @@
 
 Runs ``--warmup`` untimed and ``--iters`` timed rollouts of a recipe (fixed seed and prompt
 set, no checkpoints, eval or galleries), then one extra rollout + training pass under
-``FlopCounterMode`` to count FLOPs, and writes JSON:
+``FlopCounterMode`` to count FLOPs, and writes JSON. The trainer is the recipe's: a text
+recipe (``sampling._target_`` is ``ARSamplingParams``, what ``unirl.train_vlm`` runs) goes
+through ``ARTrainer``, every other recipe through ``DiffusionTrainer``.
 
 - ``samples_per_s`` end to end (and per device), seconds per phase (text encode, rollout,
   decode, reward, old-logp, train, sync), ``compile_and_warmup_s`` (the warm-up rollouts,
@@ -10,7 +12,11 @@ set, no checkpoints, eval or galleries), then one extra rollout + training pass 
 - peak device memory per worker;
 - counted FLOPs per rollout / train pass and the achieved TFLOP/s and model FLOP utilisation
   (MFU) of the rollout transformer forwards and the training pass, against ``--peak-tflops``
-  (default: the card's dense bf16 peak when known).
+  (default: the card's dense bf16 peak when known);
+- text recipes also: ``tokens`` per rollout (prompt, generated, trained = every token of the
+  packed micro-batches), ``generated_tokens_per_s`` (over the rollout call),
+  ``trained_tokens_per_s`` (over the train phase, π_old replay included, and without it) and
+  the fraction of completions cut at ``max_new_tokens``.
 
 Options (our own; every other argument goes to Hydra): ``--warmup N`` (1), ``--iters N`` (3),
 ``--json PATH`` (``<output_dir>/bench.json``), ``--peak-tflops X``, ``--no-flops``.
@@ -40,6 +46,24 @@ PHASES = {
     "sync": "time/sync",
     "total": "time/total",
 }
+
+# a text stage's phases: the pipeline's tokenization and sampling loop, the driver's whole
+# rollout call (what generated tokens/s is measured over), reward, π_old replay, train, sync
+TEXT_PHASES = {
+    "encode": "time/encode",
+    "generate": "time/generate",
+    "rollout": "time/rollout_call",
+    "reward": "time/reward",
+    "old_logp": "train/time/old_logp",
+    "train": "time/train",
+    "sync": "time/sync",
+    "total": "time/total",
+}
+
+# per-rollout token counts the text benchmark adds to each metrics row (token_counts)
+PROMPT_TOKENS = "bench/prompt_tokens"
+GENERATED_TOKENS = "bench/generated_tokens"
+TRAINED_TOKENS = "bench/trained_tokens"
 
 
 def _parse_own_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -71,13 +95,16 @@ def summarize(
     memory: list[dict[str, float]] | None,
     peak_tflops: float | None,
     device_name: str,
+    text: bool = False,
 ) -> dict[str, Any]:
-    """The benchmark JSON from per-rollout metrics rows (the first ``warmup`` are excluded)."""
+    """The benchmark JSON from per-rollout metrics rows (the first ``warmup`` are excluded).
+    ``text``: a text recipe's rows (``TEXT_PHASES`` and the token figures of
+    :func:`text_throughput`)."""
     timed = rows[warmup:]
     if not timed:
         raise ValueError("no timed rollouts: raise --iters")
     samples = _mean(timed, "samples")
-    phases = {name: _mean(timed, key) for name, key in PHASES.items()}
+    phases = {name: _mean(timed, key) for name, key in (TEXT_PHASES if text else PHASES).items()}
     samples_per_s = samples / phases["total"] if phases["total"] else 0.0
     out: dict[str, Any] = {
         "device": device_name,
@@ -90,6 +117,8 @@ def summarize(
         "compile_and_warmup_s": sum(float(r["time/total"]) for r in rows[:warmup]),
         "reward_mean_last": float(timed[-1]["reward/mean"]),
     }
+    if text:
+        out.update(text_throughput(timed, phases))
     if memory:
         out["peak_memory_gib"] = [m["peak_allocated_gib"] for m in memory]
     if flops:
@@ -111,6 +140,69 @@ def summarize(
     return out
 
 
+def text_throughput(timed: list[dict[str, Any]], phases: dict[str, float]) -> dict[str, Any]:
+    """Token figures of a text recipe from its timed rows: mean tokens per rollout, generated
+    tokens/s over the rollout call, trained tokens/s over the train phase (π_old replay
+    included) and over its updates alone (the phase less ``old_logp``). Trained tokens are
+    every token of the packed micro-batches (prompt + completion of each sample); ``None``
+    when the rows carry no count (the engine kept the segments on its workers)."""
+    generated = _mean(timed, GENERATED_TOKENS)
+    have_trained = all(r.get(TRAINED_TOKENS) is not None for r in timed)
+    trained = _mean(timed, TRAINED_TOKENS) if have_trained else None
+    prompt = _mean(timed, PROMPT_TOKENS) if have_trained else None
+    samples = _mean(timed, "samples")
+    updates_s = phases["train"] - phases["old_logp"]
+
+    def per_s(count: float | None, seconds: float) -> float | None:
+        return count / seconds if count is not None and seconds > 0 else None
+
+    return {
+        "tokens_per_rollout": {"prompt": prompt, "generated": generated, "trained": trained},
+        "prompt_tokens_per_sample": prompt / samples if prompt is not None and samples else None,
+        "generated_tokens_per_sample": generated / samples if samples else 0.0,
+        "response_clip_ratio": _mean(timed, "response/clip_ratio"),
+        "generated_tokens_per_s": per_s(generated, phases["rollout"]),
+        "generated_tokens_per_s_in_generate": per_s(generated, phases["generate"]),
+        "trained_tokens_per_s": per_s(trained, phases["train"]),
+        "trained_tokens_per_s_without_old_logp": per_s(trained, updates_s),
+    }
+
+
+def token_counts(track: Any) -> dict[str, float]:
+    """One text rollout's token counts (a metrics row's ``bench/*`` keys): generated tokens
+    from the engine's per-sample ``response_tokens``; prompt and trained tokens (every row of
+    the packed segment) when the segment reached the driver."""
+    generated = sum(int(m["response_tokens"]) for m in track.metadata)
+    out = {GENERATED_TOKENS: float(generated)}
+    segment = getattr(track, "segment", None)
+    if segment is not None:
+        trained = int(segment.tokens.lengths.sum())
+        out[TRAINED_TOKENS] = float(trained)
+        out[PROMPT_TOKENS] = float(trained - generated)
+    return out
+
+
+def _text_trainer_class() -> type:
+    """``ARTrainer`` whose every training step adds the rollout's :func:`token_counts` to
+    its metrics row."""
+    from unirl.trainer.ar import ARTrainer
+
+    class TokenCountingARTrainer(ARTrainer):
+        def train_stage(self, stage: Any, track: Any, rollout_index: int) -> dict[str, float]:
+            out = super().train_stage(stage, track, rollout_index)
+            out.update(token_counts(track))
+            return out
+
+    return TokenCountingARTrainer
+
+
+def is_text_recipe(data: dict[str, Any]) -> bool:
+    """Whether a composed recipe samples text (``unirl.train_vlm``'s test: its ``sampling``
+    block is ``ARSamplingParams``)."""
+    target = str((data.get("sampling") or {}).get("_target_", ""))
+    return target.rsplit(".", 1)[-1] == "ARSamplingParams"
+
+
 def _peak_for(device_name: str, given: float | None) -> float | None:
     if given:
         return given
@@ -120,14 +212,25 @@ def _peak_for(device_name: str, given: float | None) -> float | None:
     return None
 
 
+def _card_name(device: str) -> str:
+    """The card's name for a CUDA ``device`` (the ARTrainer's roles report none), else
+    ``device`` itself; asked after the timed loop."""
+    import torch
+
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        return str(torch.cuda.get_device_name(0))
+    return str(device)
+
+
 def run(data: dict[str, Any]) -> int:
     """Compose -> validate -> timed loop -> FLOP count -> JSON."""
     from unirl.config.geometry import BatchGeometry
-    from unirl.config.validate import validate
+    from unirl.config.validate import locate, validate
     from unirl.trainer.diffusion import DiffusionTrainer
 
     opts = OPTS
     data = dict(data)
+    text = is_text_recipe(data)
     data.update(
         num_rollouts=opts.warmup + opts.iters,
         save_interval=0,
@@ -143,12 +246,26 @@ def run(data: dict[str, Any]) -> int:
         "progress": "off",
     }
     data["data_source"] = {**data["data_source"], "shuffle": False}
+    rollout = dict(data.get("rollout") or {})
+    target = rollout.get("_target_")
+    if (
+        text
+        and target
+        and getattr(locate(str(target), "rollout"), "engine_kind", "") == "trainside"
+    ):
+        # the driver needs each rollout's packed segment to count trained tokens: ship it
+        # through the driver (a text segment is a few hundred KB) instead of parking it
+        data["rollout"] = {**rollout, "resident": False}
     cfg, objs = validate(data)
+    if text:
+        from unirl.trainer.ar import check_ar_recipe
+
+        check_ar_recipe(cfg)
     samples = BatchGeometry.of(cfg, objs).samples_per_rollout
     out_path = Path(opts.json) if opts.json else Path(cfg.output_dir) / "bench.json"
     results: dict[str, Any] = {}
 
-    def after_loop(trainer: DiffusionTrainer, ops: Any) -> None:
+    def after_loop(trainer: Any, ops: Any) -> None:
         memory = ops.device_stats()
         flops = None
         if not opts.no_flops:
@@ -159,9 +276,9 @@ def run(data: dict[str, Any]) -> int:
             results["flop_count_s"] = time.perf_counter() - t0
         results["memory"] = memory
         results["flops"] = flops
-        results["device_name"] = trainer.device_name
+        results["device_name"] = getattr(trainer, "device_name", None) or _card_name(cfg.device)
 
-    trainer = DiffusionTrainer(cfg, data)
+    trainer = _text_trainer_class()(cfg, data) if text else DiffusionTrainer(cfg, data)
     local = Path(cfg.output_dir) / "metrics.jsonl"
     if local.exists():
         local.unlink()
@@ -178,6 +295,7 @@ def run(data: dict[str, Any]) -> int:
         memory=results.get("memory"),
         peak_tflops=_peak_for(device_name, opts.peak_tflops),
         device_name=device_name,
+        text=text,
     )
     summary["recipe_overrides"] = _REST
     summary["flop_count_s"] = results.get("flop_count_s")

@@ -1,0 +1,38 @@
+"""FixedLengthQwen3Bundle: every completion runs to max_new_tokens (benchmarks compare
+frameworks at equal lengths), where the plain bundle stops some at the end-of-sequence id."""
+
+from __future__ import annotations
+
+import torch
+
+from unirl.models.qwen3 import Qwen3Bundle, Qwen3Pipeline
+from unirl.tools.fixed_length import FixedLengthQwen3Bundle
+from unirl.types import RolloutReq, TextRequest, Texts
+
+MAX_NEW = 24
+
+
+def _lengths(bundle: Qwen3Bundle) -> list[tuple[int, str]]:
+    n = 48
+    ids = torch.arange(n)
+    req = RolloutReq(
+        sample_ids=ids,
+        group_ids=torch.zeros(n, dtype=torch.long),
+        primitives={"text": Texts(texts=["What is 3 + 4?"] * n)},
+        stage_params={
+            "text": TextRequest(seed_ids=ids.clone(), max_new_tokens=MAX_NEW, temperature=1.0)
+        },
+        seed=0,
+    )
+    track = Qwen3Pipeline(bundle=bundle).generate(req).tracks["text"]
+    return [(m["response_tokens"], m["finish_reason"]) for m in track.metadata]
+
+
+def test_fixed_length_bundle_never_stops_early_where_the_plain_one_does() -> None:
+    plain = Qwen3Bundle(path="tiny", dtype="fp32", device="cpu")
+    fixed = FixedLengthQwen3Bundle(path="tiny", dtype="fp32", device="cpu")
+    assert plain.stop_token_ids and fixed.stop_token_ids == []
+    assert fixed.pad_token_id == plain.pad_token_id
+    # the control: with the same seeds the tiny model draws its stop token in some samples
+    assert any(reason == "stop" for _, reason in _lengths(plain))
+    assert _lengths(fixed) == [(MAX_NEW, "length")] * 48
