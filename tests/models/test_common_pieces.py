@@ -147,3 +147,67 @@ def test_load_parts_builds_arch_specs_on_the_device_and_reads_folders(tmp_path) 
         ),
         ("folder", (tmp_path, True)),
     ]
+
+
+# -- presets -------------------------------------------------------------------------------------
+
+
+def test_model_sources_resolve_and_arch_spec(tmp_path, monkeypatch) -> None:
+    from unirl.models.common.presets import ModelSourceError, ModelSources
+
+    sources = ModelSources(family="Toy", arch_presets=("toy-arch",), components=("transformer",))
+    specs = {"toy-arch": lambda: "the toy spec"}
+    assert sources.arch_spec(specs, "toy-arch") == "the toy spec"
+    with pytest.raises(
+        KeyError, match=r"unknown Toy arch preset 'big-arch'; known: \['toy-arch'\]"
+    ):
+        sources.arch_spec(specs, "big-arch")
+
+    def resolve(path: str) -> object:
+        return sources.resolve(path, tiny=lambda: "tiny folder", arch=specs.__getitem__)
+
+    (tmp_path / "model_index.json").write_text("{}")
+    assert resolve("tiny") == "tiny folder"
+    assert callable(resolve("toy-arch"))
+    assert resolve(str(tmp_path)) == tmp_path
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ModelSourceError, match="HF_HUB_OFFLINE=1"):
+        resolve("org/not-cached")
+
+
+def test_family_tiny_preset_folder_names_the_family_in_folder_manifest_and_key(tmp_path) -> None:
+    import json
+    from dataclasses import dataclass
+
+    from unirl.models.common.presets import family_tiny_preset_folder, tiny_preset_folder
+    from unirl.models.common.tiny import corpus_lines
+
+    @dataclass(frozen=True)
+    class Spec:
+        width: int = 3
+
+    def write(folder) -> None:
+        (folder / "model_index.json").write_text("{}")
+
+    folder = family_tiny_preset_folder("toy", Spec(), builder=2, write=write, cache_dir=tmp_path)
+    same = tiny_preset_folder(
+        Spec(),
+        preset="toy-tiny",
+        folder_prefix="toy-tiny",
+        builder=2,
+        corpus=corpus_lines(),
+        write=write,
+        cache_dir=tmp_path,
+        key_extra={"family": "toy"},
+    )
+    assert folder == same and folder.parent == tmp_path / "presets"
+    assert folder.name.startswith("toy-tiny-")
+    manifest = json.loads((folder / "unirl_preset.json").read_text())
+    assert (manifest["preset"], manifest["builder"], manifest["spec"]) == (
+        "toy-tiny",
+        2,
+        {"width": 3},
+    )
+    other = family_tiny_preset_folder("toy2", Spec(), builder=2, write=write, cache_dir=tmp_path)
+    assert other.name.split("-")[-1] != folder.name.split("-")[-1]  # the family is in the key

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from unirl.models.common.tiny import corpus_lines
+
 TINY = "tiny"
 MANIFEST = "unirl_preset.json"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -162,6 +164,29 @@ def tiny_preset_folder(
     return build_cached(root, f"{folder_prefix}-{key}", write, manifest, marker=marker)
 
 
+def family_tiny_preset_folder(
+    family: str,
+    spec: Any,
+    *,
+    builder: int,
+    write: Callable[[Path], None],
+    cache_dir: str | Path | None = None,
+) -> Path:
+    """:func:`tiny_preset_folder` named for ``family`` (e.g. ``qwen-image``): the folder
+    ``<cache>/presets/<family>-tiny-<key>``, the manifest's preset ``<family>-tiny``, the key
+    over ``{"family": family}``, the spec, ``builder`` and the bundled prompt corpus."""
+    return tiny_preset_folder(
+        spec,
+        preset=f"{family}-{TINY}",
+        folder_prefix=f"{family}-{TINY}",
+        builder=builder,
+        corpus=corpus_lines(),
+        write=write,
+        cache_dir=cache_dir,
+        key_extra={"family": family},
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSources:
     """How one family names its sources: its label, ``*-arch`` presets and the diffusers
@@ -208,6 +233,27 @@ class ModelSources:
                 name, "no such local folder, and it is not a hub id of the form 'org/name'"
             )
         return "hub", name
+
+    def arch_spec(self, specs: Mapping[str, Callable[[], Any]], name: str) -> Any:
+        """The spec of the ``*-arch`` preset ``name`` from the family's ``specs``."""
+        if name not in specs:
+            raise KeyError(f"unknown {self.family} arch preset {name!r}; known: {sorted(specs)}")
+        return specs[name]()
+
+    def resolve(
+        self, path_or_preset: str, *, tiny: Callable[[], Path], arch: Callable[[str], Any]
+    ) -> Any:
+        """Where the weights of ``path_or_preset`` are: ``tiny()`` (the cached tiny folder),
+        ``arch(name)`` (an arch spec, built in memory later), a local folder, or a hub
+        snapshot (local cache first; fails fast offline with :class:`ModelSourceError`)."""
+        kind, name = self.classify(path_or_preset)
+        if kind == "tiny":
+            return tiny()
+        if kind == "arch":
+            return arch(name)
+        if kind == "folder":
+            return Path(name)
+        return self.snapshot(name)
 
     def _patterns(self) -> list[str]:
         return ["model_index.json", *(f"{c}/*" for c in self.components)]

@@ -17,8 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from unirl.models.common.presets import TINY, ModelSources, tiny_preset_folder
-from unirl.models.common.tiny import corpus_lines
+from unirl.models.common.presets import TINY, ModelSources, family_tiny_preset_folder
 from unirl.models.flux2.arch import ARCH_SPECS, Flux2KleinArchSpec
 from unirl.models.flux2.tiny import (
     TINY_BUILDER_VERSION,
@@ -41,25 +40,20 @@ def tiny_preset_path(
 ) -> Path:
     """The folder of the ``tiny`` preset (or of another tiny spec), built on first use, at
     ``<cache>/presets/flux2-klein-tiny-<key>``
-    (``unirl.models.common.presets.tiny_preset_folder``)."""
+    (``unirl.models.common.presets.family_tiny_preset_folder``)."""
     spec = spec or TinyFlux2Spec()
-    return tiny_preset_folder(
+    return family_tiny_preset_folder(
+        "flux2-klein",
         spec,
-        preset=f"flux2-klein-{TINY}",
-        folder_prefix="flux2-klein-tiny",
         builder=TINY_BUILDER_VERSION,
-        corpus=corpus_lines(),
         write=lambda folder: write_tiny_flux2(folder, spec),
         cache_dir=cache_dir,
-        key_extra={"family": "flux2-klein"},
     )
 
 
 def arch_spec(name: str) -> Flux2KleinArchSpec:
     """The architecture spec of an ``*-arch`` preset."""
-    if name not in ARCH_SPECS:
-        raise KeyError(f"unknown FLUX.2-Klein arch preset {name!r}; known: {sorted(ARCH_SPECS)}")
-    return ARCH_SPECS[name]()
+    return SOURCES.arch_spec(ARCH_SPECS, name)
 
 
 def architecture_configs(path_or_preset: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -98,11 +92,4 @@ def resolve_model_source(path_or_preset: str) -> Path | Flux2KleinArchSpec:
     """``tiny`` -> cached local folder; ``flux2-klein-arch`` -> :class:`Flux2KleinArchSpec`;
     an existing folder -> itself; ``org/name`` -> a hub snapshot (local cache first, fails
     fast offline with :class:`~unirl.models.common.presets.ModelSourceError`)."""
-    kind, name = SOURCES.classify(path_or_preset)
-    if kind == "tiny":
-        return tiny_preset_path()
-    if kind == "arch":
-        return arch_spec(name)
-    if kind == "folder":
-        return Path(name)
-    return SOURCES.snapshot(name)
+    return SOURCES.resolve(path_or_preset, tiny=tiny_preset_path, arch=arch_spec)

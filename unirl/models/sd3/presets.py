@@ -75,9 +75,7 @@ def tiny_preset_path(
 
 def arch_spec(name: str) -> SD3ArchSpec:
     """The architecture spec of an ``*-arch`` preset."""
-    if name not in ARCH_SPECS:
-        raise KeyError(f"unknown SD3 arch preset {name!r}; known: {sorted(ARCH_SPECS)}")
-    return ARCH_SPECS[name]()
+    return SOURCES.arch_spec(ARCH_SPECS, name)
 
 
 def classify_model_source(path_or_preset: str) -> tuple[str, str]:
@@ -109,11 +107,4 @@ def resolve_model_source(path_or_preset: str) -> Path | SD3ArchSpec:
     ``HF_HUB_OFFLINE=1`` or the hub is unreachable; the message names the presets and
     ``PRETRAINED_MODEL``.
     """
-    kind, name = classify_model_source(path_or_preset)
-    if kind == "tiny":
-        return tiny_preset_path()
-    if kind == "arch":
-        return arch_spec(name)
-    if kind == "folder":
-        return Path(name)
-    return SOURCES.snapshot(name)
+    return SOURCES.resolve(path_or_preset, tiny=tiny_preset_path, arch=arch_spec)

@@ -13,8 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from unirl.models.common.presets import TINY, ModelSources, tiny_preset_folder
-from unirl.models.common.tiny import corpus_lines
+from unirl.models.common.presets import TINY, ModelSources, family_tiny_preset_folder
 from unirl.models.z_image.arch import ARCH_SPECS, ZImageArchSpec
 from unirl.models.z_image.tiny import (
     TINY_BUILDER_VERSION,
@@ -37,25 +36,20 @@ def tiny_preset_path(
 ) -> Path:
     """The folder of the ``tiny`` preset, built on first use, at
     ``<cache>/presets/z-image-tiny-<key>``
-    (``unirl.models.common.presets.tiny_preset_folder``)."""
+    (``unirl.models.common.presets.family_tiny_preset_folder``)."""
     spec = spec or TinyZImageSpec()
-    return tiny_preset_folder(
+    return family_tiny_preset_folder(
+        "z-image",
         spec,
-        preset=f"z-image-{TINY}",
-        folder_prefix="z-image-tiny",
         builder=TINY_BUILDER_VERSION,
-        corpus=corpus_lines(),
         write=lambda folder: write_tiny_z_image(folder, spec),
         cache_dir=cache_dir,
-        key_extra={"family": "z-image"},
     )
 
 
 def arch_spec(name: str) -> ZImageArchSpec:
     """The architecture spec of an ``*-arch`` preset."""
-    if name not in ARCH_SPECS:
-        raise KeyError(f"unknown Z-Image arch preset {name!r}; known: {sorted(ARCH_SPECS)}")
-    return ARCH_SPECS[name]()
+    return SOURCES.arch_spec(ARCH_SPECS, name)
 
 
 def architecture_configs(path_or_preset: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -73,11 +67,4 @@ def resolve_model_source(path_or_preset: str) -> Path | ZImageArchSpec:
     """``tiny`` -> cached local folder; ``z-image-arch`` -> :class:`ZImageArchSpec`; an
     existing folder -> itself; ``org/name`` -> a hub snapshot (local cache first, fails fast
     offline with :class:`~unirl.models.common.presets.ModelSourceError`)."""
-    kind, name = SOURCES.classify(path_or_preset)
-    if kind == "tiny":
-        return tiny_preset_path()
-    if kind == "arch":
-        return arch_spec(name)
-    if kind == "folder":
-        return Path(name)
-    return SOURCES.snapshot(name)
+    return SOURCES.resolve(path_or_preset, tiny=tiny_preset_path, arch=arch_spec)
