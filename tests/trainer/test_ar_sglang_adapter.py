@@ -34,6 +34,16 @@ class FakeTextServer:
         self.requests: list[tuple[list[list[int]], list[dict[str, Any]]]] = []
         self.updates = 0
         self.corrupt_readback = False
+        self.lora_paths: list[str | None] = []
+        self.adapters: dict[str, str] = {}  # loaded name -> folder
+
+    def load_lora_adapter(self, name: str, path: str) -> dict:
+        self.adapters[name] = path
+        return {"success": True}
+
+    def unload_lora_adapter(self, name: str) -> dict:
+        self.adapters.pop(name)
+        return {"success": True}
 
     def _model(self) -> Any:
         if self.bundle is None:  # built where the engine lives (a Ray worker)
@@ -42,11 +52,20 @@ class FakeTextServer:
             self.bundle = Qwen3Bundle(path="tiny", dtype="fp32", device="cpu")
         return self.bundle
 
-    def generate(self, input_ids: list[list[int]], sampling_params: list[dict]) -> list[dict]:
+    def generate(
+        self,
+        input_ids: list[list[int]],
+        sampling_params: list[dict],
+        *,
+        lora_path: str | None = None,
+        texts: list[str] | None = None,
+        image_data: list[str] | None = None,
+    ) -> list[dict]:
         from unirl.models.common_ar.generate import StopStrings, generate_completions
 
         bundle = self._model()
         self.requests.append((input_ids, sampling_params))
+        self.lora_paths.append(lora_path)
         outs = []
         for ids, params in zip(input_ids, sampling_params, strict=True):
             gen = torch.Generator().manual_seed(int(params["sampling_seed"]))
@@ -188,24 +207,62 @@ def test_weight_sync_forwards_full_tensors_and_reads_back() -> None:
     out = eng._apply_synced(manifest, new)
     assert out["bytes"] == embed.numel() * 4 and server.updates == 1
     assert torch.all(embed == 0.25)
-    with pytest.raises(WeightSyncError, match="full weights"):
-        eng._sync_prepare(SyncManifest(kind="lora", entries=(meta,)))
     server.corrupt_readback = True
     with pytest.raises(WeightSyncError, match="read-back"):
         eng._apply_synced(manifest, new)
 
 
 def test_pre_ray_checks(tmp_path: Path) -> None:
+    def recipe(sync: dict) -> object:
+        return type("R", (), {"sync": sync})()
+
     block = {"_target_": "x", "bundle": BUNDLE, "_recursive_": False}
-    recipe = type("R", (), {"sync": {"_target_": "unirl.distributed.weight_sync.FullSync"}})()
-    SGLangLLMEngine.check_config(block, recipe)
+    full = recipe({"_target_": "unirl.distributed.weight_sync.FullSync"})
+    SGLangLLMEngine.check_config(block, full)
     with pytest.raises(ConfigError, match="_recursive_ must be false"):
-        SGLangLLMEngine.check_config({**block, "_recursive_": True}, recipe)
+        SGLangLLMEngine.check_config({**block, "_recursive_": True}, full)
     with pytest.raises(ConfigError, match="bundle: \\$\\{bundle\\}"):
-        SGLangLLMEngine.check_config({**block, "bundle": "tiny"}, recipe)
-    lora = type("R", (), {"sync": {"_target_": "unirl.distributed.weight_sync.LoraSync"}})()
-    with pytest.raises(ConfigError, match="FullSync"):
+        SGLangLLMEngine.check_config({**block, "bundle": "tiny"}, full)
+    lora = recipe({"_target_": "unirl.distributed.weight_sync.LoraSync"})
+    with pytest.raises(ConfigError, match="--enable-lora"):
         SGLangLLMEngine.check_config(block, lora)
+    SGLangLLMEngine.check_config({**block, "server_args": ["--enable-lora"]}, lora)
+    merged = recipe({"_target_": "unirl.distributed.weight_sync.LoraSync", "merged_lora": True})
+    with pytest.raises(ConfigError, match="merged_lora"):
+        SGLangLLMEngine.check_config({**block, "server_args": ["--enable-lora"]}, merged)
+    other = recipe({"_target_": "unirl.distributed.weight_sync.CudaIpcSync"})
+    with pytest.raises(ConfigError, match="FullSync"):
+        SGLangLLMEngine.check_config(block, other)
+
+
+def test_lora_syncs_load_a_peft_folder_by_name_and_requests_use_it(tmp_path: Path) -> None:
+    import json
+
+    from safetensors.torch import load_file
+
+    from unirl.distributed.weight_sync.manifest import SyncManifest, TensorMeta
+
+    server = FakeTextServer()
+    eng = engine(server, adapter_dir=str(tmp_path))
+    name = "model.layers.0.self_attn.q_proj.lora_A.weight"
+    tensor = torch.arange(8.0).reshape(2, 4)
+    meta = TensorMeta(name=name, source=name, shape=(2, 4), dtype="torch.float32", wire_dtype="")
+    config = {"r": 2, "lora_alpha": 4.0, "target_modules": ["q_proj"], "adapter_name": "default"}
+    manifest = SyncManifest(kind="lora", entries=(meta,), lora_config=config)
+    assert eng._sync_prepare(manifest) == {name: "torch.float32"}
+    eng._apply_synced(manifest, {name: tensor})
+    eng._apply_synced(manifest, {name: tensor + 1})
+    assert list(server.adapters) == ["unirl_v2"]  # the first one was unloaded
+    folder = Path(server.adapters["unirl_v2"])
+    saved = load_file(str(folder / "adapter_model.safetensors"))
+    assert torch.equal(saved[f"base_model.model.{name}"], tensor + 1)
+    written = json.loads((folder / "adapter_config.json").read_text())
+    assert (written["r"], written["lora_alpha"], written["target_modules"]) == (2, 4.0, ["q_proj"])
+    assert not (folder.parent / "v000001").exists()
+    eng.generate(request([0]))
+    assert server.lora_paths[-1] == "unirl_v2"
+    with pytest.raises(WeightSyncError, match="merge"):
+        eng._sync_prepare(SyncManifest(kind="lora", entries=(meta,), merged_lora=True))
 
 
 def test_text_loop_on_the_dedicated_colocated_layout(

@@ -20,13 +20,14 @@ from hydra.utils import instantiate
 from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
 from unirl.config.validate import engine_kind
+from unirl.data.media import ReferenceImages
 from unirl.distributed.group import DevicePool, Handle, placement, remote
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.trainer.base import StageTrainer
 from unirl.trainer.dedicated import DedicatedLayout, plan_dedicated_roles
 from unirl.trainer.roles import RewardWorker, TrainOps
 from unirl.trainer.stage import Stage
-from unirl.types import ARSamplingParams, RolloutReq, RolloutTrack, TextRequest, Texts
+from unirl.types import ARSamplingParams, Images, RolloutReq, RolloutTrack, TextRequest, Texts
 
 TRACK = "text"
 
@@ -44,13 +45,47 @@ def check_ar_recipe(cfg: RunConfig) -> None:
         f"sampling._target_={target or None}: unirl.train_vlm samples text; use "
         "unirl.types.ARSamplingParams",
     )
+    image_size = bundle_image_size(cfg)
+    path = (cfg.data_source or {}).get("path")
+    if path:
+        from unirl.data import read_prompt_file
+        from unirl.data.media import has_references
+
+        with_images = has_references(read_prompt_file(path))
+        family = (cfg.bundle or {}).get("_target_")
+        require(
+            not with_images or image_size is not None,
+            f"data_source.path {path!r} gives every prompt an image, but {family} reads no "
+            "images; use a vision-language family (unirl.models.qwen_vl.QwenVLBundle)",
+        )
+        require(
+            with_images or image_size is None,
+            f"{family} reads one image per prompt, but data_source.path {path!r} has none; give "
+            "every line a media image (datasets/geometry/ shows the format)",
+        )
     kind = engine_kind(cfg)
     if kind not in PLACED_ENGINES:
         raise ConfigError(
             f"rollout._target_={cfg.rollout.get('_target_')} is a {kind!r} engine; unirl.train_vlm "
             "places the trainside engine (unirl.rollout.TrainsideEngine) or SGLang's text server "
-            "(unirl.rollout.engine.sglang_llm.SGLangLLMEngine with a FullSync block)"
+            "(unirl.rollout.engine.sglang_llm.SGLangLLMEngine with a FullSync or LoraSync block)"
         )
+
+
+def bundle_image_size(cfg: RunConfig) -> int | None:
+    """The side images are resized to for a vision-language family (its typed config's
+    ``image_size``), None for a text-only one."""
+    from unirl.config.component import component_config, config_class_of
+    from unirl.config.validate import locate
+
+    block = cfg.bundle or {}
+    if "_target_" not in block:
+        return None
+    family = locate(str(block["_target_"]), "bundle")
+    if config_class_of(family) is None:
+        return None
+    size = getattr(component_config(family, block, "bundle"), "image_size", None)
+    return int(size) if size is not None else None
 
 
 def text_train_roles(cfg: RunConfig) -> dict[str, Handle]:
@@ -140,6 +175,8 @@ class ARTrainer(StageTrainer):
         check_ar_recipe(cfg)
         super().__init__(cfg, data)
         self.sampling: ARSamplingParams = instantiate(cfg.sampling, _convert_="object")
+        size = bundle_image_size(cfg)  # a vision-language family: one image per prompt
+        self.images = ReferenceImages(size, size) if size is not None else None
 
     # -- placement -----------------------------------------------------------------------------
 
@@ -195,12 +232,17 @@ class ARTrainer(StageTrainer):
         base = rollout_index * n if mode == "train" else 10**12 + rollout_index * n
         sample_ids = torch.arange(base, base + n, dtype=torch.long)
         group_base = rollout_index * b
+        primitives: dict[str, Any] = {
+            "text": Texts(texts=[ex.prompt for ex in prompts for _ in range(spp)])
+        }
+        if self.images is not None:  # each prompt's diagram, resized to the bundle's size
+            primitives["image"] = Images(pixels=self.images.pixels(prompts, repeat=spp))
         return RolloutReq(
             sample_ids=sample_ids,
             group_ids=torch.arange(group_base, group_base + b, dtype=torch.long).repeat_interleave(
                 spp
             ),
-            primitives={"text": Texts(texts=[ex.prompt for ex in prompts for _ in range(spp)])},
+            primitives=primitives,
             metadata=[dict(ex.metadata) for ex in prompts for _ in range(spp)],
             stage_params={
                 TRACK: TextRequest(

@@ -50,6 +50,7 @@ class CausalLMBundle:
     """
 
     config_class: ClassVar[type[CausalLMBundleConfig]] = CausalLMBundleConfig
+    formatter_class: ClassVar[type[PromptFormatter]] = PromptFormatter
     sources: ClassVar[CausalLMSources]
     block_class_names: ClassVar[tuple[str, ...]] = ()
     lora_default_targets: ClassVar[tuple[str, ...]] = LLM_LORA_TARGETS
@@ -73,7 +74,7 @@ class CausalLMBundle:
         stops = stop_token_ids(
             self.tokenizer, getattr(self.model, "generation_config", None), where
         )
-        self.prompts = PromptFormatter(self.config, self.tokenizer, stops)
+        self.prompts = self.formatter_class(self.config, self.tokenizer, stops)
         self.stop_token_ids = self.prompts.stop_token_ids
         self.pad_token_id = self.prompts.pad_token_id
 
@@ -149,7 +150,7 @@ class CausalLMBundle:
         elif kind == "arch":
             generation = GenerationConfig(eos_token_id=tokenizer.eos_token_id)
         stops = stop_token_ids(tokenizer, generation, f"bundle.path={config.path!r}")
-        return PromptFormatter(config, tokenizer, stops)
+        return cls.formatter_class(config, tokenizer, stops)
 
     def _load(self) -> tuple[nn.Module, Any]:
         from transformers import AutoTokenizer
@@ -188,7 +189,7 @@ class CausalLMBundle:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.config.vocab_size)
+        return int(self.model.config.get_text_config().vocab_size)
 
     @classmethod
     def check_config(cls, block: dict[str, Any], recipe: Any) -> None:

@@ -15,7 +15,7 @@ top-p / top-k truncation (the trainer replays that policy; see README.md).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +33,15 @@ class Completion:
     tokens: list[int]
     log_probs: torch.Tensor
     finish_reason: str
+
+
+def suppress(logits: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
+    """``logits`` with the given token ids at -inf (out of the policy's support)."""
+    if not token_ids:
+        return logits
+    out = logits.clone()
+    out[..., list(token_ids)] = float("-inf")
+    return out
 
 
 def policy_log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -111,12 +120,22 @@ def generate_completions(
     stop_token_ids: Sequence[int] = (),
     stop_strings: StopStrings | None = None,
     pad_token_id: int = 0,
+    prefill_inputs: Mapping[str, torch.Tensor] | None = None,
+    positions_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    suppress_token_ids: Sequence[int] = (),
 ) -> list[Completion]:
     """Sample one completion per prompt with a KV cache (see the module docstring).
 
     ``prompts``: token ids per sample (non-empty). ``uniforms[B, >= max_new_tokens]``: each
     sample's stream. ``model``: a transformers causal LM (any wrapper that keeps its call
-    signature: peft-injected, FSDP2-sharded).
+    signature: peft-injected, FSDP2-sharded). ``prefill_inputs``: extra model inputs of the
+    prefill only (a vision-language model's ``pixel_values``, ``image_grid_thw``).
+    ``positions_fn(input_ids[B, L], attention[B, L])``: the prefill's ``position_ids`` of the
+    left-padded batch (``[B, L]``, or ``[3, B, L]`` for multimodal RoPE); default: the
+    attention mask's running count. Every generated token advances every position axis by 1.
+    ``suppress_token_ids``: tokens the policy never emits (a vision model's image
+    placeholders): their logits are -inf for sampling and for the recorded log-probs alike
+    (:func:`suppress`; the replay applies the same).
     """
     from transformers import DynamicCache
 
@@ -137,7 +156,10 @@ def generate_completions(
         input_ids[i, longest - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
         attention[i, longest - len(p) :] = 1
     input_ids, attention = input_ids.to(device), attention.to(device)
-    positions = (attention.cumsum(-1) - 1).clamp_min(0)
+    if positions_fn is None:
+        positions = (attention.cumsum(-1) - 1).clamp_min(0)
+    else:
+        positions = positions_fn(input_ids, attention).to(device)
     stops = torch.tensor(sorted(set(stop_token_ids)), dtype=torch.long, device=device)
 
     tokens: list[list[int]] = [[] for _ in range(b)]
@@ -153,9 +175,10 @@ def generate_completions(
         use_cache=True,
         logits_to_keep=1,
         **with_cache,
+        **{k: v.to(device) for k, v in (prefill_inputs or {}).items()},
     )
     for step in range(max_new_tokens):
-        logits = out.logits[:, -1, :].float()
+        logits = suppress(out.logits[:, -1, :].float(), suppress_token_ids)
         u = uniforms[rows, step].to(device)
         chosen = draw_tokens(logits, u, temperature=temperature, top_p=top_p, top_k=top_k)
         chosen_logp = policy_log_probs(logits, temperature).gather(1, chosen[:, None])[:, 0]
@@ -178,10 +201,11 @@ def generate_completions(
         if len(keep) < len(rows):  # finished rows leave the batch and the cache
             index = torch.tensor(keep, dtype=torch.long, device=device)
             cache.batch_select_indices(index)
-            attention, positions, chosen = attention[index], positions[index], chosen[index]
+            attention, chosen = attention[index], chosen[index]
+            positions = positions.index_select(positions.ndim - 2, index)  # [B, L] or [3, B, L]
             rows = rows[torch.tensor(keep, dtype=torch.long)]
         attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=1)
-        positions = positions[:, -1:] + 1
+        positions = positions[..., -1:] + 1
         out = model(
             input_ids=chosen[:, None],
             attention_mask=attention,

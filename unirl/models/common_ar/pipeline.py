@@ -17,7 +17,7 @@ import torch
 
 from unirl.config.require import require
 from unirl.models.common_ar.conditions import PromptConditions
-from unirl.models.common_ar.generate import StopStrings, generate_completions
+from unirl.models.common_ar.generate import StopStrings, generate_completions, suppress
 from unirl.models.common_ar.track import text_track
 from unirl.types import Packed, RolloutReq, RolloutResp, TextRequest, TextSegment
 
@@ -76,6 +76,7 @@ class CausalLMPipeline:
                         stop_token_ids=bundle.stop_token_ids,
                         stop_strings=stops or None,
                         pad_token_id=bundle.pad_token_id,
+                        suppress_token_ids=bundle.prompts.suppressed_token_ids,
                     )
                 )
         t_generate = time.perf_counter() - t0
@@ -112,7 +113,8 @@ class CausalLMPipeline:
                 use_cache=False,
                 logits_to_keep=targets - 1,  # the position before each target predicts it
             )
-        logits = out.logits[0].float() / float(conditions.temperature)
+        logits = suppress(out.logits[0].float(), bundle.prompts.suppressed_token_ids)
+        logits = logits / float(conditions.temperature)
         picked = torch.log_softmax(logits, dim=-1).gather(1, tokens[targets][:, None])[:, 0]
         values = torch.zeros(tokens.shape[0], dtype=torch.float32, device=device)
         values = values.index_put((targets,), picked)

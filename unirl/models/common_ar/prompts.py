@@ -36,7 +36,10 @@ def stop_token_ids(tokenizer: Any, generation_config: Any, where: str) -> list[i
 class PromptFormatter:
     """The prompt knobs of a :class:`CausalLMBundleConfig` applied with ``tokenizer``:
     ``prompt_text``, ``encode_prompts`` (cached per prompt, length-checked), ``decode``;
-    ``stop_token_ids`` and ``pad_token_id`` for the sampler."""
+    ``stop_token_ids``, ``pad_token_id`` and ``suppressed_token_ids`` (tokens the policy never
+    emits; none for text families) for the sampler and the replay."""
+
+    suppressed_token_ids: tuple[int, ...] = ()
 
     def __init__(
         self, config: CausalLMBundleConfig, tokenizer: Any, stop_ids: Sequence[int]

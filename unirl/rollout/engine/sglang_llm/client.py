@@ -10,6 +10,9 @@ written against its native routes:
   handles, so the server must share the GPU) and ``flush_cache``;
 - ``POST /get_weights_by_name`` — the first ``truncate_size`` values of a parameter
   (read-back check after a sync);
+- ``POST /load_lora_adapter`` / ``/unload_lora_adapter`` — a peft adapter folder loaded under
+  a name that ``/generate`` then selects per request (``lora_path``; the server runs with
+  ``--enable-lora``);
 - ``POST /release_memory_occupation`` / ``/resume_memory_occupation`` — sleep / wake (the
   server runs with ``--enable-memory-saver``).
 
@@ -67,19 +70,36 @@ class SGLangTextClient:
         return data
 
     def generate(
-        self, input_ids: list[list[int]], sampling_params: list[dict[str, Any]]
+        self,
+        input_ids: list[list[int]],
+        sampling_params: list[dict[str, Any]],
+        *,
+        texts: list[str] | None = None,
+        image_data: list[str] | None = None,
+        lora_path: str | None = None,
     ) -> list[dict[str, Any]]:
-        """One output dict per prompt (``output_ids``, ``meta_info``)."""
-        out = self._post(
-            "/generate",
-            {
-                "input_ids": input_ids,
-                "sampling_params": sampling_params,
-                "return_logprob": True,
-                "logprob_start_len": -1,  # generated tokens only
-            },
-        )
+        """One output dict per prompt (``output_ids``, ``meta_info``). With ``image_data``
+        (base64 PNGs, one per prompt) the server reads ``texts`` (its processor expands the
+        image placeholder) instead of ``input_ids``."""
+        body: dict[str, Any] = {
+            "sampling_params": sampling_params,
+            "return_logprob": True,
+            "logprob_start_len": -1,  # generated tokens only
+        }
+        if image_data is not None:
+            body.update({"text": texts, "image_data": image_data})
+        else:
+            body["input_ids"] = input_ids
+        if lora_path is not None:
+            body["lora_path"] = [lora_path] * len(sampling_params)
+        out = self._post("/generate", body)
         return out if isinstance(out, list) else [out]
+
+    def load_lora_adapter(self, name: str, path: str) -> dict[str, Any]:
+        return dict(self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path}))
+
+    def unload_lora_adapter(self, name: str) -> dict[str, Any]:
+        return dict(self._post("/unload_lora_adapter", {"lora_name": name}))
 
     def update_weights_from_tensor(
         self, named_tensors: list[tuple[str, torch.Tensor]], *, tp_size: int = 1

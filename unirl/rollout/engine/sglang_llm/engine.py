@@ -3,15 +3,20 @@
 One server per rollout worker (launched as a child process, or reached at ``server_url``).
 Prompts are formatted and tokenized here exactly as the trained bundle does (its
 ``PromptFormatter``, built from the recipe's bundle block without weights) and sent as
-``input_ids``; every sample carries its own ``sampling_seed`` derived from ``(seed, sample
-id)``. The server's generated ids and per-token log-probs become the same ``TextSegment`` the
-trainside pipeline records (``models.common_ar.track.text_track``). Weight syncs forward full
-tensors to the server (``/update_weights_from_tensor``) and read a few back
-(``/get_weights_by_name``) before reporting success.
+``input_ids`` (a vision-language family's prompts go as text with their image, which the
+server's processor expands the same way); every sample carries its own ``sampling_seed``
+derived from ``(seed, sample id)``. The server's generated ids and per-token log-probs become
+the same ``TextSegment`` the trainside pipeline records (``models.common_ar.track.text_track``).
+Full-weight syncs go to ``/update_weights_from_tensor`` and a few parameters are read back
+(``/get_weights_by_name``); LoRA syncs write the adapter as a peft folder, load it under a new
+name (``/load_lora_adapter``), select it for every later request and unload the previous one.
 """
 
 from __future__ import annotations
 
+import base64
+import io
+import shutil
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -29,6 +34,16 @@ from unirl.models.common_ar.generate import LENGTH, STOP, Completion
 from unirl.models.common_ar.track import text_track
 from unirl.rollout.engine.dedicated.engine import plain_block
 from unirl.types import RolloutReq, RolloutResp, TextRequest, noise_seed
+
+
+def png_base64(pixels: torch.Tensor) -> str:
+    """An image ``[3, H, W]`` in [0, 1] as a base64 PNG (what SGLang's ``image_data`` takes)."""
+    from PIL import Image
+
+    array = (pixels.detach().float().clamp(0, 1) * 255).round().byte().permute(1, 2, 0).cpu()
+    buffer = io.BytesIO()
+    Image.fromarray(array.numpy()).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 class EngineContractError(RuntimeError):
@@ -63,9 +78,10 @@ class SGLangLLMEngine(WeightReceiver):
     ``--enable-memory-saver``; for per-sample seeds to be honoured bit for bit
     ``--enable-deterministic-inference``). ``dtype``: the server's weight dtype (syncs cast to
     it). ``tp_size``: tensor-parallel ranks of the server (one serialized payload each).
-    ``check_names``: parameters read back after every sync (the first ``check_values`` of
-    each). ``client``: a ready client (tests inject a fake); when omitted, sglang must be
-    installed.
+    ``check_names``: parameters read back after every full sync (the first ``check_values``
+    of each). ``adapter_dir``: where LoRA syncs write the adapter folders the server loads
+    (default: a temporary folder on this node). ``client``: a ready client (tests inject a
+    fake); when omitted, sglang must be installed.
     """
 
     engine_kind = "sglang"
@@ -82,10 +98,23 @@ class SGLangLLMEngine(WeightReceiver):
         sync = getattr(recipe, "sync", None) or {}
         target = str(sync.get("_target_", ""))
         require(
-            not target or target.endswith("FullSync"),
-            f"sync._target_={target}: the SGLang text engine takes full weights; use "
-            "unirl.distributed.weight_sync.FullSync (LoRA syncs to SGLang are not built yet: "
-            "train the full model, or use the trainside engine with LoRA)",
+            not target or target.endswith(("FullSync", "LoraSync")),
+            f"sync._target_={target}: the SGLang text engine takes FullSync (full weights) or "
+            "LoraSync (a peft adapter it loads by name)",
+        )
+        require(
+            not sync.get("merged_lora"),
+            "sync.merged_lora: merged LoRA syncs to SGLang are not built yet (the engine cannot "
+            "merge an adapter into weights the server holds); set merged_lora: false to serve "
+            "the adapter by name, or use FullSync",
+        )
+        args = [str(a) for a in block.get("server_args") or []]
+        require(
+            not target.endswith("LoraSync")
+            or not block.get("launch", True)
+            or "--enable-lora" in args,
+            "rollout.server_args: a LoRA run needs the server started with --enable-lora (and "
+            "--max-lora-rank <r>, --lora-target-modules <the trained targets>)",
         )
 
     def __init__(
@@ -101,6 +130,7 @@ class SGLangLLMEngine(WeightReceiver):
         track_name: str = "text",
         check_names: list[str] | None = None,
         check_values: int = 64,
+        adapter_dir: str | None = None,
         request_timeout_s: float = 1800.0,
         startup_timeout_s: float = 900.0,
         client: Any = None,
@@ -120,6 +150,9 @@ class SGLangLLMEngine(WeightReceiver):
             check_names if check_names is not None else ["model.embed_tokens.weight"]
         )
         self.check_values = int(check_values)
+        self.adapter_dir = adapter_dir
+        self.lora_name: str | None = None  # the adapter every request uses (LoRA syncs)
+        self.lora_version = 0
         self.process = None
         if client is None:
             from unirl.rollout.engine.sglang_llm.client import (
@@ -192,8 +225,13 @@ class SGLangLLMEngine(WeightReceiver):
         prompt_ids = self.formatter.encode_prompts(req.prompts)
         t_encode = time.perf_counter() - t0
         params = [self._sampling_params(block, req.seed, int(i)) for i in block.seed_ids.tolist()]
+        images = req.primitives.get("image")
+        extra: dict[str, Any] = {}
+        if images is not None:  # a vision-language prompt: its text and image, server-processed
+            extra["texts"] = [self.formatter.prompt_text(p) for p in req.prompts]
+            extra["image_data"] = [png_base64(px) for px in images.pixels]  # type: ignore[attr-defined]
         t0 = time.perf_counter()
-        outputs = self.client.generate(prompt_ids, params)
+        outputs = self.client.generate(prompt_ids, params, lora_path=self.lora_name, **extra)
         t_generate = time.perf_counter() - t0
         if len(outputs) != len(prompt_ids):
             raise EngineContractError(
@@ -233,17 +271,21 @@ class SGLangLLMEngine(WeightReceiver):
     # -- weight sync: the server holds the weights ------------------------------------------------
 
     def _sync_prepare(self, manifest: SyncManifest) -> dict[str, str]:
-        """The server exposes no parameter table: it checks names when it loads them, and a
-        few are read back after each update. Full weights only (``check_config``)."""
-        if manifest.kind != "full":
-            raise WeightSyncError(
-                f"SGLangLLMEngine takes full weights, got a {manifest.kind!r} sync; use FullSync"
-            )
+        """The server exposes no parameter table: it checks names when it loads them. Full
+        weights are cast to the server's dtype; an adapter travels in fp32."""
+        if manifest.kind == "lora":
+            if manifest.merged_lora:
+                raise WeightSyncError(
+                    "SGLangLLMEngine serves adapters by name; it cannot merge (merged_lora)"
+                )
+            return {e.name: str(torch.float32) for e in manifest.entries}
         return {e.name: str(self.dtype) for e in manifest.entries}
 
     def _apply_synced(
         self, manifest: SyncManifest, tensors: Mapping[str, torch.Tensor]
     ) -> dict[str, Any]:
+        if manifest.kind == "lora":
+            return self._apply_adapter(manifest, tensors)
         named = [(e.name, tensors[e.name].to(self.dtype)) for e in manifest.entries]
         out = self.client.update_weights_from_tensor(named, tp_size=self.tp_size)
         if not out.get("success", False):
@@ -266,6 +308,55 @@ class SGLangLLMEngine(WeightReceiver):
         received = sum(t.numel() * t.element_size() for _, t in named)
         checksums = {n: tensor_checksum(t) for n, t in named}  # what the server confirmed
         return {"bytes": received, "checksums": checksums}
+
+    def _apply_adapter(
+        self, manifest: SyncManifest, tensors: Mapping[str, torch.Tensor]
+    ) -> dict[str, Any]:
+        """Write the adapter as a peft folder, load it under a new name, use it from the next
+        request on, unload the one before."""
+        import json
+        import tempfile
+        from pathlib import Path
+
+        from safetensors.torch import save_file
+
+        lora = dict(manifest.lora_config or {})
+        self.lora_version += 1
+        root = Path(self.adapter_dir or tempfile.gettempdir()) / f"unirl_sglang_{id(self):x}"
+        folder = root / f"v{self.lora_version:06d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        named = {
+            e.name: tensors[e.name].detach().float().cpu().contiguous() for e in manifest.entries
+        }
+        save_file(
+            {f"base_model.model.{n}": t for n, t in named.items()},
+            str(folder / "adapter_model.safetensors"),
+        )
+        (folder / "adapter_config.json").write_text(
+            json.dumps(
+                {
+                    "peft_type": "LORA",
+                    "task_type": "CAUSAL_LM",
+                    "base_model_name_or_path": self.model_path,
+                    "r": int(lora["r"]),
+                    "lora_alpha": float(lora["lora_alpha"]),
+                    "target_modules": lora["target_modules"],
+                    "use_rslora": bool(lora.get("use_rslora", False)),
+                    "lora_dropout": 0.0,
+                    "bias": "none",
+                }
+            )
+        )
+        name = f"unirl_v{self.lora_version}"
+        out = self.client.load_lora_adapter(name, str(folder))
+        if not out.get("success", False):
+            raise WeightSyncError(f"sglang load_lora_adapter failed: {out.get('message', out)}")
+        previous, self.lora_name = self.lora_name, name
+        if previous is not None:
+            self.client.unload_lora_adapter(previous)
+            shutil.rmtree(root / f"v{self.lora_version - 1:06d}", ignore_errors=True)
+        received = sum(t.numel() * t.element_size() for t in named.values())
+        return {"bytes": received, "checksums": {n: tensor_checksum(t) for n, t in named.items()}}
 
     @distributed(dispatch=Dispatch.BROADCAST)
     def checksums(self, kind: str | None = None, names: list[str] | None = None) -> dict[str, int]:
