@@ -99,7 +99,10 @@ class TokenPolicyLoss(StageAlgorithm):
         self.norm_length = norm_length
         self.old_logp_source = old_logp_source
         self.tis_cap = tis_cap
-        self.start_rollout(0)  # the rollout-vs-replay gap accumulators
+        # the rollout-vs-replay gap of the current rollout: Σ|Δ log p|, tokens, max
+        self._gap_sum: float = 0.0
+        self._gap_tokens: int = 0
+        self._gap_max: float = 0.0
 
     # -- per-token loss: the one thing subclasses define -------------------------------------
 
@@ -153,9 +156,9 @@ class TokenPolicyLoss(StageAlgorithm):
         gap = (recorded.float().to(replay.device) - replay).abs()[mask]
         if gap.numel():
             total, worst = torch.stack([gap.double().sum(), gap.double().max()]).tolist()
-            self._gap_sum += total
-            self._gap_tokens += gap.numel()
-            self._gap_max = max(self._gap_max, worst)
+            self._gap_sum += float(total)
+            self._gap_tokens += int(gap.numel())
+            self._gap_max = max(self._gap_max, float(worst))
 
     @staticmethod
     def _mask(segment: TextSegment, like: torch.Tensor) -> torch.Tensor:
