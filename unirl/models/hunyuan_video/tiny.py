@@ -276,7 +276,7 @@ def shape_tiny_decoder(vae: Any, spec: TinyHunyuanVideo15Spec, generator: torch.
       repeated with period S over all its channels; the temporal upsamplers copy them to the
       2x2 sub-pixels (nearest) and to both new frames (the first of the two is the mean of the
       previous frame and the current one), the spatial ones upsample bilinearly;
-    - the second spatial upsampler's bias adds two *anchor* channels (±A) that dominate the
+    - the first spatial upsampler's bias adds two *anchor* channels (±A) that dominate the
       output RMS norm, so it acts as a fixed scaling; the norm keeps only the signal (scaled
       so SiLU works near its linear range) and ``conv_out`` mixes it into RGB centred on grey.
 
@@ -284,8 +284,10 @@ def shape_tiny_decoder(vae: Any, spec: TinyHunyuanVideo15Spec, generator: torch.
     shortcut reads the first frame's channels in another order than the later frames', so
     the cancellation is exact for the later frames only and the first frame keeps a fixed
     remapping of its signal channels. The period-S layout (S dividing ``in / 32``) makes that
-    remapping the same at every sub-pixel, so the first frame is as smooth as the others; it
-    decodes latent frame 0 with another (fixed, linear) colour mix.
+    remapping the same at every sub-pixel, so the first frame is as smooth as the others; and
+    each temporal upsampler reads the signal at 1/``decoder_temporal_gain`` of what it writes
+    (``conv_in`` writes it at 1/gain²), so the leftover stays small. The first frame decodes
+    latent frame 0 with another (fixed, linear) colour mix.
     """
     from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import (
         HunyuanVideo15AttnBlock,
@@ -331,7 +333,6 @@ def shape_tiny_decoder(vae: Any, spec: TinyHunyuanVideo15Spec, generator: torch.
         conv = module.conv.conv
         w = torch.zeros_like(conv.weight)  # [c_out * factor, c_in, 3, 3, 3]
         b = torch.zeros(conv.out_channels)
-        carried = signal if spatial_seen == 0 else signal + 2
         if c_out < signal + 2:
             raise ValueError(
                 f"TinyHunyuanVideo15Spec: an upsampler of {c_out} channels is too narrow"
@@ -351,28 +352,25 @@ def shape_tiny_decoder(vae: Any, spec: TinyHunyuanVideo15Spec, generator: torch.
                     else:
                         w[k, source, 2, 1, 1] += gain
         else:
+            # the first spatial upsampler carries the signal and adds the anchors (its bias),
+            # the second carries both
+            first_spatial = spatial_seen == 0
             spatial_seen += 1
+            carried = signal if first_spatial else signal + 2
             taps = {0: {-1: 0.25, 0: 0.75}, 1: {0: 0.75, 1: 0.25}}  # bilinear, per sub-pixel
             for s in range(4):
                 dy, dx = divmod(s, 2)
                 for c in range(c_out):
                     k = s * c_out + c
                     w[k, k // repeats, 2, 1, 1] -= 1.0  # the shortcut
-                    if spatial_seen == 1:  # the signal's copy at channel c; anchors from the bias
-                        if c < signal:
-                            source = c
-                        elif c in anchor_channels:
-                            b[k] = spec.decoder_anchor_value * (1.0 if c == signal else -1.0)
-                            continue
-                        else:
-                            continue
-                    elif c < carried:
-                        source = c
-                    else:
+                    if first_spatial and c in anchor_channels:
+                        b[k] = spec.decoder_anchor_value * (1.0 if c == signal else -1.0)
+                        continue
+                    if c >= carried:
                         continue
                     for oy, wy in taps[dy].items():
                         for ox, wx in taps[dx].items():
-                            w[k, source, 2, 1 + oy, 1 + ox] += wy * wx
+                            w[k, c, 2, 1 + oy, 1 + ox] += wy * wx
         conv.weight.copy_(w)
         conv.bias.copy_(b)
     if spatial_seen != 2:
