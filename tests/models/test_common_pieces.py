@@ -211,3 +211,21 @@ def test_family_tiny_preset_folder_names_the_family_in_folder_manifest_and_key(t
     )
     other = family_tiny_preset_folder("toy2", Spec(), builder=2, write=write, cache_dir=tmp_path)
     assert other.name.split("-")[-1] != folder.name.split("-")[-1]  # the family is in the key
+
+
+# -- text_encode ---------------------------------------------------------------------------------
+
+
+def test_user_turn_renders_one_user_turn_with_the_thinking_switch() -> None:
+    from unirl.models.common.text_encode import module_device, module_dtype, user_turn
+    from unirl.models.z_image.tiny import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer(TinyZImageSpec())
+    start, end = "<|im_start|>", "<|im_end|>"
+    opened = f"{start}user\na cat{end}\n{start}assistant\n"
+    assert user_turn(tokenizer, "a cat", enable_thinking=True) == opened
+    assert (
+        user_turn(tokenizer, "a cat", enable_thinking=False) == opened + "<think>\n\n</think>\n\n"
+    )
+    linear = torch.nn.Linear(2, 2).to(torch.float64)
+    assert (module_device(linear), module_dtype(linear)) == (torch.device("cpu"), torch.float64)

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from unirl.models.common.text_encode import module_device, user_turn
+
 
 @functools.cache
 def pipeline_text_layers() -> tuple[int, ...]:
@@ -27,23 +29,6 @@ def pipeline_text_layers() -> tuple[int, ...]:
 
     default = inspect.signature(Flux2KleinPipeline.__call__).parameters["text_encoder_out_layers"]
     return tuple(int(i) for i in default.default)
-
-
-def chat_text(tokenizer: Any, prompt: str) -> str:
-    """``prompt`` as the pipeline hands it to the tokenizer: one user turn, the generation
-    prompt, thinking off (a template without that switch ignores it)."""
-    return str(
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}],
-            tokenize=False,
-            add_generation_prompt=True,
-            enable_thinking=False,
-        )
-    )
-
-
-def _device_of(module: torch.nn.Module) -> torch.device:
-    return next(module.parameters()).device
 
 
 @torch.no_grad()
@@ -61,13 +46,13 @@ def encode_klein_prompts(
         raise ValueError("encode_klein_prompts: no texts to encode")
     layers = tuple(pipeline_text_layers() if layers is None else layers)
     tokens = tokenizer(
-        [chat_text(tokenizer, t) for t in texts],
+        [user_turn(tokenizer, t, enable_thinking=False) for t in texts],
         padding="max_length",
         truncation=True,
         max_length=max_sequence_length,
         return_tensors="pt",
     )
-    device = _device_of(text_encoder)
+    device = module_device(text_encoder)
     # the decoder stack alone: the language-model head's logits are never read
     body = getattr(text_encoder, "model", text_encoder)
     hidden = body(

@@ -10,9 +10,9 @@ valid ``Flux2KleinPipeline`` layout; only sizes and three initialisations are ou
 - the text encoder has 28 thin layers, so the pipeline's hidden states 9, 18 and 27 exist;
 - the VAE decoder is reshaped into a near-linear, smooth up-projection (the shared
   :meth:`~unirl.models.common.tiny_vae.TinyKLVAE.shape_decoder`: the decoder is the same
-  diffusers ``Decoder`` as SD3's), then re-centred for this VAE's batch-norm latent statistics, which are set to
-  non-trivial values so a wrong (un)normalisation shows. A random decoder barely reacts to its
-  latents, which would make pixel rewards unlearnable.
+  diffusers ``Decoder`` as SD3's), then re-centred for this VAE's batch-norm latent
+  statistics, which are set to non-trivial values so a wrong (un)normalisation shows. A
+  random decoder barely reacts to its latents, which would make pixel rewards unlearnable.
 
 ``is_distilled`` picks the variant: ``True`` (the default, like ``FLUX.2-klein-4B``: no CFG)
 or ``False`` (like ``FLUX.2-klein-base-4B``: true CFG); it is written to ``model_index.json``
@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from unirl.models.common.progress import hf_progress_bars_disabled
+from unirl.models.common.text_encode import user_turn
 from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
 from unirl.models.common.tiny_vae import TinyKLVAE
 
@@ -123,8 +124,6 @@ def build_tiny_tokenizer(spec: TinyFlux2Spec, lines: list[str] | None = None) ->
     ``<|im_start|>``, ``<|im_end|>`` (end of turn), ``<think>``, ``</think>``."""
     from transformers import Qwen2Tokenizer
 
-    from unirl.models.flux2.text_encode import chat_text
-
     lines = corpus_lines() if lines is None else lines
     specials = [ENDOFTEXT, IM_START, IM_END, THINK_START, THINK_END]
     bpe = train_byte_level_bpe(
@@ -139,10 +138,11 @@ def build_tiny_tokenizer(spec: TinyFlux2Spec, lines: list[str] | None = None) ->
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     probe = "a red fox"
-    if chat_text(tokenizer, probe) != chat_turn(probe):
+    rendered = user_turn(tokenizer, probe, enable_thinking=False)
+    if rendered != chat_turn(probe):
         raise ValueError(
             "the tiny chat template does not render the turn the tokenizer was trained on: "
-            f"{chat_text(tokenizer, probe)!r}"
+            f"{rendered!r}"
         )
     return tokenizer
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from unirl.models.common.text_encode import module_device, module_dtype
+
 
 @dataclass(frozen=True)
 class PromptTemplate:
@@ -53,14 +55,6 @@ def pipeline_prompt_template() -> PromptTemplate:
     )
 
 
-def _device_of(module: torch.nn.Module) -> torch.device:
-    return next(module.parameters()).device
-
-
-def _dtype_of(module: torch.nn.Module) -> torch.dtype:
-    return next(module.parameters()).dtype
-
-
 @torch.no_grad()
 def encode_qwen_prompts(
     tokenizer: Any,
@@ -84,7 +78,7 @@ def encode_qwen_prompts(
         truncation=True,
         return_tensors="pt",
     )
-    device = _device_of(text_encoder)
+    device = module_device(text_encoder)
     input_ids = tokens.input_ids.to(device)
     attention_mask = tokens.attention_mask.to(device)
     hidden = text_encoder(
@@ -109,5 +103,5 @@ def encode_qwen_prompts(
             for r in rows
         ]
     )
-    embeds = embeds.to(_dtype_of(text_encoder))
+    embeds = embeds.to(module_dtype(text_encoder))
     return embeds[:, :max_sequence_length], mask[:, :max_sequence_length]

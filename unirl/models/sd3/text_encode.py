@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from unirl.models.common.text_encode import module_device, module_dtype
+
 
 @dataclass
 class SD3TextStack:
@@ -31,14 +33,6 @@ class SD3TextStack:
     clip_max_length: int = 77
 
 
-def _device_of(module: torch.nn.Module) -> torch.device:
-    return next(module.parameters()).device
-
-
-def _dtype_of(module: torch.nn.Module) -> torch.dtype:
-    return next(module.parameters()).dtype
-
-
 def clip_embeds(
     tokenizer: Any, encoder: torch.nn.Module, texts: Sequence[str], max_length: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,7 +44,7 @@ def clip_embeds(
         truncation=True,
         return_tensors="pt",
     ).input_ids
-    out = encoder(ids.to(_device_of(encoder)), output_hidden_states=True)
+    out = encoder(ids.to(module_device(encoder)), output_hidden_states=True)
     return out.hidden_states[-2], out[0]
 
 
@@ -66,7 +60,7 @@ def t5_embeds(
         add_special_tokens=True,
         return_tensors="pt",
     ).input_ids
-    return encoder(ids.to(_device_of(encoder)))[0]
+    return encoder(ids.to(module_device(encoder)))[0]
 
 
 def t5_placeholder_embeds(
@@ -115,12 +109,12 @@ def encode_sd3_prompts(
     hidden_g, pooled_g = clip_embeds(
         stack.tokenizer_2, stack.text_encoder_2, texts, stack.clip_max_length
     )
-    clip_dtype = _dtype_of(stack.text_encoder)
+    clip_dtype = module_dtype(stack.text_encoder)
     clip = torch.cat([hidden_l.to(clip_dtype), hidden_g.to(clip_dtype)], dim=-1)
 
     if stack.text_encoder_3 is not None:
         t5 = t5_embeds(stack.tokenizer_3, stack.text_encoder_3, texts, max_sequence_length)
-        t5 = t5.to(_dtype_of(stack.text_encoder_3))
+        t5 = t5.to(module_dtype(stack.text_encoder_3))
     else:
         t5 = t5_placeholder_embeds(
             texts,

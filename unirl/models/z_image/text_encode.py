@@ -15,19 +15,8 @@ from typing import Any
 
 import torch
 
+from unirl.models.common.text_encode import module_device, user_turn
 from unirl.types import Packed
-
-
-def chat_prompt(tokenizer: Any, text: str) -> str:
-    """``text`` as the pipeline renders it: one user turn, generation prompt, thinking on."""
-    return str(
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}],
-            tokenize=False,
-            add_generation_prompt=True,
-            enable_thinking=True,
-        )
-    )
 
 
 @torch.no_grad()
@@ -44,13 +33,13 @@ def encode_z_image_prompts(
     if not texts:
         raise ValueError("encode_z_image_prompts: no texts to encode")
     tokens = tokenizer(
-        [chat_prompt(tokenizer, t) for t in texts],
+        [user_turn(tokenizer, t, enable_thinking=True) for t in texts],
         padding="max_length",
         max_length=max_sequence_length,
         truncation=True,
         return_tensors="pt",
     )
-    device = next(text_encoder.parameters()).device
+    device = module_device(text_encoder)
     input_ids = tokens.input_ids.to(device)
     mask = tokens.attention_mask.to(device).bool()
     hidden = text_encoder(

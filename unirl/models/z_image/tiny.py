@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from unirl.models.common.progress import hf_progress_bars_disabled
+from unirl.models.common.text_encode import user_turn
 from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
 from unirl.models.common.tiny_vae import TinyKLVAE
 
@@ -127,12 +128,7 @@ def build_tiny_tokenizer(spec: TinyZImageSpec, lines: list[str] | None = None) -
         model_max_length=131072,
     )
     tokenizer.chat_template = CHAT_TEMPLATE
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "a cat"}],
-        tokenize=False,
-        add_generation_prompt=True,
-        enable_thinking=True,
-    )
+    rendered = user_turn(tokenizer, "a cat", enable_thinking=True)
     if rendered != chat_turn("a cat"):
         raise ValueError(f"the tiny chat template renders {rendered!r}, not the pipeline's turn")
     return tokenizer
