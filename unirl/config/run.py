@@ -179,6 +179,9 @@ class RunConfig(PoolConfig):
     sync: Any = None
     data_source: Any = None
     sampling: Any = None
+    # a prompt enhancer's drawer and how its stages are tied (``unirl.trainer.pe.PEConfig``,
+    # read by ``unirl.train_pe`` only)
+    pe: Any = None
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the pool fields

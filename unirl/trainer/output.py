@@ -110,16 +110,20 @@ def checkpoint_problem(path: Path) -> str | None:
     """Why ``path`` is not a complete, loadable checkpoint (naming the file), or ``None``.
 
     Complete: ``driver_state.json`` (written last) parses and the backend's files match the
-    manifest in ``trainer_state.json`` (sizes and sha256), all checked here on the driver."""
+    manifest in ``trainer_state.json`` (sizes and sha256), all checked here on the driver.
+    With several trained stages each backend's files are in the stage's sub-folder."""
     state = path / DRIVER_STATE
     if not state.is_file():
         return f"incomplete: {state} missing (the run stopped while writing this checkpoint)"
     try:
-        json.loads(state.read_text())
+        data = json.loads(state.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
         return f"{state} is not valid JSON (truncated or corrupt: {exc})"
+    stages = (data.get("stages") if isinstance(data, dict) else None) or {}
+    folders = [path / str(name) for name in stages] if len(stages) > 1 else [path]
     try:
-        verify_checkpoint(path)
+        for folder in folders:
+            verify_checkpoint(folder)
     except CheckpointError as exc:
         return str(exc)
     return None

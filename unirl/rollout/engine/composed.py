@@ -1,0 +1,265 @@
+"""The composed engine: an autoregressive prompt enhancer feeding a diffusion model.
+
+One request in, one response with two tracks out, on the same worker (trainside: both models
+are siblings of the trainer roles, no weight copy):
+
+    user prompts --AR generate--> rewrites (the parent track)
+                 --clean / cap--> drawn prompts --diffusion generate (k each)--> images
+                                                  (the child track, lineage to its rewrite)
+
+The driver authors everything random: the AR stage's ``TextRequest`` (seed ids) under the
+parent track's name and a :class:`DrawRequest` under the child's (each rewrite's ``k`` image
+ids, their x_T ids, the SDE steps, the σ schedule and the drawer's sampling params), so a
+sample's tokens and noise depend on ``(seed, id)`` only, whatever the data-parallel split.
+
+Which text the drawer sees: the completion without the policy's ``response_prefix`` (a
+prefill such as Qwen3's empty think block), surrounding whitespace stripped, cut to
+``max_rewrite_chars`` characters. An empty rewrite (nothing left after stripping) is never
+drawn as an empty prompt: ``empty_rewrite: original`` draws the user's prompt instead and
+keeps the sample (the policy is scored as if it had copied the prompt), ``drop`` draws the
+user's prompt too but drops the rewrite's images, so the rewrite leaves the advantages and the
+update; either way the parent's metadata marks it (``rewrite_empty``) and the trainer counts
+it (``pe/empty_rewrites``).
+
+The child track's ``prompts`` are the *user's* prompts (what a reward compares an image with:
+scoring against the rewrite would let the policy write prompts that are easy to satisfy); the
+drawn text is in each child's metadata as ``rewrite``. Child groups are the ``k`` images of
+one rewrite (``group_ids`` = the parent sample id), parent groups the rewrites of one user
+prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from unirl.config.require import require
+from unirl.config.typecheck import PositiveInt
+from unirl.distributed.group.dispatch import Dispatch, distributed
+from unirl.types import (
+    STATUS_DROPPED,
+    Batch,
+    DiffusionRequest,
+    RolloutReq,
+    RolloutResp,
+    RolloutTrack,
+    TextRequest,
+    Texts,
+    batch_field,
+)
+from unirl.types.resident import park, unpark
+
+EmptyRewrite = Literal["original", "drop"]
+
+
+@dataclass(kw_only=True)
+class DrawRequest(Batch):
+    """The child (diffusion) stage's part of a composed request, one row per *parent*.
+
+    ``sample_ids[N, k]``: the ids of each rewrite's ``k`` images; ``init_noise_ids[N, k]``:
+    their x_T ids (equal across the rewrites of one user prompt when the driver shares noise);
+    ``sde_indices[N, S]``: the stochastic / trained steps (``S = 0``: the ODE, a frozen
+    drawer). Shared: ``sigmas[T+1]``, ``init_noise_shape`` and ``sampling_params`` (the
+    drawer's ``DiffusionSamplingParams``). :meth:`expand` turns it into the diffusion
+    request of the ``N·k`` images.
+    """
+
+    host_fields: ClassVar[tuple[str, ...]] = ("sample_ids", "init_noise_ids", "sde_indices")
+
+    sample_ids: torch.Tensor = batch_field("concat")
+    init_noise_ids: torch.Tensor = batch_field("concat")
+    sde_indices: torch.Tensor = batch_field("concat")
+    sigmas: torch.Tensor = batch_field("shared")
+    init_noise_shape: tuple[int, ...] = batch_field("shared")
+    sampling_params: Any = batch_field("shared")
+
+    def __post_init__(self) -> None:
+        self.init_noise_shape = tuple(int(d) for d in self.init_noise_shape)
+        if self.sample_ids.ndim != 2 or self.sample_ids.shape[1] < 1:
+            raise ValueError(
+                f"DrawRequest.sample_ids must be [N, k] with k >= 1, got "
+                f"{tuple(self.sample_ids.shape)}"
+            )
+        if self.init_noise_ids.shape != self.sample_ids.shape:
+            raise ValueError(
+                f"DrawRequest.init_noise_ids {tuple(self.init_noise_ids.shape)} must match "
+                f"sample_ids {tuple(self.sample_ids.shape)}"
+            )
+        if self.sde_indices.ndim != 2:
+            raise ValueError(
+                f"DrawRequest.sde_indices must be [N, S], got {tuple(self.sde_indices.shape)}"
+            )
+        self.validate_lengths()
+
+    @property
+    def images_per_rewrite(self) -> int:
+        return int(self.sample_ids.shape[1])
+
+    def expand(self) -> DiffusionRequest:
+        """The ``DiffusionRequest`` of the ``N·k`` images, rewrite-major (the ``k`` images of
+        rewrite ``i`` are rows ``i·k … i·k+k-1``)."""
+        k = self.images_per_rewrite
+        return DiffusionRequest(
+            init_noise_ids=self.init_noise_ids.reshape(-1).clone(),
+            sde_indices=self.sde_indices.repeat_interleave(k, dim=0),
+            sigmas=self.sigmas,
+            init_noise_shape=self.init_noise_shape,
+        )
+
+
+def clean_rewrite(text: str, max_chars: int) -> tuple[str, bool]:
+    """``(drawn text, capped)``: ``text`` stripped, cut to ``max_chars`` characters and
+    stripped again (a cut never leaves trailing whitespace)."""
+    stripped = text.strip()
+    if len(stripped) <= max_chars:
+        return stripped, False
+    return stripped[:max_chars].rstrip(), True
+
+
+class ComposedEngine:
+    """Prompt enhancer -> drawer on one worker: ``text_pipeline`` (a causal-LM pipeline: the
+    trained policy) rewrites each prompt, ``image_pipeline`` (a flow-matching pipeline,
+    frozen or trained) draws ``k`` images of each rewrite.
+
+    ``text_track`` / ``image_track`` (class attributes): the response's track names, also the
+    keys of the request's stage blocks. ``max_rewrite_chars``: the longest text the drawer is given.
+    ``empty_rewrite``: ``original`` | ``drop`` (module docstring). ``resident``: as
+    :class:`~unirl.rollout.engine.trainside.TrainsideEngine` (a training rollout's
+    conditions, trajectories and media stay on this worker). ``keep_image_trajectory``:
+    keep the child's conditions and trajectory (a trained drawer needs them; a frozen one
+    drops them at once).
+    """
+
+    engine_kind = "trainside"
+    text_track = "pe"
+    image_track = "diffusion"
+
+    def __init__(
+        self,
+        *,
+        text_pipeline: Any,
+        image_pipeline: Any,
+        max_rewrite_chars: PositiveInt = 512,
+        empty_rewrite: EmptyRewrite = "original",
+        resident: bool = True,
+        keep_image_trajectory: bool = False,
+    ) -> None:
+        require(
+            max_rewrite_chars >= 1,
+            f"rollout.max_rewrite_chars must be >= 1, got {max_rewrite_chars}",
+        )
+        require(
+            empty_rewrite in ("original", "drop"),
+            f"rollout.empty_rewrite must be 'original' (draw the user's prompt) or 'drop' "
+            f"(drop the rewrite's images), got {empty_rewrite!r}",
+        )
+        self.text_pipeline = text_pipeline
+        self.image_pipeline = image_pipeline
+        self.max_rewrite_chars = int(max_rewrite_chars)
+        self.empty_rewrite: EmptyRewrite = empty_rewrite
+        self.resident = bool(resident)
+        self.keep_image_trajectory = bool(keep_image_trajectory)
+
+    @property
+    def response_prefix(self) -> str:
+        """The policy's prefilled assistant text (``bundle.response_prefix``, e.g. Qwen3's
+        empty think block): part of the decoded completion, never of the drawn prompt."""
+        config = getattr(getattr(self.text_pipeline, "bundle", None), "config", None)
+        return str(getattr(config, "response_prefix", "") or "")
+
+    @distributed(dispatch=Dispatch.DP_SCATTER)
+    def generate(self, req: RolloutReq) -> RolloutResp:
+        """This rank's shard: its rewrites and their images, as two tracks on CPU (without
+        the resident training inputs when ``resident``)."""
+        resp = self.compose(req)
+        if self.resident and req.mode == "train":
+            resp = park(resp, f"rollout_{req.rollout_index}")
+        return resp.to("cpu")
+
+    def compose(self, req: RolloutReq) -> RolloutResp:
+        """AR generate -> cleaned rewrites -> diffusion generate; tensors where the pipelines
+        left them."""
+        draw = req.params_for(self.image_track, DrawRequest)
+        text_name = getattr(self.text_pipeline, "track_name", self.text_track)
+        text_req = dataclasses.replace(
+            req, stage_params={text_name: req.params_for(self.text_track, TextRequest)}
+        )
+        text_resp = self.text_pipeline.generate(text_req)
+        parent = text_resp.tracks[text_name]
+        assert isinstance(parent.decoded, Texts), "the text pipeline returns decoded Texts"
+
+        t0 = time.perf_counter()
+        user_prompts = list(req.prompts)
+        prefix = self.response_prefix
+        drawn, parent_meta, empty = [], [], []
+        for completion, prompt, meta in zip(
+            parent.decoded.texts, user_prompts, parent.metadata, strict=True
+        ):
+            if prefix and completion.startswith(prefix):  # the prefill is not the model's text
+                completion = completion[len(prefix) :]
+            text, capped = clean_rewrite(completion, self.max_rewrite_chars)
+            meta = {**meta, "rewrite": text, "rewrite_empty": not text, "rewrite_capped": capped}
+            empty.append(not text)
+            drawn.append(text or prompt)  # an empty rewrite is never drawn as ""
+            parent_meta.append(meta)
+        parent = dataclasses.replace(parent, metadata=parent_meta)
+
+        k = draw.images_per_rewrite
+        child_meta = [
+            {**req.metadata[i], "rewrite": drawn[i], "parent_prompt": user_prompts[i]}
+            for i in range(len(req))
+            for _ in range(k)
+        ]
+        parent_ids = req.sample_ids.repeat_interleave(k)
+        child_req = RolloutReq(
+            sample_ids=draw.sample_ids.reshape(-1).clone(),
+            group_ids=parent_ids.clone(),  # a rewrite's k images are one group
+            primitives={"text": Texts(texts=[t for t in drawn for _ in range(k)])},
+            metadata=child_meta,
+            stage_params={self.image_pipeline.track_name: draw.expand()},
+            sampling_params=draw.sampling_params,
+            seed=req.seed,
+            rollout_index=req.rollout_index,
+            mode=req.mode,
+        )
+        t_compose = time.perf_counter() - t0
+        image_resp = self.image_pipeline.generate(child_req)
+        child = image_resp.tracks[self.image_pipeline.track_name]
+        status = child.status
+        if self.empty_rewrite == "drop" and any(empty):
+            dropped = torch.tensor(empty, dtype=torch.bool).repeat_interleave(k)
+            status = torch.where(dropped.to(status.device), STATUS_DROPPED, status)
+        extra: dict[str, Any] = {}
+        if not self.keep_image_trajectory:
+            extra = {"conditions": None, "segment": None}
+        child = dataclasses.replace(
+            child,
+            prompts=[p for p in user_prompts for _ in range(k)],
+            parent_ids=parent_ids.to(child.sample_ids.device),
+            parent_track=self.text_track,
+            status=status,
+            **extra,
+        )
+        timings = {f"{self.text_track}/{k_}": v for k_, v in text_resp.timings.items()}
+        timings.update({f"{self.image_track}/{k_}": v for k_, v in image_resp.timings.items()})
+        timings[f"{self.text_track}/compose"] = t_compose
+        return RolloutResp(
+            tracks={self.text_track: parent, self.image_track: child}, timings=timings
+        )
+
+    @distributed(dispatch=Dispatch.DP_SCATTER)
+    def fetch_decoded(self, track: RolloutTrack) -> RolloutTrack:
+        """This rank's shard of ``track`` with its parked media (on CPU); unchanged if none."""
+        return unpark(track, ("decoded",)).to("cpu")
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def sleep(self) -> None:
+        """Nothing to free: both models belong to this worker's roles."""
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def wake_up(self) -> None:
+        """Nothing to restore."""

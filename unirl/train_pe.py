@@ -1,0 +1,42 @@
+"""``python -m unirl.train_pe --config-name=pe/<recipe> [key=value ...]``: a prompt enhancer
+(an AR policy rewrites each prompt, a diffusion model draws the rewrites, the image reward
+trains the policy; ``pe.train_both=true`` trains the drawer too)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from unirl.config.entry import hydra_entry
+
+DEFAULT_RECIPE = "pe/pe_tiny_trainside"
+
+
+def run(data: dict[str, Any]) -> int:
+    """Validate the composed recipe (the policy's blocks, then the ``pe`` block and the
+    drawer's) before any Ray work; then dry-run or train."""
+    from unirl.config.dry_run import print_dry_run
+    from unirl.config.validate import validate
+    from unirl.trainer.pe import (
+        check_pe_engine,
+        check_pe_recipe,
+        drawer_summary,
+        plan_roles,
+        run_pe,
+    )
+
+    check_pe_engine(data)  # what is missing for an SGLang-served policy, before its own checks
+    cfg, objs = validate(data)
+    pe, drawer_cfg, drawer_objs = check_pe_recipe(cfg, data, objs)
+    if cfg.dry_run:
+        print_dry_run(cfg, objs, plan_roles(cfg, pe))
+        print("[unirl] drawer (pe.diffusion):")
+        for key, value in drawer_summary(pe, drawer_cfg, drawer_objs).items():
+            print(f"  {key:<34} {value}")
+        return 0
+    return run_pe(cfg, data, pe)
+
+
+main = hydra_entry(DEFAULT_RECIPE, run)
+
+if __name__ == "__main__":
+    main()
