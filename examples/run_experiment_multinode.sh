@@ -29,6 +29,11 @@ case "${role}" in
   head)
     recipe="${1:?usage: ROLE=head $0 <domain>/<recipe> [overrides...]}"
     shift
+    if [[ ! -f "${here}/../unirl/${entry}.py" ]]; then
+      known="$(cd "${here}/../unirl" && ls train_*.py | sed 's/\.py$//' | paste -sd' ' -)"
+      echo "ENTRY=${entry}: there is no entrypoint unirl/${entry}.py; choose one of: ${known}" >&2
+      exit 2
+    fi
     if [[ -n "${REPORT_TO_WANDB:-}" && "${REPORT_TO_WANDB}" != "0" ]]; then
       echo "REPORT_TO_WANDB is not read: add logging.trackers=[local,wandb] (with the recipe's other trackers) and logging.wandb_project=<project> to the overrides; pip install 'unirl[wandb]'" >&2
       exit 2

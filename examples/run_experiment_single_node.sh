@@ -19,6 +19,11 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 recipe="${1:?usage: $0 <domain>/<recipe> [overrides...]}"
 shift
 entry="${ENTRY:-train_diffusion}"
+if [[ ! -f "${here}/../unirl/${entry}.py" ]]; then
+  known="$(cd "${here}/../unirl" && ls train_*.py | sed 's/\.py$//' | paste -sd' ' -)"
+  echo "ENTRY=${entry}: there is no entrypoint unirl/${entry}.py; choose one of: ${known}" >&2
+  exit 2
+fi
 export RAY_USAGE_STATS_ENABLED="${RAY_USAGE_STATS_ENABLED:-0}"
 export PYTHONUNBUFFERED=1
 cmd=(python -m "unirl.${entry}" "--config-name=${recipe}" "$@")

@@ -221,3 +221,64 @@ def test_kuberay_example_entrypoint_composes() -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "devices: 16 x cuda" in out.stdout
+
+
+def test_entry_train_pe_in_both_launchers() -> None:
+    """``ENTRY=train_pe`` runs the prompt-enhancer entrypoint from either launcher (DRY_RUN
+    prints the command); an ENTRY with no entrypoint module is refused before Ray starts."""
+    out = _run(
+        "run_experiment_single_node.sh",
+        "pe/pe_tiny_trainside",
+        "num_rollouts=5",
+        DRY_RUN="1",
+        ENTRY="train_pe",
+    )
+    assert out.returncode == 0, out.stderr
+    assert (
+        "python -m unirl.train_pe --config-name=pe/pe_tiny_trainside num_rollouts=5" in out.stdout
+    )
+    head = _run(
+        "run_experiment_multinode.sh",
+        "pe/pe_trainside_pickscore",
+        "num_devices=16",
+        DRY_RUN="1",
+        ENTRY="train_pe",
+        ROLE="head",
+        NNODES="2",
+        GPUS_PER_NODE="8",
+        NODE_IP="10.1.2.3",
+    )
+    assert head.returncode == 0, head.stderr
+    lines = head.stdout.strip().splitlines()
+    assert lines[2].startswith(
+        "python -m unirl.train_pe --config-name=pe/pe_trainside_pickscore num_devices=16"
+    )
+    for script, env in (
+        ("run_experiment_single_node.sh", {}),
+        ("run_experiment_multinode.sh", {"ROLE": "head", "NODE_IP": "10.1.2.3"}),
+    ):
+        bad = _run(script, "pe/pe_tiny_trainside", DRY_RUN="1", ENTRY="train-pe", **env)
+        assert bad.returncode == 2 and bad.stdout == "", script
+        assert "ENTRY=train-pe: there is no entrypoint unirl/train-pe.py" in bad.stderr
+        assert "train_pe" in bad.stderr.split("choose one of:")[1]
+
+
+def test_single_node_launcher_runs_train_pe(tmp_path: Path) -> None:
+    """Not a DRY_RUN: the launcher execs ``python -m unirl.train_pe`` on the tiny recipe with
+    the recipe's own ``dry_run=true`` (validated, no Ray)."""
+    out = subprocess.run(
+        [
+            "bash",
+            str(EXAMPLES / "run_experiment_single_node.sh"),
+            "pe/pe_tiny_trainside",
+            "dry_run=true",
+            f"output_dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=EXAMPLES.parent,
+        env={**os.environ, "ENTRY": "train_pe"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "drawer (pe.diffusion):" in out.stdout and "no Ray started" in out.stdout
