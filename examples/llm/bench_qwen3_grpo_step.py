@@ -1,10 +1,11 @@
-"""One GRPO step of a Qwen3 family at a preset's shapes on one GPU, without Ray: the
-trainside sampler (KV cache, per-sample seeds) then one optimizer step on token-budget
-micro-batches. Prints generated tokens/s, trained tokens/s, peak memory and the
+"""One GRPO step of a Qwen3 (or Qwen2.5-VL) family at a preset's shapes on one GPU, without
+Ray: the trainside sampler (KV cache, per-sample seeds) then one optimizer step on
+token-budget micro-batches. Prints generated tokens/s, trained tokens/s, peak memory and the
 rollout-vs-replay log-prob gap as one JSON line.
 
     python examples/llm/bench_qwen3_grpo_step.py --path qwen3-4b-arch --prompts 16 \\
         --samples 8 --max-new-tokens 512 --lora-rank 32
+    python examples/llm/bench_qwen3_grpo_step.py --family qwen_vl --path qwen2.5-vl-3b-arch
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ import time
 import torch
 
 from unirl.algorithms import GRPO
-from unirl.models.qwen3 import Qwen3Bundle, Qwen3Pipeline
 from unirl.train import FSDPBackend, LoraConfig, TrainStack
-from unirl.types import RolloutReq, TextRequest, Texts
+from unirl.types import Images, RolloutReq, TextRequest, Texts
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=["qwen3", "qwen_vl"], default="qwen3")
     parser.add_argument("--path", default="qwen3-4b-arch")
+    parser.add_argument("--image-size", type=int, default=448)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=512)
@@ -36,13 +38,22 @@ def main() -> None:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
-    bundle = Qwen3Bundle(
-        path=args.path,
-        dtype=args.dtype,
-        device=device,
-        attn_implementation=args.attn,
-        gradient_checkpointing=True,
-    )
+    knobs = {
+        "path": args.path,
+        "dtype": args.dtype,
+        "device": device,
+        "attn_implementation": args.attn,
+        "gradient_checkpointing": True,
+    }
+    if args.family == "qwen_vl":
+        from unirl.models.qwen_vl import QwenVLBundle as Bundle
+        from unirl.models.qwen_vl import QwenVLPipeline as Pipeline
+
+        knobs["image_size"] = args.image_size
+    else:
+        from unirl.models.qwen3 import Qwen3Bundle as Bundle  # type: ignore[assignment]
+        from unirl.models.qwen3 import Qwen3Pipeline as Pipeline  # type: ignore[assignment]
+    bundle = Bundle(**knobs)
     lora = LoraConfig(rank=args.lora_rank, alpha=2 * args.lora_rank) if args.lora_rank else None
     backend = FSDPBackend(
         bundle=bundle,
@@ -52,7 +63,7 @@ def main() -> None:
         device=device,
         trainable_attr="model",
     )
-    pipe = Qwen3Pipeline(bundle=bundle)
+    pipe = Pipeline(bundle=bundle)
     algo = GRPO(policy=pipe, clip_low=0.2, clip_high=0.28)
     stack = TrainStack(
         backend=backend, algorithm=algo, max_tokens_per_micro_batch=args.token_budget
@@ -64,10 +75,15 @@ def main() -> None:
     prompts = [
         f"What is {i} + {i + 3}? Put the final answer in \\boxed{{}}." for i in range(args.prompts)
     ]
+    primitives = {"text": Texts(texts=[p for p in prompts for _ in range(args.samples)])}
+    if args.family == "qwen_vl":
+        size = args.image_size
+        pixels = torch.rand(args.prompts, 3, size, size, generator=torch.Generator().manual_seed(0))
+        primitives["image"] = Images(pixels=pixels.repeat_interleave(args.samples, dim=0))
     req = RolloutReq(
         sample_ids=ids,
         group_ids=torch.arange(args.prompts).repeat_interleave(args.samples),
-        primitives={"text": Texts(texts=[p for p in prompts for _ in range(args.samples)])},
+        primitives=primitives,
         stage_params={
             "text": TextRequest(seed_ids=ids, max_new_tokens=args.max_new_tokens, temperature=1.0)
         },

@@ -13,8 +13,8 @@ from unirl.models.common_ar.sources import CausalLMSources
 from unirl.models.qwen_vl.arch import arch_config
 from unirl.models.qwen_vl.config import QwenVLBundleConfig
 from unirl.models.qwen_vl.presets import SOURCES, tiny_preset_path
-from unirl.models.qwen_vl.prompts import VisionPromptFormatter
-from unirl.models.qwen_vl.tiny import TinyQwenVLSpec, build_tokenizer, model_config
+from unirl.models.qwen_vl.prompts import IMAGE_PAD, VISION_END, VISION_START, VisionPromptFormatter
+from unirl.models.qwen_vl.tiny import VIDEO_PAD, TinyQwenVLSpec, build_tokenizer, model_config
 
 
 class QwenVLBundle(CausalLMBundle):
@@ -56,7 +56,18 @@ class QwenVLBundle(CausalLMBundle):
 
     @classmethod
     def arch_config(cls, name: str) -> dict[str, Any]:
-        return arch_config(name)
+        """The released shapes, with the vision-token ids of the tokenizer the arch presets
+        borrow (the tiny one), so its image placeholders are the model's."""
+        config = arch_config(name)
+        tokenizer = cls.tiny_tokenizer()
+        ids = {
+            "image_token_id": IMAGE_PAD,
+            "video_token_id": VIDEO_PAD,
+            "vision_start_token_id": VISION_START,
+            "vision_end_token_id": VISION_END,
+        }
+        config.update({k: int(tokenizer.convert_tokens_to_ids(v)) for k, v in ids.items()})
+        return config
 
     @classmethod
     def tiny_tokenizer(cls) -> Any:
