@@ -480,3 +480,69 @@ def test_reward_service_sends_the_track_references(monkeypatch):
         RewardService(backend=RemoteRewardBackend(url=url, reward="mean")).score_track(track)
     (body,) = posts(stub)
     assert [decode_pixels(s)[0, 0, 0] for s in body["sources"]] == [230, 178]  # 0.9, 0.7
+
+
+# -- videos: each goes as its frames, with fps ---------------------------------------------------
+
+
+def score_video_means_handler(path: str, body: dict | None, headers: dict) -> Reply:
+    """A stub /score for videos: each video's mean pixel over all of its frames."""
+    body = body or {}
+    means = [float(np.mean([decode_mean(f) for f in video])) for video in body["videos"]]
+    samples = [{"score": m, "error": None, "components": {"mean": m}} for m in means]
+    return 200, {"results": {body["reward"]: {"samples": samples}}}, {}
+
+
+# 5 videos of 3 frames: video i, frame t has every pixel at (i + t) / 10
+VIDEOS = (
+    (torch.arange(5).view(5, 1) + torch.arange(3).view(1, 3)).float().div(10).view(5, 3, 1, 1, 1)
+).expand(5, 3, 3, 4, 4)
+
+
+def test_score_video_sends_frames_and_fps(monkeypatch):
+    monkeypatch.setitem(REWARDS["rewards"][0], "scores_videos", True)
+    with stub_server(score_video_means_handler) as (url, stub):
+        client = RemoteRewardBackend(url=url, reward="mean", batch_size=2)
+        result = client.score_video(VIDEOS, 16.0, PROMPTS, META)
+    bodies = posts(stub)
+    assert [len(b["videos"]) for b in bodies] == [2, 2, 1]
+    assert all(len(v) == 3 for b in bodies for v in b["videos"])
+    assert all(b["fps"] == 16.0 and "images" not in b for b in bodies)
+    assert [b["prompts"] for b in bodies] == [["a", "b"], ["c", "d"], ["e"]]
+    sent = np.stack([np.stack([decode_pixels(f) for f in v]) for b in bodies for v in b["videos"]])
+    expected = VIDEOS.mul(255).round().to(torch.uint8).permute(0, 1, 3, 4, 2).numpy()
+    assert np.array_equal(sent, expected)  # PNG: every frame exactly round(255 * x), in order
+    means = (VIDEOS.mul(255).round() / 255).mean(dim=(1, 2, 3, 4))
+    assert result.scores["mean"].tolist() == pytest.approx(means.tolist(), abs=1e-7)
+    assert result.errors["mean"] == [None] * 5
+
+
+def test_video_pixel_budget_counts_every_frame(monkeypatch):
+    monkeypatch.setitem(REWARDS["rewards"][0], "scores_videos", True)
+    # 3 frames of 4x4 = 48 pixels a video; a budget of 100 sends two videos per request
+    monkeypatch.setitem(REWARDS["limits"], "max_request_pixels", 100)
+    with stub_server(score_video_means_handler) as (url, stub):
+        client = RemoteRewardBackend(url=url, reward="mean", batch_size=4)
+        client.score_video(VIDEOS, 8.0, PROMPTS, META)
+    assert [len(b["videos"]) for b in posts(stub)] == [2, 2, 1]
+
+
+def test_score_video_refusals_before_posting(monkeypatch):
+    with stub_server(score_video_means_handler) as (url, stub):  # /rewards: no scores_videos
+        client = RemoteRewardBackend(url=url, reward="mean")
+        with pytest.raises(RewardError, match=r"predates whole-video requests.*upgrade"):
+            client.score_video(VIDEOS[:2], 16.0, PROMPTS[:2], META[:2])
+        monkeypatch.setitem(REWARDS["rewards"][0], "scores_videos", False)
+        client = RemoteRewardBackend(url=url, reward="mean")
+        with pytest.raises(RewardError, match=r"scores images, not videos.*PerFrame"):
+            client.score_video(VIDEOS[:2], 16.0, PROMPTS[:2], META[:2])
+        monkeypatch.setitem(REWARDS["rewards"][0], "scores_videos", True)
+        monkeypatch.setitem(REWARDS["limits"], "max_frames", 2)
+        client = RemoteRewardBackend(url=url, reward="mean")
+        with pytest.raises(RewardError, match=r"videos of 3 frames.*at most 2"):
+            client.score_video(VIDEOS[:2], 16.0, PROMPTS[:2], META[:2])
+        with pytest.raises(RewardError, match=r"expects videos of shape \[N=2, T, 3, H, W\]"):
+            client.score_video(IMAGES[:2], 16.0, PROMPTS[:2], META[:2])
+        with pytest.raises(RewardError, match=r"fps=0.0; give the videos' frames per second"):
+            client.score_video(VIDEOS[:2], 0.0, PROMPTS[:2], META[:2])
+    assert posts(stub) == []

@@ -107,6 +107,7 @@ def test_schema_documents_every_answer(app):
         "images",
         "videos",
         "sources",
+        "fps",
         "prompts",
         "metadata",
     }

@@ -283,7 +283,7 @@ def test_decompression_bombs_are_413_before_decoding(served):
         ({"images": [png_claiming(20000, 20000)]}, "images[0]: Image size (400000000 pixels)"),
         ({"images": [png_claiming(8000, 8000)]}, "images[0]: 8000x8000 image has 64000000"),
         ({"images": [bomb] * 16}, "images[0..1] decode to 33554432 pixels"),
-        ({"videos": [[bomb, bomb]]}, "videos[0]: decodes to 33554432 pixels"),
+        ({"videos": [[bomb, bomb]], "fps": 8.0}, "videos[0]: decodes to 33554432 pixels"),
     ]
     for body, message in cases:
         with peak_rss_rise_mb(served.pid) as rise:
@@ -328,7 +328,7 @@ def test_mp4_bombs_are_413_from_the_container_header(served):
         with peak_rss_rise_mb(served.pid) as rise:
             answer = httpx.post(
                 served.url + "/score",
-                json={"reward": REWARD, "videos": [video]},
+                json={"reward": REWARD, "videos": [video], "fps": 8.0},
                 headers=AUTH,
                 timeout=30,
             )

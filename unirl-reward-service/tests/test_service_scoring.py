@@ -3,7 +3,8 @@
 Tolerance: exact (``torch.equal``) for images sent as PNG: ``uint8`` pixels survive the PNG
 round trip bit for bit, the server divides by 255 exactly as the test does, and each request
 is one scorer call with the same batch. JPEG payloads are compared with the in-process score
-of the JPEG-decoded pixels (also exact). Videos: the mean over frames, ``abs=1e-6``.
+of the JPEG-decoded pixels (also exact). Videos reach the reward's ``score_video`` whole,
+as ``frames[n, T, 3, H, W]``: exact for PNG frames; an mp4's decoded frames, exact too.
 """
 
 from __future__ import annotations
@@ -16,17 +17,19 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageDraw, ImageFont
-from unirl.reward import RemoteRewardBackend, RewardService, WeightedRewardBackend
+from unirl.reward import RemoteRewardBackend, RewardError, RewardService, WeightedRewardBackend
 from unirl.reward.local import (
     BrightnessTarget,
     ImageStats,
     JpegCompressibility,
     JpegIncompressibility,
     OCRScorer,
+    PerFrame,
     RegionColorTarget,
     SourcePreservation,
+    TemporalConsistency,
 )
-from unirl.types import Images, RolloutTrack
+from unirl.types import Images, RolloutTrack, Videos
 
 from unirl_reward_service import create_app
 from unirl_reward_service.codec import encode_png
@@ -49,6 +52,19 @@ CONFIG = {
             "weights": {"bright": 2.0, "jpeg": 0.25},
         },
         "preserve": {"_target_": "unirl.reward.local.SourcePreservation"},
+        "bright_frames": {
+            "_target_": "unirl.reward.local.PerFrame",
+            "scorer": {"_target_": "unirl.reward.local.BrightnessTarget", "target": 0.5},
+        },
+        "temporal": {"_target_": "unirl.reward.local.TemporalConsistency"},
+        "video_combo": {
+            "_target_": "unirl.reward.WeightedRewardBackend",
+            "components": {
+                "bright": {"_target_": "unirl.reward.local.BrightnessTarget", "target": 0.5},
+                "temporal": {"_target_": "unirl.reward.local.TemporalConsistency"},
+            },
+            "weights": {"bright": 1.0, "temporal": 0.5},
+        },
         "edit_combo": {
             "_target_": "unirl.reward.WeightedRewardBackend",
             "components": {
@@ -201,8 +217,12 @@ def test_rewards_and_health_describe_the_pools(service):
         "max_batch_size": 32,
         "device": "cpu",
         "needs_sources": False,
+        "scores_videos": False,
     }
     assert by_name["preserve"]["needs_sources"] is True
+    assert by_name["bright_frames"]["scores_videos"] is True
+    assert by_name["temporal"]["scores_videos"] is True
+    assert by_name["video_combo"]["scores_videos"] is False  # an image-only component
     assert by_name["edit_combo"]["needs_sources"] is True  # a component compares with sources
     assert info["auth"] is False
     assert info["limits"]["max_batch_size"] == 256
@@ -212,13 +232,52 @@ def test_rewards_and_health_describe_the_pools(service):
     assert health["uptime_s"] > 0
 
 
+def uint8_videos(n: int, t: int, seed: int, h: int = 12, w: int = 16) -> torch.Tensor:
+    """``[n, t, 3, h, w]`` float32 = k / 255 with random ``uint8`` k (what the server sees)."""
+    return uint8_images(n * t, h=h, w=w, seed=seed).view(n, t, 3, h, w)
+
+
+def test_video_round_trip_equals_in_process(service):
+    videos = uint8_videos(5, 4, seed=12)
+    prompts = [f"clip {i}" for i in range(5)]
+    metadata = [{} for _ in range(5)]
+    per_frame = PerFrame(scorer=BrightnessTarget(target=0.5))
+    local = per_frame.score_video(videos, 16.0, prompts, metadata).scores["brightness"]
+    # batch_size=5: one request, one score_video call on the same [5, 4, 3, H, W] batch
+    client = RemoteRewardBackend(url=service, reward="bright_frames", batch_size=5)
+    remote = client.score_video(videos, 16.0, prompts, metadata)
+    assert torch.equal(remote.scores["bright_frames"], local)
+    assert remote.errors["bright_frames"] == [None] * 5
+
+    temporal = RemoteRewardBackend(url=service, reward="temporal")
+    local_t = TemporalConsistency().score_video(videos, 16.0, prompts, metadata)
+    remote_t = temporal.score_video(videos, 16.0, prompts, metadata)
+    assert torch.equal(remote_t.scores["temporal"], local_t.scores["temporal_consistency"])
+    # through RewardService: a Videos track reaches score_video with its fps
+    track = RolloutTrack(
+        sample_ids=torch.arange(4),
+        group_ids=torch.tensor([0, 0, 1, 1]),
+        decoded=Videos(frames=videos[:4], fps=16.0),
+        prompts=prompts[:4],
+        metadata=metadata[:4],
+    )
+    scored, _ = RewardService(backend=temporal).score_track(track)
+    expected = TemporalConsistency().score_video(videos[:4], 16.0, prompts[:4], metadata[:4])
+    assert torch.equal(scored.rewards, expected.scores["temporal_consistency"])
+
+
 def test_videos_as_frame_lists_and_mp4(service):
     frames = uint8_images(3, seed=5)
-    body = {"reward": "brightness", "videos": [[as_png(f) for f in frames], [as_png(frames[0])]]}
+    body = {
+        "reward": "bright_frames",
+        "videos": [[as_png(f) for f in frames], [as_png(frames[0])]],
+        "fps": 8.0,
+    }
     data = httpx.post(service + "/score", json=body, timeout=30).json()
     per_frame = BrightnessTarget(target=0.5).score(frames, [""] * 3, [{}] * 3).scores["brightness"]
-    scores = [s["score"] for s in data["results"]["brightness"]["samples"]]
+    scores = [s["score"] for s in data["results"]["bright_frames"]["samples"]]
     assert data["kind"] == "videos"
+    # videos of 3 and 1 frames: two score_video calls, each the mean over its frames
     assert scores == pytest.approx([float(per_frame.mean()), float(per_frame[0])], abs=1e-6)
 
     av = pytest.importorskip("av", reason="pip install av for mp4 payloads")
@@ -237,18 +296,81 @@ def test_videos_as_frame_lists_and_mp4(service):
         decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     assert len(decoded) == 3
     pixels = torch.stack([torch.from_numpy(d.copy()).permute(2, 0, 1) for d in decoded]) / 255.0
-    expected = BrightnessTarget(target=0.5).score(pixels, [""] * 3, [{}] * 3).scores["brightness"]
-    body = {"reward": "brightness", "videos": [base64.b64encode(mp4).decode()]}
+    expected = TemporalConsistency().score_video(pixels[None], 8.0, [""], [{}])
+    body = {"reward": "temporal", "videos": [base64.b64encode(mp4).decode()], "fps": 8.0}
     data = httpx.post(service + "/score", json=body, timeout=30).json()
-    score = data["results"]["brightness"]["samples"][0]["score"]
-    assert score == pytest.approx(float(expected.mean()), abs=1e-6)
+    score = data["results"]["temporal"]["samples"][0]["score"]
+    assert score == float(expected.scores["temporal_consistency"][0])
+
+
+def test_image_only_reward_on_videos_fails_per_sample_naming_per_frame(service):
+    video = [as_png(f) for f in uint8_images(2, seed=13)]
+    body = {"rewards": ["brightness", "video_combo", "temporal"], "videos": [video, video]}
+    answer = httpx.post(service + "/score", json={**body, "fps": 8.0}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["results"]
+    for name in ("brightness", "video_combo"):
+        for sample in results[name]["samples"]:
+            assert sample["score"] is None
+            assert f"reward '{name}'" in sample["error"], sample["error"]
+            assert "scores images, not videos" in sample["error"]
+            assert "unirl.reward.local.PerFrame" in sample["error"]
+    assert [s["error"] for s in results["temporal"]["samples"]] == [None, None]
+    # the client refuses it before posting, as the in-process backend does
+    client = RemoteRewardBackend(url=service, reward="brightness")
+    with pytest.raises(RewardError, match=r"scores images, not videos.*PerFrame"):
+        client.score_video(uint8_videos(1, 2, seed=14), 8.0, [""], [{}])
+
+
+def test_malformed_videos_are_422_naming_the_index(service):
+    frame, small = as_png(uint8_images(1)[0]), as_png(uint8_images(1, h=8, w=8)[0])
+    cases = {
+        "videos[1]: frame 1 is 8x8 but frame 0 is 32x24": {
+            "videos": [[frame, frame], [frame, small]],
+            "fps": 8.0,
+        },
+        "videos[0][1]: not valid base64": {"videos": [[frame, "@@"]], "fps": 8.0},
+        "'videos' need 'fps'": {"videos": [[frame]]},
+        "'fps' goes with 'videos'": {"images": [frame], "fps": 8.0},
+        "fps: Input should be greater than 0": {"videos": [[frame]], "fps": 0},
+    }
+    for message, body in cases.items():
+        answer = httpx.post(service + "/score", json={"reward": "temporal", **body}, timeout=30)
+        assert answer.status_code == 422, answer.text
+        assert message in answer.json()["detail"], answer.json()["detail"]
+
+
+def test_video_frames_count_against_the_pixel_budgets():
+    h, w = 12, 16  # 192 pixels a frame
+    app = create_app(
+        {
+            "server": {"require_auth": False, "max_sample_pixels": 3 * h * w},
+            "rewards": {"temporal": {"_target_": "unirl.reward.local.TemporalConsistency"}},
+        }
+    )
+    videos = uint8_videos(1, 4, seed=15, h=h, w=w)
+    frames = [as_png(f) for f in videos[0]]
+    with serve_in_thread(app) as url:
+        three = {"reward": "temporal", "videos": [frames[:3]], "fps": 8.0}
+        four = {"reward": "temporal", "videos": [frames], "fps": 8.0}
+        assert httpx.post(url + "/score", json=three).status_code == 200
+        answer = httpx.post(url + "/score", json=four)
+        assert answer.status_code == 413
+        assert "videos[0]: decodes to 768 pixels" in answer.json()["detail"]
+        # the client's per-request budget counts every frame: 2 videos of 3 frames a request
+        client = RemoteRewardBackend(url=url, reward="temporal", batch_size=8)
+        client.check()
+        client._request_pixels = 2 * 3 * h * w  # as a server with this budget reports
+        out = client.score_video(uint8_videos(5, 3, seed=16, h=h, w=w), 8.0, [""] * 5, [{}] * 5)
+    assert out.errors["temporal"] == [None] * 5
+    assert out.metrics["remote/temporal/failed_samples"] == 0.0
 
 
 def test_mp4_without_pyav_is_a_clear_422(service, monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "av", None)  # the server runs in this process
-    body = {"reward": "brightness", "videos": [base64.b64encode(b"not really").decode()]}
+    body = {"reward": "brightness", "videos": [base64.b64encode(b"not really").decode()], "fps": 8}
     answer = httpx.post(service + "/score", json=body, timeout=30)
     assert answer.status_code == 422
     assert "videos[0]: mp4 videos need PyAV" in answer.json()["detail"]

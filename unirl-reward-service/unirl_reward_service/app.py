@@ -5,7 +5,8 @@ Client mistakes are answered with an :class:`~unirl_reward_service.schemas.Error
 from the headers, before the body is read), 404 unknown reward, 408 body too slow, 413 body
 over ``max_request_bytes`` or more samples / frames / pixels than the limits (pixels are read
 from the image and mp4 headers before anything is decoded), 422 malformed body, bad base64
-or an undecodable image (the message names the index), 503 busy or shutting down. Scorer
+or an undecodable image, or a video whose frames differ in size (the message names the
+index), 503 busy or shutting down. Scorer
 failures and timeouts are not HTTP errors: they come back as per-sample ``error`` entries
 of that reward only.
 """
@@ -21,12 +22,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from fastapi import Body, Depends, FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from torch import Tensor
 
 from unirl_reward_service import __version__
 from unirl_reward_service.codec import (
@@ -100,6 +103,7 @@ class RewardServer:
                 max_batch_size=pool.config.max_batch_size,
                 device=pool.config.device,
                 needs_sources=pool.needs_sources,
+                scores_videos=pool.scores_videos,
             )
             for name, pool in self.pools.items()
         ]
@@ -168,6 +172,10 @@ class RewardServer:
             raise _error(
                 422, "'sources' go with 'images' (an edit's result and its source), not 'videos'"
             )
+        if kind == "videos" and request.fps is None:
+            raise _error(422, "'videos' need 'fps' (the videos' frames per second, e.g. 16.0)")
+        if kind == "images" and request.fps is not None:
+            raise _error(422, "'fps' goes with 'videos'; drop it for 'images'")
         per_sample: list[list[Payload]] = []
         sources: list[Payload] | None = None if request.sources is None else []
         total = 0
@@ -212,30 +220,33 @@ class RewardServer:
             raise _error(413, str(exc)) from exc
         return Probed(kind, per_sample, sources, total)
 
-    def decode(self, request: ScoreRequest, probed: Probed) -> list[list[Sample]]:
-        """Decode probed payloads into per-sample lists of images (a video's frames); an
-        edit's image carries its decoded source."""
+    def decode(self, request: ScoreRequest, probed: Probed) -> list[Sample]:
+        """Decode probed payloads into one sample each: an image ``uint8[3, H, W]`` (an
+        edit's carries its decoded source) or a video ``uint8[T, 3, H, W]`` with its fps."""
         n = len(probed.samples)
         prompts = request.prompts if request.prompts is not None else [""] * n
         metadata = request.metadata if request.metadata is not None else [{} for _ in range(n)]
-        samples: list[list[Sample]] = []
+        samples: list[Sample] = []
         try:
             for i, payloads in enumerate(probed.samples):
                 frames = [f for p in payloads for f in decode_payload(p)]
+                if probed.kind == "videos":
+                    video = _stack_frames(frames, f"videos[{i}]")
+                    samples.append(Sample(video, prompts[i], metadata[i], fps=request.fps))
+                    continue
                 source = None
                 if probed.sources is not None:
                     source = decode_payload(probed.sources[i])[0]
-                samples.append([Sample(f, prompts[i], metadata[i], source) for f in frames])
+                samples.append(Sample(frames[0], prompts[i], metadata[i], source))
         except DecodeError as exc:
             raise _error(422, str(exc)) from exc
         except TooLarge as exc:
             raise _error(413, str(exc)) from exc
         return samples
 
-    async def score_one(self, name: str, per_sample: list[list[Sample]]) -> RewardResult:
-        """Run one reward on every image of the request and fold frames back into samples."""
+    async def score_one(self, name: str, flat: list[Sample]) -> RewardResult:
+        """Run one reward on every sample (image or whole video) of the request."""
         pool = self.pools[name]
-        flat = [s for frames in per_sample for s in frames]
         started = time.monotonic()
         timeout_s = pool.config.timeout_s
         try:
@@ -261,12 +272,7 @@ class RewardServer:
                 results += [SampleResult.failed(pool.names, message, pool.has_total)] * n
             else:
                 results += waiter.result()
-        folded: list[SampleResult] = []
-        offset = 0
-        for frames in per_sample:
-            folded.append(_mean_over_frames(results[offset : offset + len(frames)], pool.names))
-            offset += len(frames)
-        return _reward_result(pool, folded, time.monotonic() - started)
+        return _reward_result(pool, results, time.monotonic() - started)
 
 
 def create_app(config: ServiceConfig | Mapping[str, Any]) -> FastAPI:
@@ -413,7 +419,7 @@ def _examples(config: ServiceConfig, hide_names: bool) -> dict[str, Any]:
         },
         "videos": {
             "summary": "One two-frame video, every reward",
-            "value": {"rewards": names, "videos": [[_EXAMPLE_PNG, _EXAMPLE_PNG]]},
+            "value": {"rewards": names, "videos": [[_EXAMPLE_PNG, _EXAMPLE_PNG]], "fps": 16.0},
         },
     }
 
@@ -469,21 +475,17 @@ def _consume(future: asyncio.Future) -> None:
         future.exception()
 
 
-def _mean_over_frames(frames: list[SampleResult], names: tuple[str, ...]) -> SampleResult:
-    """A video's result: the mean over its frames (NaN if any frame failed); one image as is."""
-    if len(frames) == 1:
-        return frames[0]
-    components = {n: math.fsum(f.components[n] for f in frames) / len(frames) for n in names}
-    errors: dict[str, str] = {}
-    for n in names:
-        for j, frame in enumerate(frames):
-            if n in frame.errors:
-                errors[n] = f"frame {j}: {frame.errors[n]}"
-                break
-    total = None
-    if frames[0].total is not None:
-        total = math.fsum(f.total for f in frames if f.total is not None) / len(frames)
-    return SampleResult(components, errors, total)
+def _stack_frames(frames: list[Tensor], where: str) -> Tensor:
+    """A video's decoded frames as ``uint8[T, 3, H, W]``; frames of different sizes are a
+    :class:`DecodeError` naming the video and the first frame that differs."""
+    first = tuple(frames[0].shape)
+    for j, frame in enumerate(frames):
+        if tuple(frame.shape) != first:
+            raise DecodeError(
+                f"{where}: frame {j} is {frame.shape[2]}x{frame.shape[1]} but frame 0 is "
+                f"{first[2]}x{first[1]}; every frame of a video needs the same size"
+            )
+    return torch.stack(frames)
 
 
 def _finite(value: float | None) -> float | None:

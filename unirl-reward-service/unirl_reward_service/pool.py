@@ -2,7 +2,7 @@
 
 Each replica is a thread that owns its own scorer instance, so a scorer is never called
 from two threads at once. Requests are queued as jobs (at most ``max_batch_size`` images
-each); a free replica takes the oldest job, waits up to ``batch_wait_ms`` for more, takes
+or videos each); a free replica takes the oldest job, waits up to ``batch_wait_ms`` for more, takes
 every following job that still fits in ``max_batch_size`` and scores them in one call per
 image size. A thread cannot be killed: when a request times out while a replica is still
 scoring its samples (or has been busy for longer than ``timeout_s``), the replica is *abandoned* (its result is dropped when
@@ -32,13 +32,19 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Sample:
-    """One image to score: ``pixels`` ``uint8[3, H, W]`` RGB, its prompt and metadata, and
-    for an edit ``source`` (``uint8[3, H', W']``, the image it was edited from)."""
+    """One sample to score: ``pixels`` ``uint8[3, H, W]`` RGB (an image) or
+    ``uint8[T, 3, H, W]`` (a video, with its ``fps``), its prompt and metadata, and for an
+    edit ``source`` (``uint8[3, H', W']``, the image it was edited from)."""
 
     pixels: Tensor
     prompt: str
     metadata: dict
     source: Tensor | None = None
+    fps: float | None = None
+
+    @property
+    def is_video(self) -> bool:
+        return self.pixels.ndim == 4
 
 
 @dataclass
@@ -74,25 +80,48 @@ def needs_sources(scorer: RewardBackend) -> bool:
     )
 
 
+def scores_videos(scorer: RewardBackend) -> bool:
+    """Whether ``scorer`` scores whole videos: it implements ``score_video`` (a video reward,
+    ``PerFrame``) and, for a combination (``components``), so does every component."""
+    if type(scorer).score_video is RewardBackend.score_video:
+        return False
+    components = getattr(scorer, "components", None)
+    if isinstance(components, Mapping):
+        return all(isinstance(c, RewardBackend) and scores_videos(c) for c in components.values())
+    return True
+
+
 def score_samples(
     scorer: RewardBackend, samples: list[Sample], has_total: bool, source: str
 ) -> list[SampleResult]:
-    """Score ``samples`` with one call per image size (and source size); isolate failures
-    per sample.
+    """Score ``samples`` with one call per image size (and source size; per video shape and
+    fps); isolate failures per sample.
 
-    Samples with a source go to ``score_edit`` (which scorers of the result alone answer
+    Videos go to ``score_video``; a scorer without it (an image reward) fails them with one
+    error each naming ``PerFrame``, no call. Samples with a source go to ``score_edit`` (which scorers of the result alone answer
     like ``score``); a scorer that needs sources fails the samples without one (one error
     each, no call). When a call with several samples raises, each of its samples is scored
     alone, so one bad sample (or one bad request batched with others) fails only itself.
     """
     names = tuple(scorer.names)
-    groups: dict[tuple[tuple[int, ...], tuple[int, ...] | None], list[int]] = {}
+    groups: dict[tuple[tuple[int, ...], tuple[int, ...] | None, float | None], list[int]] = {}
     for i, sample in enumerate(samples):
         source_shape = None if sample.source is None else tuple(sample.source.shape)
-        groups.setdefault((tuple(sample.pixels.shape), source_shape), []).append(i)
+        key = (tuple(sample.pixels.shape), source_shape, sample.fps)
+        groups.setdefault(key, []).append(i)
     out: list[SampleResult | None] = [None] * len(samples)
     needs = needs_sources(scorer)
-    for (_, source_shape), indices in groups.items():
+    videos = scores_videos(scorer)
+    for (shape, source_shape, _), indices in groups.items():
+        if len(shape) == 4 and not videos:
+            message = (
+                f"{source} scores images, not videos; on the server wrap it as "
+                "{_target_: unirl.reward.local.PerFrame, aggregate: mean, scorer: {...}} to "
+                "score each frame and aggregate over time, or use a video reward"
+            )
+            for i in indices:
+                out[i] = SampleResult.failed(names, message, has_total)
+            continue
         if needs and source_shape is None:
             message = (
                 f"{source} compares each image with the image it was edited from; send "
@@ -122,13 +151,19 @@ def _score_group(
     scorer: RewardBackend, group: list[Sample], has_total: bool, source: str
 ) -> list[SampleResult]:
     """One scorer call on same-sized images: ``images[n, 3, H, W]`` float32 in [0, 1]
-    (``score_edit`` with the same-sized ``sources`` when the samples carry them)."""
+    (``score_edit`` with the same-sized ``sources`` when the samples carry them), or on
+    same-shaped videos at one fps: ``score_video(frames[n, T, 3, H, W], fps, ...)``."""
     n = len(group)
     images = torch.stack([s.pixels for s in group]).float().div_(255.0)
     prompts = [s.prompt for s in group]
     metadata = [dict(s.metadata) for s in group]  # scorers must not mutate shared request data
     with torch.no_grad():
-        if group[0].source is not None:
+        if group[0].is_video:
+            fps = group[0].fps
+            if fps is None:
+                raise RuntimeError(f"{source}: a video sample without fps reached the pool")
+            result = scorer.score_video(images, fps, prompts, metadata)
+        elif group[0].source is not None:
             # one group holds one source size, so every sample of it carries a source
             sources = torch.stack([s.source for s in group if s.source is not None])
             sources = sources.float().div_(255.0)
@@ -185,6 +220,7 @@ class RewardPool:
         self.names: tuple[str, ...] = tuple(scorers[0].names)
         self.has_total = bool(scorers[0].produces_total)
         self.needs_sources = needs_sources(scorers[0])
+        self.scores_videos = scores_videos(scorers[0])
         self.source = f"reward '{config.name}' ({config.target})"
         self._cond = threading.Condition()
         self._queue: deque[_Job] = deque()

@@ -16,7 +16,9 @@ class ScoreRequest(BaseModel):
     sample a list of base64 PNG/JPEG frames, or one base64 mp4 string). ``prompts`` and
     ``metadata`` default to ``""`` and ``{}`` per sample; when given they need ``N`` entries.
     Edits add ``sources`` (with ``images`` only): the image each result was edited from,
-    one per image; edit rewards compare the two, other rewards ignore them.
+    one per image; edit rewards compare the two, other rewards ignore them. Videos need
+    ``fps`` (their frame rate); every video's frames share one size, and a video reaches the
+    reward whole (``score_video(frames[n, T, 3, H, W], fps, ...)``).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -38,6 +40,12 @@ class ScoreRequest(BaseModel):
         min_length=1,
         description="Edits: base64 PNG or JPEG of the image each result was edited from, one "
         "per image (with 'images' only). Rewards that compare result and source need them.",
+    )
+    fps: float | None = Field(
+        default=None,
+        gt=0,
+        description="Frames per second of the videos (required with 'videos', one rate for "
+        "the request); passed to the rewards' score_video.",
     )
     prompts: list[str] | None = Field(default=None, description="One prompt per sample.")
     metadata: list[dict[str, Any]] | None = Field(
@@ -87,12 +95,18 @@ class RewardInfo(BaseModel):
     scalar: bool = Field(description="Whether SampleScore.score is filled for this reward.")
     replicas: int
     timeout_s: float
-    max_batch_size: int = Field(description="Most images one scorer call receives.")
+    max_batch_size: int = Field(description="Most images (or videos) one scorer call receives.")
     device: str
     needs_sources: bool = Field(
         default=False,
         description="Whether the reward compares each image with its source: a request "
         "without 'sources' gets a per-sample error from it.",
+    )
+    scores_videos: bool = Field(
+        default=False,
+        description="Whether the reward scores whole videos (score_video: a video reward, or "
+        "an image reward wrapped in unirl.reward.local.PerFrame); an image-only reward answers "
+        "'videos' with a per-sample error.",
     )
 
 

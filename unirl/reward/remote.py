@@ -24,6 +24,7 @@ from unirl.reward.base import (
     as_scores,
     check_images,
     check_lengths,
+    check_videos,
     images_to_uint8,
 )
 
@@ -63,7 +64,10 @@ class RemoteRewardBackend(RewardBackend):
     service's failure policy applies. The server is checked on first use (or :meth:`check`).
     Edits (:meth:`score_edit`) send each result's source image in the same request
     (``sources``, same encoding; the per-request pixel budget counts both); an edit reward on
-    the server answers a request without sources with per-sample errors.
+    the server answers a request without sources with per-sample errors. Videos
+    (:meth:`score_video`) go as their frames (``videos``: per sample a list of images in the
+    same encoding) with ``fps``; the budget counts every frame, and the server hands the
+    reward ``frames[n, T, 3, H, W]`` (its ``score_video``).
     """
 
     url: str
@@ -84,6 +88,7 @@ class RemoteRewardBackend(RewardBackend):
     _info: dict[str, Any] | None = field(init=False, repr=False, compare=False, default=None)
     _request_size: int = field(init=False, repr=False, compare=False, default=0)
     _request_pixels: int = field(init=False, repr=False, compare=False, default=0)
+    _max_frames: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         self.url = str(self.url).rstrip("/")
@@ -152,6 +157,7 @@ class RemoteRewardBackend(RewardBackend):
         limit = int(limits.get("max_batch_size", self.batch_size))
         self._request_size = max(1, min(self.batch_size, limit))
         self._request_pixels = int(limits.get("max_request_pixels", 0))
+        self._max_frames = int(limits.get("max_frames", 0))
         server_timeout = float(info.get("timeout_s", 0.0))
         if server_timeout >= self.timeout_s:
             raise ConfigError(
@@ -193,9 +199,29 @@ class RemoteRewardBackend(RewardBackend):
         sources = check_images(sources, n, f"{source} (sources)")
         return self._score(images, sources, prompts, metadata)
 
-    def _score(
-        self, images: Tensor, sources: Tensor | None, prompts: list[str], metadata: list[dict]
+    def score_video(
+        self, frames: Tensor, fps: float, prompts: list[str], metadata: list[dict]
     ) -> ScoreResult:
+        """Score ``N`` videos ``frames[N, T, 3, H, W]`` in [0, 1] at ``fps``: each goes as its
+        ``T`` frames (``videos``, encoded like images) and the server's reward scores the
+        whole video. A reward the server reports as image-only is refused before posting."""
+        n = len(prompts)
+        source = f"RemoteRewardBackend('{self.reward}' at {self.url})"
+        frames = check_videos(frames, n, source)
+        if not (isinstance(fps, int | float) and math.isfinite(fps) and fps > 0):
+            raise RewardError(f"{source}: fps={fps!r}; give the videos' frames per second > 0")
+        return self._score(frames, None, prompts, metadata, fps=float(fps))
+
+    def _score(
+        self,
+        images: Tensor,
+        sources: Tensor | None,
+        prompts: list[str],
+        metadata: list[dict],
+        fps: float | None = None,
+    ) -> ScoreResult:
+        """Post ``images[N, 3, H, W]`` (or, with ``fps``, videos ``[N, T, 3, H, W]``) in
+        requests within the server's limits; collect per-sample scores and errors."""
         n = len(prompts)
         source = f"RemoteRewardBackend('{self.reward}' at {self.url})"
         check_lengths(n, source, metadata=metadata)
@@ -213,12 +239,18 @@ class RemoteRewardBackend(RewardBackend):
                 f"{source}: the service predates edit requests (GET /rewards has no "
                 "'needs_sources'); upgrade unirl-reward-service on the server to score edits"
             )
-        pixels = images_to_uint8(images)
+        if fps is not None:
+            self._check_video_support(images.shape[1], source)
+            # [N, T, 3, H, W] -> per sample its T frames as uint8[H, W, 3]
+            pixels = images_to_uint8(images.flatten(0, 1))
+            pixels = pixels.reshape(n, images.shape[1], *pixels.shape[1:])
+        else:
+            pixels = images_to_uint8(images)
         source_pixels = images_to_uint8(sources) if sources is not None else None
         per_request = self._request_size
         if self._request_pixels:
             height, width = images.shape[-2:]
-            per_sample = height * width
+            per_sample = height * width * (images.shape[1] if fps is not None else 1)
             if sources is not None:
                 per_sample += sources.shape[-2] * sources.shape[-1]
             per_request = max(1, min(per_request, self._request_pixels // per_sample))
@@ -228,12 +260,14 @@ class RemoteRewardBackend(RewardBackend):
         retries = 0
         for start in range(0, n, per_request):
             stop = min(start + per_request, n)
-            payload: dict[str, Any] = {
-                "reward": self.reward,
-                "images": [self._encode(p) for p in pixels[start:stop]],
-                "prompts": list(prompts[start:stop]),
-                "metadata": list(metadata[start:stop]),
-            }
+            payload: dict[str, Any] = {"reward": self.reward}
+            if fps is not None:
+                payload["videos"] = [[self._encode(f) for f in v] for v in pixels[start:stop]]
+                payload["fps"] = fps
+            else:
+                payload["images"] = [self._encode(p) for p in pixels[start:stop]]
+            payload["prompts"] = list(prompts[start:stop])
+            payload["metadata"] = list(metadata[start:stop])
             if source_pixels is not None:  # absent for plain images: the original wire format
                 payload["sources"] = [self._encode(p) for p in source_pixels[start:stop]]
             body, attempts = self._request_counted("POST", "/score", payload)
@@ -261,6 +295,28 @@ class RemoteRewardBackend(RewardBackend):
                 f"remote/{self.reward}/failed_samples": float(failed),
             },
         )
+
+    def _check_video_support(self, num_frames: int, source: str) -> None:
+        """Refuse, before posting, a server that predates whole-video scoring, an image-only
+        reward, and videos longer than the server's ``max_frames``."""
+        info = self._info or {}
+        if "scores_videos" not in info:
+            raise RewardError(
+                f"{source}: the service predates whole-video requests (GET /rewards has no "
+                "'scores_videos'; it would average an image reward over frames); upgrade "
+                "unirl-reward-service on the server to score videos"
+            )
+        if not info["scores_videos"]:
+            raise RewardError(
+                f"{source}: reward '{self.reward}' on the server scores images, not videos; "
+                "configure it there wrapped as {_target_: unirl.reward.local.PerFrame, "
+                "aggregate: mean, scorer: {...}}, or use a video reward"
+            )
+        if self._max_frames and num_frames > self._max_frames:
+            raise RewardError(
+                f"{source}: videos of {num_frames} frames; the server accepts at most "
+                f"{self._max_frames} per video (server.max_frames): send fewer frames"
+            )
 
     def _collect(
         self,
