@@ -86,6 +86,18 @@ class EngineMaps:
         """The vLLM-Omni sampling keys that set classifier-free guidance."""
         return {"guidance_scale": scale}
 
+    # video families set ``video = True``: the engine is asked for frames and returns videos
+    video: ClassVar[bool] = False
+
+    def vllm_omni_video(self, num_frames: int, fps: float) -> dict[str, Any]:
+        """The vLLM-Omni sampling keys of a video's length and frame rate; an image family
+        takes none and refuses ``num_frames > 1``."""
+        if num_frames != 1:
+            raise EngineMapError(
+                f"{self.family} samples images: sampling.num_frames must be 1, got {num_frames}"
+            )
+        return {}
+
     # -- latents (both engines) ----------------------------------------------------------------------
 
     def to_engine_latents(self, latents: torch.Tensor) -> torch.Tensor:

@@ -21,10 +21,12 @@ import torch
 
 from unirl.config.require import require
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
+from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.hunyuan_video.arch import HunyuanVideo15ArchSpec, build_arch_modules
 from unirl.models.hunyuan_video.conditions import HunyuanVideo15Conditions
 from unirl.models.hunyuan_video.config import HunyuanVideo15BundleConfig, check_num_frames
+from unirl.models.hunyuan_video.engine_maps import HunyuanVideo15EngineMaps
 from unirl.models.hunyuan_video.presets import (
     architecture_configs,
     load_folder,
@@ -45,6 +47,8 @@ class HunyuanVideo15Bundle(FlowMatchingBundle):
     config_class: ClassVar[type[HunyuanVideo15BundleConfig]] = HunyuanVideo15BundleConfig
     config: HunyuanVideo15BundleConfig
     frozen_module_names: ClassVar[tuple[str, ...]] = ("text_encoder", "text_encoder_2", "vae")
+    # vLLM-Omni's dialect of this family (engine_maps.py)
+    engine_maps: ClassVar[EngineMaps | None] = HunyuanVideo15EngineMaps()
     block_class_names: ClassVar[tuple[str, ...]] = ("HunyuanVideo15TransformerBlock",)
     # both streams' attention projections of every dual-stream block (the token refiner's
     # self-attention shares the to_q / to_k / to_v / to_out.0 names and is adapted too)

@@ -27,6 +27,7 @@ import torch
 
 from unirl.config.require import ConfigError, require
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
+from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.presets import ModelSourceError
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.wan.arch import WanArchSpec, build_arch_modules
@@ -38,6 +39,7 @@ from unirl.models.wan.config import (
     check_text_tokens,
     trainable_attr_for,
 )
+from unirl.models.wan.engine_maps import WanEngineMaps
 from unirl.models.wan.experts import WanExperts, split_expert_lora
 from unirl.models.wan.presets import (
     architecture_configs,
@@ -70,6 +72,8 @@ class WanBundle(FlowMatchingBundle):
     block_class_names: ClassVar[tuple[str, ...]] = ("WanTransformerBlock",)
     # self- and cross-attention of every block (attn1 / attn2)
     lora_default_targets: ClassVar[tuple[str, ...]] = ("to_q", "to_k", "to_v", "to_out.0")
+    # vLLM-Omni's dialect of this family (engine_maps.py; text-to-video)
+    engine_maps: ClassVar[EngineMaps | None] = WanEngineMaps()
     # I2V models attach a first frame per row; a text-to-video model refuses it in one line
     takes_references: ClassVar[bool] = True
 

@@ -7,6 +7,8 @@ Written against vLLM-Omni's public Python entry point as published (``Omni(model
 (``images``, ``trajectory_latents``, ``trajectory_timesteps``, and a per-step log-prob field,
 ``log_prob_attr``), and weight updates through vLLM's ``collective_rpc`` convention
 (``update_weights`` / ``weight_checksums`` / ``sleep`` / ``wake_up`` worker methods).
+Video families: each entry of ``images`` is assumed to be one sample's frames (the adapter
+reads it as ``[T, H, W, 3]`` or ``[T, 3, H, W]``; see ``video.py``).
 Each assumption fails with a message naming it rather than guessing further.
 """
 

@@ -32,7 +32,15 @@ from unirl.rollout.engine.dedicated.trajectory import (
     prompt_groups,
     segment_from_trajectory,
 )
-from unirl.types import DiffusionRequest, Images, RolloutReq, RolloutResp, RolloutTrack
+from unirl.rollout.engine.vllm_omni.video import frames_from_output
+from unirl.types import (
+    DiffusionRequest,
+    Images,
+    RolloutReq,
+    RolloutResp,
+    RolloutTrack,
+    Videos,
+)
 
 
 class VllmOmniEngine(WeightReceiver):
@@ -112,6 +120,11 @@ class VllmOmniEngine(WeightReceiver):
             req.prompts, negative=guidance > 1.0, negative_prompt=params.negative_prompt
         )
         x_t = stage.initial_noise(req.seed)
+        try:  # video families: the frame count and rate; image families: none (1 frame)
+            frames = self.maps.vllm_omni_video(params.num_frames, params.fps)
+            engine_x_t = self.maps.to_engine_latents(x_t)
+        except EngineMapError as exc:
+            raise EngineContractError(f"vllm_omni: {exc}") from exc
         samples: list[dict[str, Any]] = []
         for rows in prompt_groups(req.prompts, stage.sde_indices):
             first = rows[0]
@@ -125,8 +138,9 @@ class VllmOmniEngine(WeightReceiver):
                 **self.maps.vllm_omni_guidance(guidance),
                 "height": params.height,
                 "width": params.width,
+                **frames,
                 "num_outputs_per_prompt": len(rows),
-                "latents": self.maps.to_engine_latents(x_t[rows]),
+                "latents": engine_x_t[rows],
                 "return_trajectory_latents": True,
             }
             got = self.backend.generate(prompt, call)
@@ -173,9 +187,21 @@ class VllmOmniEngine(WeightReceiver):
             metadata=[dict(m) for m in req.metadata],
             conditions=conditions.to(torch.device("cpu")),
             segment=segment,
-            decoded=Images(pixels=pixels_from_output([s["image"] for s in samples])),
+            decoded=self._decoded([s["image"] for s in samples], params),
         )
         return RolloutResp(tracks={self.track_name: track}, timings={"rollout": t_rollout})
+
+    def _decoded(self, outputs: list[Any], params: Any) -> Images | Videos:
+        """Images for an image family; ``Videos`` at the request's ``fps`` for a video family,
+        each sample's frames checked against ``num_frames``."""
+        if not self.maps.video:
+            return Images(pixels=pixels_from_output(outputs))
+        frames = frames_from_output(outputs)
+        if frames.shape[1] != params.num_frames:
+            raise EngineContractError(
+                f"vllm_omni: asked for {params.num_frames} frames, got videos of {frames.shape[1]}"
+            )
+        return Videos(frames=frames, fps=float(params.fps))
 
     @distributed(dispatch=Dispatch.BROADCAST)
     def sleep(self) -> dict[str, Any]:
