@@ -22,9 +22,7 @@ ENTRY_BY_DOMAIN = {
     "pe": "unirl.train_pe",
 }
 # recipes the generic validators refuse on purpose, each with the line naming what is missing
-REFUSED = {
-    "diffusion/hunyuan_video15_t2v_vllmomni_nccl_separate": "vllm_omni engine has no mapper for family unirl.models.hunyuan_video",
-}
+REFUSED: dict[str, str] = {}
 RECIPES = sorted(
     str(p.relative_to(examples_dir()).with_suffix(""))
     for p in examples_dir().rglob("*.yaml")
