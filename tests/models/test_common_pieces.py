@@ -229,3 +229,38 @@ def test_user_turn_renders_one_user_turn_with_the_thinking_switch() -> None:
     )
     linear = torch.nn.Linear(2, 2).to(torch.float64)
     assert (module_device(linear), module_dtype(linear)) == (torch.device("cpu"), torch.float64)
+
+
+# -- tiny_text -----------------------------------------------------------------------------------
+
+
+def test_qwen3_chat_tokenizer_checks_its_template_against_the_trained_turn() -> None:
+    from unirl.models.common.tiny_text import QWEN3_SPECIALS, qwen3_chat_tokenizer
+    from unirl.models.z_image.tiny import CHAT_TEMPLATE, chat_turn
+
+    lines = ["a red fox", "a cat on a mat", "two dogs"]
+    tokenizer = qwen3_chat_tokenizer(
+        chat_turn,
+        chat_template=CHAT_TEMPLATE,
+        enable_thinking=True,
+        vocab_size=300,
+        model_max_length=64,
+        lines=lines,
+    )
+    assert [tokenizer.convert_tokens_to_ids(t) for t in QWEN3_SPECIALS] == [0, 1, 2, 3, 4]
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.model_max_length) == (
+        0,
+        2,
+        64,
+    )
+    assert tokenizer.chat_template == CHAT_TEMPLATE
+    # the pipeline asks with thinking off, but the corpus turn has no think block: refused
+    with pytest.raises(ValueError, match="the tiny chat template renders"):
+        qwen3_chat_tokenizer(
+            chat_turn,
+            chat_template=CHAT_TEMPLATE,
+            enable_thinking=False,
+            vocab_size=300,
+            model_max_length=64,
+            lines=lines,
+        )

@@ -29,15 +29,18 @@ from typing import Any
 import torch
 
 from unirl.models.common.progress import hf_progress_bars_disabled
-from unirl.models.common.text_encode import user_turn
-from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
+from unirl.models.common.tiny_text import (
+    END_THINK,
+    IM_END,
+    IM_START,
+    THINK,
+    qwen3_chat_tokenizer,
+    tiny_qwen_text_config,
+)
 from unirl.models.common.tiny_vae import TinyKLVAE
 
 # Bump when the build code changes what it writes: it is part of the cache key.
 TINY_BUILDER_VERSION = 1
-
-ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
-THINK_START, THINK_END = "<think>", "</think>"
 
 # One chat turn rendered as Qwen3's template renders it (our own minimal template: no system
 # turn, tools or multi-turn thinking history, which the pipeline never sends).
@@ -113,38 +116,21 @@ class TinyFlux2Spec:
 
 def chat_turn(prompt: str) -> str:
     """What :data:`CHAT_TEMPLATE` renders for one user prompt (the tokenizer's corpus form)."""
-    return (
-        f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n{THINK_START}\n\n{THINK_END}\n\n"
-    )
+    return f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n{THINK}\n\n{END_THINK}\n\n"
 
 
 def build_tiny_tokenizer(spec: TinyFlux2Spec, lines: list[str] | None = None) -> Any:
-    """A ``Qwen2Tokenizer`` (byte-level BPE) trained on the corpus wrapped in the chat turn,
-    with :data:`CHAT_TEMPLATE`. Special tokens first: ``<|endoftext|>`` (pad, id 0),
-    ``<|im_start|>``, ``<|im_end|>`` (end of turn), ``<think>``, ``</think>``."""
-    from transformers import Qwen2Tokenizer
-
-    lines = corpus_lines() if lines is None else lines
-    specials = [ENDOFTEXT, IM_START, IM_END, THINK_START, THINK_END]
-    bpe = train_byte_level_bpe(
-        [chat_turn(line) for line in lines], specials, spec.vocab_size, lowercase=False
-    )
-    tokenizer = Qwen2Tokenizer(
-        tokenizer_object=bpe,
-        unk_token=ENDOFTEXT,
-        eos_token=IM_END,
-        pad_token=ENDOFTEXT,
+    """A ``Qwen2Tokenizer`` (byte-level BPE, Qwen3's special tokens) trained on the corpus
+    wrapped in the chat turn, with :data:`CHAT_TEMPLATE` (checked to render that turn with
+    thinking off, as the pipeline asks)."""
+    return qwen3_chat_tokenizer(
+        chat_turn,
+        chat_template=CHAT_TEMPLATE,
+        enable_thinking=False,
+        vocab_size=spec.vocab_size,
         model_max_length=2048,
+        lines=lines,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    probe = "a red fox"
-    rendered = user_turn(tokenizer, probe, enable_thinking=False)
-    if rendered != chat_turn(probe):
-        raise ValueError(
-            "the tiny chat template does not render the turn the tokenizer was trained on: "
-            f"{rendered!r}"
-        )
-    return tokenizer
 
 
 # -- model configs -------------------------------------------------------------------------------
@@ -194,19 +180,9 @@ def text_encoder_config(spec: TinyFlux2Spec, tokenizer: Any) -> Any:
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.text_hidden,
-        intermediate_size=spec.text_intermediate,
-        num_hidden_layers=spec.text_layers,
-        num_attention_heads=spec.text_heads,
-        num_key_value_heads=spec.text_kv_heads,
+        **tiny_qwen_text_config(spec, tokenizer),
         head_dim=spec.text_head_dim,
-        max_position_embeddings=2048,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
     )
 
 

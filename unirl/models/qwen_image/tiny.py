@@ -25,12 +25,18 @@ from typing import Any
 import torch
 
 from unirl.models.common.progress import hf_progress_bars_disabled
-from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
+from unirl.models.common.tiny import corpus_lines
+from unirl.models.common.tiny_text import (
+    ENDOFTEXT,
+    IM_END,
+    IM_START,
+    qwen_bpe_tokenizer,
+    tiny_qwen_text_config,
+)
 
 # Bump when the build code changes what it writes: it is part of the cache key.
 TINY_BUILDER_VERSION = 1
 
-ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
 # The released Qwen/Qwen-Image scheduler (FlowMatchEulerDiscreteScheduler) config.
@@ -93,21 +99,14 @@ def build_tiny_tokenizer(spec: TinyQwenImageSpec, lines: list[str] | None = None
     template, so the template words are whole tokens and its prefix is ``drop_idx`` tokens.
     Special tokens first: ``<|endoftext|>`` (pad, id 0), ``<|im_start|>``, ``<|im_end|>`` and
     the vision tokens (never produced from text)."""
-    from transformers import Qwen2Tokenizer
-
     from unirl.models.qwen_image.text_encode import pipeline_prompt_template
 
     template = pipeline_prompt_template()
     lines = corpus_lines() if lines is None else lines
-    specials = [ENDOFTEXT, IM_START, IM_END, *VISION_TOKENS]
-    bpe = train_byte_level_bpe(
-        [template.text.format(line) for line in lines], specials, spec.vocab_size, lowercase=False
-    )
-    tokenizer = Qwen2Tokenizer(
-        tokenizer_object=bpe,
-        unk_token=ENDOFTEXT,
-        eos_token=IM_END,
-        pad_token=ENDOFTEXT,
+    tokenizer = qwen_bpe_tokenizer(
+        [template.text.format(line) for line in lines],
+        specials=[ENDOFTEXT, IM_START, IM_END, *VISION_TOKENS],
+        vocab_size=spec.vocab_size,
         model_max_length=template.max_length + template.drop_idx,
     )
     prefix = len(tokenizer(template.prefix).input_ids)
@@ -161,21 +160,12 @@ def text_encoder_config(spec: TinyQwenImageSpec, tokenizer: Any) -> Any:
     ids = [tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS]
     return Qwen2_5_VLConfig(
         text_config={
-            "vocab_size": spec.vocab_size,
-            "hidden_size": spec.text_hidden,
-            "intermediate_size": spec.text_intermediate,
-            "num_hidden_layers": spec.text_layers,
-            "num_attention_heads": spec.text_heads,
-            "num_key_value_heads": spec.text_kv_heads,
-            "max_position_embeddings": 2048,
+            **tiny_qwen_text_config(spec, tokenizer),
             "rope_parameters": {
                 "rope_type": "default",
                 "rope_theta": 1000000.0,
                 "mrope_section": list(spec.mrope_section),
             },
-            "bos_token_id": None,
-            "eos_token_id": tokenizer.eos_token_id,
-            "pad_token_id": tokenizer.pad_token_id,
         },
         vision_config={
             "depth": 1,

@@ -25,15 +25,16 @@ from typing import Any
 import torch
 
 from unirl.models.common.progress import hf_progress_bars_disabled
-from unirl.models.common.text_encode import user_turn
-from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
+from unirl.models.common.tiny_text import (
+    IM_END,
+    IM_START,
+    qwen3_chat_tokenizer,
+    tiny_qwen_text_config,
+)
 from unirl.models.common.tiny_vae import TinyKLVAE
 
 # Bump when the build code changes what it writes: it is part of the cache key.
 TINY_BUILDER_VERSION = 1
-
-ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
-THINK, END_THINK = "<think>", "</think>"
 
 # Plain chat turns as the released Qwen3 template renders them (system / user / assistant
 # messages, no tools): each turn is ``<|im_start|>{role}\n{content}<|im_end|>\n``; the
@@ -110,28 +111,17 @@ def chat_turn(prompt: str) -> str:
 
 
 def build_tiny_tokenizer(spec: TinyZImageSpec, lines: list[str] | None = None) -> Any:
-    """A ``Qwen2Tokenizer`` (byte-level BPE) trained on the corpus wrapped in the chat turn,
-    with :data:`CHAT_TEMPLATE`. Special tokens first: ``<|endoftext|>`` (pad, id 0),
-    ``<|im_start|>``, ``<|im_end|>``, ``<think>``, ``</think>``."""
-    from transformers import Qwen2Tokenizer
-
-    lines = corpus_lines() if lines is None else lines
-    specials = [ENDOFTEXT, IM_START, IM_END, THINK, END_THINK]
-    bpe = train_byte_level_bpe(
-        [chat_turn(line) for line in lines], specials, spec.vocab_size, lowercase=False
-    )
-    tokenizer = Qwen2Tokenizer(
-        tokenizer_object=bpe,
-        unk_token=ENDOFTEXT,
-        eos_token=IM_END,
-        pad_token=ENDOFTEXT,
+    """A ``Qwen2Tokenizer`` (byte-level BPE, Qwen3's special tokens) trained on the corpus
+    wrapped in the chat turn, with :data:`CHAT_TEMPLATE` (checked to render that turn with
+    thinking on, as the pipeline asks)."""
+    return qwen3_chat_tokenizer(
+        chat_turn,
+        chat_template=CHAT_TEMPLATE,
+        enable_thinking=True,
+        vocab_size=spec.vocab_size,
         model_max_length=131072,
+        lines=lines,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    rendered = user_turn(tokenizer, "a cat", enable_thinking=True)
-    if rendered != chat_turn("a cat"):
-        raise ValueError(f"the tiny chat template renders {rendered!r}, not the pipeline's turn")
-    return tokenizer
 
 
 # -- model configs -------------------------------------------------------------------------------
@@ -170,20 +160,7 @@ def vae_config(spec: TinyZImageSpec) -> dict[str, Any]:
 def text_encoder_config(spec: TinyZImageSpec, tokenizer: Any) -> Any:
     from transformers import Qwen3Config
 
-    return Qwen3Config(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.text_hidden,
-        intermediate_size=spec.text_intermediate,
-        num_hidden_layers=spec.text_layers,
-        num_attention_heads=spec.text_heads,
-        num_key_value_heads=spec.text_kv_heads,
-        head_dim=spec.text_head_dim,
-        max_position_embeddings=2048,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    return Qwen3Config(**tiny_qwen_text_config(spec, tokenizer), head_dim=spec.text_head_dim)
 
 
 # -- build ---------------------------------------------------------------------------------------
