@@ -264,3 +264,39 @@ def test_qwen3_chat_tokenizer_checks_its_template_against_the_trained_turn() -> 
             model_max_length=64,
             lines=lines,
         )
+
+
+# -- geometry ------------------------------------------------------------------------------------
+
+
+def test_latent_geometries_and_the_sigma_check() -> None:
+    from unirl.models.common.geometry import (
+        PackedLatentGeometry,
+        VAELatentGeometry,
+        sigma_per_sample,
+    )
+
+    vae = VAELatentGeometry()
+    vae.latent_channels, vae.vae_scale_factor, vae.patch_size = 16, 8, 2
+    assert vae.latent_shape(64, 128) == (16, 8, 16) and vae.image_seq_len(64, 128) == 32
+    with pytest.raises(ValueError, match=r"multiples of 16 \(VAE factor 8 x 2x2 patches\)"):
+        vae.latent_shape(72, 64)
+    packed = PackedLatentGeometry()
+    packed.vae_scale_factor, packed.packed_channels = 8, 64
+    assert packed.latent_shape(64, 128) == (4, 8, 64) and packed.image_seq_len(64, 128) == 32
+    with pytest.raises(ValueError, match=r"multiples of 16 \(VAE factor 8 x 2x2 packing\)"):
+        packed.latent_shape(0, 64)
+    packed.check_packing(16)
+    with pytest.raises(ValueError, match="in_channels=64 is not 2x2 patches of the VAE's 8"):
+        packed.check_packing(8)
+
+    latents, rows = torch.zeros(3, 4), [0, 1, 2]
+    cpu = torch.device("cpu")
+    assert torch.equal(sigma_per_sample(0.5, latents, rows, device=cpu), torch.full((3,), 0.5))
+    sigma = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
+    got = sigma_per_sample(sigma, latents, rows, device=cpu)
+    assert got.dtype == torch.float32 and torch.equal(got, sigma.float())
+    with pytest.raises(ValueError, match="3 latents but 2 condition rows"):
+        sigma_per_sample(0.5, latents, rows[:2], device=cpu)
+    with pytest.raises(ValueError, match="sigma has 2 values for 3 latents"):
+        sigma_per_sample(torch.ones(2), latents, rows, device=cpu)

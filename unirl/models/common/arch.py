@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-ModuleFactory = Callable[[], torch.nn.Module]
+ModuleFactory = Callable[[], Any]  # a module constructor (diffusers models type as Any)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -61,6 +61,12 @@ def build_seeded(
         with built_as(seed + offset, device, dtype):
             modules[name] = factory().eval()
     return modules
+
+
+def model_from_config(model_class: Any, config: Mapping[str, Any]) -> torch.nn.Module:
+    """``model_class.from_config`` of a ``config.json`` read as a dict (its private keys,
+    ``_class_name`` and the like, dropped): a module from an architecture, no weights."""
+    return model_class.from_config({k: v for k, v in config.items() if not k.startswith("_")})
 
 
 def count_params_on_meta(factories: Mapping[str, ModuleFactory]) -> dict[str, int]:

@@ -112,6 +112,26 @@ class EngineMaps:
         return latents
 
 
+class PackedLatentEngineMaps(EngineMaps):
+    """Maps of a family carrying packed latents ``[N, h, w, 4·C]`` (``geometry``'s
+    ``PackedLatentGeometry``) where the engines hold diffusers' packed sequence
+    ``[N, h·w, 4·C]`` (Qwen-Image, FLUX.2)."""
+
+    def to_engine_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """``[N, h, w, 4·C]`` -> diffusers' packed ``[N, h·w, 4·C]``."""
+        n, grid_h, grid_w, channels = latents.shape
+        return latents.reshape(n, grid_h * grid_w, channels)
+
+    def from_engine_latents(
+        self, latents: torch.Tensor, latent_shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        """Packed ``[..., h·w, 4·C]`` -> ``[..., h, w, 4·C]``; ours passes unchanged."""
+        grid_h, grid_w, channels = latent_shape
+        if tuple(latents.shape[-2:]) == (grid_h * grid_w, channels):
+            return latents.reshape(*latents.shape[:-2], grid_h, grid_w, channels)
+        return latents
+
+
 def _family_class(family: type | str) -> type:
     if isinstance(family, type):
         return family

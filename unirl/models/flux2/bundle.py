@@ -19,9 +19,11 @@ from typing import Any, ClassVar
 import torch
 
 from unirl.config.require import ConfigError
+from unirl.models.common.arch import model_from_config
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
 from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.folders import load_parts, read_diffusers_folder
+from unirl.models.common.geometry import PATCH, PackedLatentGeometry, sigma_per_sample
 from unirl.models.common.guidance import Guidance, NoGuidance, SeparateCFG
 from unirl.models.common.presets import ModelSourceError
 from unirl.models.flux2.arch import build_arch_modules
@@ -38,7 +40,6 @@ from unirl.models.flux2.text_encode import encode_klein_prompts, pipeline_text_l
 from unirl.models.flux2.tiny import patchify, unpatchify
 from unirl.types import host_to_device
 
-PATCH = 2  # the 2x2 patchify of VAE latents into tokens
 REFERENCE_TIME = 10  # the time coordinate of the (first) reference image's tokens
 MAX_REFERENCE_PIXELS = 1024 * 1024  # the pipelines shrink larger references to this area
 
@@ -75,7 +76,7 @@ def text_position_ids(length: int) -> torch.Tensor:
     return ids
 
 
-class Flux2KleinBundle(FlowMatchingBundle):
+class Flux2KleinBundle(PackedLatentGeometry, FlowMatchingBundle):
     """FLUX.2-Klein weights for rollout and training.
 
     Keyword arguments are the fields of :class:`Flux2KleinBundleConfig` (a recipe block
@@ -133,8 +134,7 @@ class Flux2KleinBundle(FlowMatchingBundle):
     def trainable_from_architecture(cls, architecture: tuple[dict, dict]) -> torch.nn.Module:
         from diffusers import Flux2Transformer2DModel
 
-        config = {k: v for k, v in architecture[0].items() if not k.startswith("_")}
-        return Flux2Transformer2DModel.from_config(config)
+        return model_from_config(Flux2Transformer2DModel, architecture[0])
 
     @classmethod
     def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
@@ -190,11 +190,7 @@ class Flux2KleinBundle(FlowMatchingBundle):
         self.latent_channels = int(vcfg.latent_channels)
         self.vae_scale_factor = 2 ** (len(vcfg.block_out_channels) - 1)
         self.packed_channels = int(self.transformer.config.in_channels)
-        if self.packed_channels != PATCH * PATCH * self.latent_channels:
-            raise ValueError(
-                f"transformer in_channels={self.packed_channels} is not {PATCH}x{PATCH} patches of "
-                f"the VAE's {self.latent_channels} latent channels"
-            )
+        self.check_packing(self.latent_channels)
         self.batch_norm_eps = float(vcfg.batch_norm_eps)
         self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
         self.text_layers = pipeline_text_layers()
@@ -310,15 +306,7 @@ class Flux2KleinBundle(FlowMatchingBundle):
         the generated tokens' velocity is returned.
         """
         b, grid_h, grid_w, channels = latents.shape
-        if len(conditions) != b:
-            raise ValueError(f"predict_velocity: {b} latents but {len(conditions)} condition rows")
-        sigma_t = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1)
-        if sigma_t.numel() == 1:
-            sigma_t = sigma_t.expand(b)
-        elif sigma_t.numel() != b:
-            raise ValueError(
-                f"predict_velocity: sigma has {sigma_t.numel()} values for {b} latents"
-            )
+        sigma_t = sigma_per_sample(sigma, latents, conditions, device=latents.device)
         timestep = (sigma_t * self.num_train_timesteps).to(self.device, self.dtype) / 1000
         tokens = grid_h * grid_w
         hidden = latents.to(self.device, self.dtype).reshape(b, tokens, channels)
@@ -346,21 +334,6 @@ class Flux2KleinBundle(FlowMatchingBundle):
         return v[:, :tokens].float().reshape(b, grid_h, grid_w, channels)
 
     # -- geometry and decode ------------------------------------------------------------------
-
-    def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
-        """``(H/16, W/16, 4·C)``: the packed latent of a ``height x width`` image."""
-        multiple = self.vae_scale_factor * PATCH
-        if height % multiple or width % multiple or height <= 0 or width <= 0:
-            raise ValueError(
-                f"sampling.height={height} and sampling.width={width} must be positive multiples of "
-                f"{multiple} (VAE factor {self.vae_scale_factor} x {PATCH}x{PATCH} packing)"
-            )
-        return (height // multiple, width // multiple, self.packed_channels)
-
-    def image_seq_len(self, height: int, width: int) -> int:
-        """Generated-image tokens (references excluded): μ of the σ policy grows with it."""
-        grid_h, grid_w, _ = self.latent_shape(height, width)
-        return grid_h * grid_w
 
     def unpack(self, latents: torch.Tensor) -> torch.Tensor:
         """Packed, normalised ``[B, h, w, 4·C]`` -> the VAE's latent ``[B, C, 2h, 2w]`` (the

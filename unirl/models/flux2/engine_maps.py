@@ -26,14 +26,14 @@ import torch
 from unirl.models.common.engine_maps import (
     Engine,
     EngineMapError,
-    EngineMaps,
+    PackedLatentEngineMaps,
     cond_kwargs,
     sample_tensor,
 )
 from unirl.models.flux2.conditions import Flux2KleinConditions
 
 
-class Flux2KleinEngineMaps(EngineMaps):
+class Flux2KleinEngineMaps(PackedLatentEngineMaps):
     """SGLang conditions and the packed latent layout of FLUX.2-Klein."""
 
     family: ClassVar[str] = "unirl.models.flux2.Flux2KleinBundle"
@@ -69,17 +69,3 @@ class Flux2KleinEngineMaps(EngineMaps):
         return Flux2KleinConditions(
             prompt_embeds=prompt_embeds, negative_prompt_embeds=stacked("neg_cond_kwargs")
         )
-
-    def to_engine_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        """``[N, h, w, 4·C]`` -> diffusers' packed ``[N, h·w, 4·C]``."""
-        n, grid_h, grid_w, channels = latents.shape
-        return latents.reshape(n, grid_h * grid_w, channels)
-
-    def from_engine_latents(
-        self, latents: torch.Tensor, latent_shape: tuple[int, ...]
-    ) -> torch.Tensor:
-        """Packed ``[..., h·w, 4·C]`` -> ``[..., h, w, 4·C]``; ours passes unchanged."""
-        grid_h, grid_w, channels = latent_shape
-        if tuple(latents.shape[-2:]) == (grid_h * grid_w, channels):
-            return latents.reshape(*latents.shape[:-2], grid_h, grid_w, channels)
-        return latents

@@ -17,9 +17,11 @@ from typing import Any, ClassVar
 
 import torch
 
+from unirl.models.common.arch import model_from_config
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
 from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.folders import load_parts, read_diffusers_folder
+from unirl.models.common.geometry import PATCH, PackedLatentGeometry, sigma_per_sample
 from unirl.models.common.guidance import Guidance, NormRescaledCFG
 from unirl.models.qwen_image.arch import build_arch_modules
 from unirl.models.qwen_image.conditions import QwenImageConditions
@@ -27,8 +29,6 @@ from unirl.models.qwen_image.config import QwenImageBundleConfig
 from unirl.models.qwen_image.engine_maps import QwenImageEngineMaps
 from unirl.models.qwen_image.presets import architecture_configs, resolve_model_source
 from unirl.models.qwen_image.text_encode import encode_qwen_prompts
-
-PATCH = 2  # the transformer's 2x2 packing of VAE latents
 
 
 def _read_folder(folder: Path, bundle: QwenImageBundle) -> dict[str, Any]:
@@ -46,7 +46,7 @@ def _read_folder(folder: Path, bundle: QwenImageBundle) -> dict[str, Any]:
     )
 
 
-class QwenImageBundle(FlowMatchingBundle):
+class QwenImageBundle(PackedLatentGeometry, FlowMatchingBundle):
     """Qwen-Image weights for rollout and training.
 
     Keyword arguments are the fields of :class:`QwenImageBundleConfig` (a recipe block
@@ -94,8 +94,7 @@ class QwenImageBundle(FlowMatchingBundle):
     def trainable_from_architecture(cls, architecture: tuple[dict, dict]) -> torch.nn.Module:
         from diffusers import QwenImageTransformer2DModel
 
-        config = {k: v for k, v in architecture[0].items() if not k.startswith("_")}
-        return QwenImageTransformer2DModel.from_config(config)
+        return model_from_config(QwenImageTransformer2DModel, architecture[0])
 
     # -- modules -------------------------------------------------------------------------------
 
@@ -123,11 +122,7 @@ class QwenImageBundle(FlowMatchingBundle):
         self.latent_channels = int(vcfg.z_dim)
         self.vae_scale_factor = 2 ** len(vcfg.temperal_downsample)
         self.packed_channels = int(self.transformer.config.in_channels)
-        if self.packed_channels != PATCH * PATCH * self.latent_channels:
-            raise ValueError(
-                f"transformer in_channels={self.packed_channels} is not {PATCH}x{PATCH} patches of "
-                f"the VAE's {self.latent_channels} latent channels"
-            )
+        self.check_packing(self.latent_channels)
         self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
         shape = (1, self.latent_channels, 1, 1, 1)
         self._latents_mean = torch.tensor(vcfg.latents_mean).view(shape)
@@ -171,15 +166,7 @@ class QwenImageBundle(FlowMatchingBundle):
         when every token is real).
         """
         b, grid_h, grid_w, channels = latents.shape
-        if len(conditions) != b:
-            raise ValueError(f"predict_velocity: {b} latents but {len(conditions)} condition rows")
-        sigma_t = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1)
-        if sigma_t.numel() == 1:
-            sigma_t = sigma_t.expand(b)
-        elif sigma_t.numel() != b:
-            raise ValueError(
-                f"predict_velocity: sigma has {sigma_t.numel()} values for {b} latents"
-            )
+        sigma_t = sigma_per_sample(sigma, latents, conditions, device=latents.device)
         timestep = (sigma_t * self.num_train_timesteps).to(self.device, self.dtype) / 1000
         mask = conditions.prompt_mask
         with self.sdpa_context(), self.autocast():
@@ -194,21 +181,6 @@ class QwenImageBundle(FlowMatchingBundle):
         return v.float().reshape(b, grid_h, grid_w, channels)
 
     # -- geometry and decode ------------------------------------------------------------------
-
-    def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
-        """``(H/16, W/16, 4·C)``: the packed latent of a ``height x width`` image."""
-        multiple = self.vae_scale_factor * PATCH
-        if height % multiple or width % multiple or height <= 0 or width <= 0:
-            raise ValueError(
-                f"sampling.height={height} and sampling.width={width} must be positive multiples of "
-                f"{multiple} (VAE factor {self.vae_scale_factor} x {PATCH}x{PATCH} packing)"
-            )
-        return (height // multiple, width // multiple, self.packed_channels)
-
-    def image_seq_len(self, height: int, width: int) -> int:
-        """Image tokens the transformer sees: μ of the dynamic shift grows with it."""
-        grid_h, grid_w, _ = self.latent_shape(height, width)
-        return grid_h * grid_w
 
     def unpack(self, latents: torch.Tensor) -> torch.Tensor:
         """Packed ``[B, h, w, 4·C]`` -> the VAE's ``[B, C, 1, 2h, 2w]`` (one frame)."""

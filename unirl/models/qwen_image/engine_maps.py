@@ -21,7 +21,7 @@ import torch
 from unirl.models.common.engine_maps import (
     Engine,
     EngineMapError,
-    EngineMaps,
+    PackedLatentEngineMaps,
     cond_kwargs,
     sample_tensor,
 )
@@ -45,7 +45,7 @@ def _ones_if_none(mask: torch.Tensor | None, embeds: torch.Tensor) -> torch.Tens
     return torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
 
 
-class QwenImageEngineMaps(EngineMaps):
+class QwenImageEngineMaps(PackedLatentEngineMaps):
     """SGLang conditions, vLLM-Omni prompt kwargs and the packed latent layout of Qwen-Image."""
 
     family: ClassVar[str] = "unirl.models.qwen_image.QwenImageBundle"
@@ -115,17 +115,3 @@ class QwenImageEngineMaps(EngineMaps):
         """Qwen-Image's CFG is ``true_cfg_scale`` (``guidance_scale`` feeds only
         guidance-distilled checkpoints)."""
         return {"true_cfg_scale": scale}
-
-    def to_engine_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        """``[N, h, w, 4·C]`` -> diffusers' packed ``[N, h·w, 4·C]``."""
-        n, grid_h, grid_w, channels = latents.shape
-        return latents.reshape(n, grid_h * grid_w, channels)
-
-    def from_engine_latents(
-        self, latents: torch.Tensor, latent_shape: tuple[int, ...]
-    ) -> torch.Tensor:
-        """Packed ``[..., h·w, 4·C]`` -> ``[..., h, w, 4·C]``; ours passes unchanged."""
-        grid_h, grid_w, channels = latent_shape
-        if tuple(latents.shape[-2:]) == (grid_h * grid_w, channels):
-            return latents.reshape(*latents.shape[:-2], grid_h, grid_w, channels)
-        return latents

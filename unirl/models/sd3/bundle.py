@@ -12,9 +12,11 @@ from typing import Any, ClassVar
 import torch
 
 from unirl.config.require import require
+from unirl.models.common.arch import model_from_config
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
 from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.folders import load_parts, read_diffusers_folder
+from unirl.models.common.geometry import VAELatentGeometry, sigma_per_sample
 from unirl.models.sd3.arch import build_arch_modules
 from unirl.models.sd3.attention import install_fused_attention
 from unirl.models.sd3.conditions import SD3Conditions
@@ -46,7 +48,7 @@ def _read_folder(folder: Path, bundle: SD3Bundle) -> dict[str, Any]:
     return {"text_encoder_3": None, "tokenizer_3": None, **parts}
 
 
-class SD3Bundle(FlowMatchingBundle):
+class SD3Bundle(VAELatentGeometry, FlowMatchingBundle):
     """SD3 / SD3.5 weights for rollout and training.
 
     Keyword arguments are the fields of :class:`SD3BundleConfig` (so a recipe block
@@ -102,8 +104,7 @@ class SD3Bundle(FlowMatchingBundle):
     def trainable_from_architecture(cls, architecture: tuple[dict, dict]) -> torch.nn.Module:
         from diffusers import SD3Transformer2DModel
 
-        config = {k: v for k, v in architecture[0].items() if not k.startswith("_")}
-        return SD3Transformer2DModel.from_config(config)
+        return model_from_config(SD3Transformer2DModel, architecture[0])
 
     # -- modules -------------------------------------------------------------------------------
 
@@ -196,16 +197,7 @@ class SD3Bundle(FlowMatchingBundle):
         The transformer sees ``timestep = sigma · num_train_timesteps`` as diffusers passes it
         and runs in the bundle's ``dtype``; ``conditions`` must have ``B`` rows.
         """
-        b = latents.shape[0]
-        if len(conditions) != b:
-            raise ValueError(f"predict_velocity: {b} latents but {len(conditions)} condition rows")
-        sigma_t = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1)
-        if sigma_t.numel() == 1:
-            sigma_t = sigma_t.expand(b)
-        elif sigma_t.numel() != b:
-            raise ValueError(
-                f"predict_velocity: sigma has {sigma_t.numel()} values for {b} latents"
-            )
+        sigma_t = sigma_per_sample(sigma, latents, conditions, device=latents.device)
         timestep = (sigma_t * self.num_train_timesteps).to(self.device)
         with self.sdpa_context(), self.autocast():
             v = self.transformer(
@@ -218,25 +210,6 @@ class SD3Bundle(FlowMatchingBundle):
         return v.float()
 
     # -- geometry and decode ------------------------------------------------------------------
-
-    def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
-        """``(C, h, w)`` of the latent of a ``height x width`` image (multiples of 16 for SD3)."""
-        multiple = self.vae_scale_factor * self.patch_size
-        if height % multiple or width % multiple or height <= 0 or width <= 0:
-            raise ValueError(
-                f"sampling.height={height} and sampling.width={width} must be positive multiples of "
-                f"{multiple} (VAE factor {self.vae_scale_factor} x patch {self.patch_size})"
-            )
-        return (
-            self.latent_channels,
-            height // self.vae_scale_factor,
-            width // self.vae_scale_factor,
-        )
-
-    def image_seq_len(self, height: int, width: int) -> int:
-        """Number of image tokens the transformer sees (for resolution-dependent σ shifts)."""
-        _, h, w = self.latent_shape(height, width)
-        return (h // self.patch_size) * (w // self.patch_size)
 
     def decode_chunk(self, latents: torch.Tensor) -> torch.Tensor:
         """Unscales as diffusers does (``latents / scaling_factor + shift_factor``) and

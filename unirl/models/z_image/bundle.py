@@ -18,9 +18,11 @@ from typing import Any, ClassVar
 import torch
 
 from unirl.config.require import require
+from unirl.models.common.arch import model_from_config
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
 from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.folders import load_parts, read_diffusers_folder
+from unirl.models.common.geometry import VAELatentGeometry, sigma_per_sample
 from unirl.models.common.guidance import Guidance
 from unirl.models.z_image.arch import build_arch_modules
 from unirl.models.z_image.conditions import ZImageConditions
@@ -55,7 +57,7 @@ def _padded(length: int) -> int:
     return length + (-length) % SEQ_MULTIPLE
 
 
-class ZImageBundle(FlowMatchingBundle):
+class ZImageBundle(VAELatentGeometry, FlowMatchingBundle):
     """Z-Image weights for rollout and training.
 
     Keyword arguments are the fields of :class:`ZImageBundleConfig` (a recipe block
@@ -102,8 +104,7 @@ class ZImageBundle(FlowMatchingBundle):
     def trainable_from_architecture(cls, architecture: tuple[dict, dict]) -> torch.nn.Module:
         from diffusers import ZImageTransformer2DModel
 
-        config = {k: v for k, v in architecture[0].items() if not k.startswith("_")}
-        return ZImageTransformer2DModel.from_config(config)
+        return model_from_config(ZImageTransformer2DModel, architecture[0])
 
     # -- modules -------------------------------------------------------------------------------
 
@@ -188,16 +189,7 @@ class ZImageBundle(FlowMatchingBundle):
         scheduler's ``num_train_timesteps``), one ``[C, 1, h, w]`` latent and one caption
         per sample, and the output negated.
         """
-        b = latents.shape[0]
-        if len(conditions) != b:
-            raise ValueError(f"predict_velocity: {b} latents but {len(conditions)} caption rows")
-        sigma_t = torch.as_tensor(sigma, dtype=torch.float32, device=self.device).reshape(-1)
-        if sigma_t.numel() == 1:
-            sigma_t = sigma_t.expand(b)
-        elif sigma_t.numel() != b:
-            raise ValueError(
-                f"predict_velocity: sigma has {sigma_t.numel()} values for {b} latents"
-            )
+        sigma_t = sigma_per_sample(sigma, latents, conditions, device=self.device)
         scale = PIPELINE_TIMESTEP_SCALE
         timestep = (scale - sigma_t * self.num_train_timesteps) / scale
         captions = [c.to(self.device, self.dtype) for c in conditions.captions()]
@@ -207,26 +199,6 @@ class ZImageBundle(FlowMatchingBundle):
         return -torch.stack([o.float() for o in out]).squeeze(2)
 
     # -- geometry and decode ------------------------------------------------------------------
-
-    def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
-        """``(C, H/8, W/8)``: the VAE latent of a ``height x width`` image (multiples of 16)."""
-        multiple = self.vae_scale_factor * self.patch_size
-        if height % multiple or width % multiple or height <= 0 or width <= 0:
-            raise ValueError(
-                f"sampling.height={height} and sampling.width={width} must be positive multiples of "
-                f"{multiple} (VAE factor {self.vae_scale_factor} x {self.patch_size}x"
-                f"{self.patch_size} patches)"
-            )
-        return (
-            self.latent_channels,
-            height // self.vae_scale_factor,
-            width // self.vae_scale_factor,
-        )
-
-    def image_seq_len(self, height: int, width: int) -> int:
-        """Image tokens the transformer sees (what a dynamic shift would read)."""
-        _, h, w = self.latent_shape(height, width)
-        return (h // self.patch_size) * (w // self.patch_size)
 
     def decode_chunk(self, latents: torch.Tensor) -> torch.Tensor:
         """Un-normalises as the pipeline does (``z / scaling_factor + shift_factor`` in the

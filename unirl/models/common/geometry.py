@@ -1,0 +1,100 @@
+"""Latent geometry and velocity-call inputs every image family shares, written once.
+
+Two latent layouts cover the image families; a bundle mixes in the one it carries (before
+``FlowMatchingBundle`` in its bases) and sets the attributes it reads in ``load``:
+
+- :class:`VAELatentGeometry`: the VAE latent ``[C, H/f, W/f]``, patchified inside the
+  transformer (SD3, Z-Image); reads ``latent_channels``, ``vae_scale_factor``, ``patch_size``.
+- :class:`PackedLatentGeometry`: 2x2 patches of the VAE latent packed channels last,
+  ``[H/2f, W/2f, 4·C]`` (Qwen-Image, FLUX.2); reads ``vae_scale_factor``,
+  ``packed_channels``.
+
+:func:`sigma_per_sample` is the σ check at the top of every ``predict_velocity``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sized
+
+import torch
+
+PATCH = 2  # the 2x2 packing of VAE latents into tokens (PackedLatentGeometry)
+
+
+def require_latent_multiple(height: int, width: int, multiple: int, why: str) -> None:
+    """``height`` and ``width`` must be positive multiples of ``multiple`` (``why`` says
+    which factors make it)."""
+    if height % multiple or width % multiple or height <= 0 or width <= 0:
+        raise ValueError(
+            f"sampling.height={height} and sampling.width={width} must be positive multiples of "
+            f"{multiple} ({why})"
+        )
+
+
+def sigma_per_sample(
+    sigma: torch.Tensor | float, latents: torch.Tensor, conditions: Sized, *, device: torch.device
+) -> torch.Tensor:
+    """``sigma`` as float32 ``[B]`` on ``device`` for ``latents[B, ...]`` (a scalar or one
+    value is broadcast); refuses ``conditions`` without ``B`` rows and a σ of another length."""
+    b = latents.shape[0]
+    if len(conditions) != b:
+        raise ValueError(f"predict_velocity: {b} latents but {len(conditions)} condition rows")
+    sigma_t = torch.as_tensor(sigma, dtype=torch.float32, device=device).reshape(-1)
+    if sigma_t.numel() == 1:
+        return sigma_t.expand(b)
+    if sigma_t.numel() != b:
+        raise ValueError(f"predict_velocity: sigma has {sigma_t.numel()} values for {b} latents")
+    return sigma_t
+
+
+class VAELatentGeometry:
+    """Latents are the VAE's ``[C, H/f, W/f]``; the transformer cuts ``patch_size`` patches."""
+
+    latent_channels: int
+    vae_scale_factor: int
+    patch_size: int
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
+        """``(C, H/f, W/f)``: the VAE latent of a ``height x width`` image (``f`` the VAE
+        factor; sizes multiples of ``f · patch_size``)."""
+        f, p = self.vae_scale_factor, self.patch_size
+        require_latent_multiple(height, width, f * p, f"VAE factor {f} x {p}x{p} patches")
+        return (self.latent_channels, height // f, width // f)
+
+    def image_seq_len(self, height: int, width: int) -> int:
+        """Image tokens the transformer sees (what a resolution-dependent σ shift reads)."""
+        _, h, w = self.latent_shape(height, width)
+        return (h // self.patch_size) * (w // self.patch_size)
+
+
+class PackedLatentGeometry:
+    """Latents are carried packed, ``[H/2f, W/2f, 4·C]``: one 2x2 patch of the C-channel
+    VAE latent per token, channels last (``reshape(N, L, 4·C)`` is diffusers' packed
+    sequence)."""
+
+    vae_scale_factor: int
+    packed_channels: int
+
+    def check_packing(self, latent_channels: int) -> None:
+        """The transformer's ``in_channels`` (``packed_channels``) must be 2x2 patches of the
+        VAE's ``latent_channels``."""
+        if self.packed_channels != PATCH * PATCH * latent_channels:
+            raise ValueError(
+                f"transformer in_channels={self.packed_channels} is not {PATCH}x{PATCH} patches of "
+                f"the VAE's {latent_channels} latent channels"
+            )
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, int, int]:
+        """``(H/2f, W/2f, 4·C)``: the packed latent of a ``height x width`` image."""
+        f = self.vae_scale_factor
+        multiple = f * PATCH
+        require_latent_multiple(
+            height, width, multiple, f"VAE factor {f} x {PATCH}x{PATCH} packing"
+        )
+        return (height // multiple, width // multiple, self.packed_channels)
+
+    def image_seq_len(self, height: int, width: int) -> int:
+        """Generated-image tokens (reference tokens excluded): μ of a dynamic shift grows with
+        it."""
+        grid_h, grid_w, _ = self.latent_shape(height, width)
+        return grid_h * grid_w
