@@ -120,3 +120,36 @@ def test_arch_presets_have_the_released_sizes(preset: str, low: float, high: flo
     assert low < count < high, count
     names = {n for n, _ in model.named_modules()}
     assert any(n.endswith("language_model.layers.0.self_attn.q_proj") for n in names)
+
+
+@pytest.mark.parametrize("kind", ["grpo", "drpo"])
+def test_first_ratio_is_exactly_one_with_images(kind: str) -> None:
+    """fp32 CPU, old log-probs replayed at training geometry: the first update of a rollout
+    is on-policy (ratio exactly 1 on every token), for GRPO and for DRPO, images included;
+    the second update has moved."""
+    from unirl.algorithms import DRPO, GRPO
+    from unirl.train import FSDPBackend, LoraConfig, TrainStack
+
+    vlm = QwenVLBundle(path="tiny", dtype="fp32", device="cpu", image_size=56)
+    pipe = QwenVLPipeline(bundle=vlm)
+    backend = FSDPBackend(
+        bundle=vlm,
+        lora=LoraConfig(rank=4, alpha=8),
+        optimizer={"lr": 1e-2},
+        param_dtype="fp32",
+        trainable_attr="model",
+    )
+    algo = (
+        GRPO(policy=pipe, clip_low=0.2, clip_high=0.28)
+        if kind == "grpo"
+        else DRPO(policy=pipe, epsilon=0.2)
+    )
+    stack = TrainStack(
+        backend=backend, algorithm=algo, num_updates_per_batch=2, max_tokens_per_micro_batch=96
+    )
+    track = pipe.generate(request(4)).tracks["text"]
+    advantages = torch.randn(4, generator=torch.Generator().manual_seed(1))
+    out = stack.train_track(dataclass_replace(track, advantages=advantages), 0)
+    first, second = out["steps"]
+    assert first["ratio/min"] == 1.0 == first["ratio/max"]
+    assert second["ratio/min"] != 1.0 or second["ratio/max"] != 1.0
