@@ -234,36 +234,47 @@ def test_user_turn_renders_one_user_turn_with_the_thinking_switch() -> None:
 # -- tiny_text -----------------------------------------------------------------------------------
 
 
-def test_qwen3_chat_tokenizer_checks_its_template_against_the_trained_turn() -> None:
-    from unirl.models.common.tiny_text import QWEN3_SPECIALS, qwen3_chat_tokenizer
-    from unirl.models.z_image.tiny import CHAT_TEMPLATE, chat_turn
+def test_qwen3_chat_tokenizer_trains_on_the_turn_its_template_renders() -> None:
+    from unirl.models.common.tiny_text import (
+        QWEN3_CHAT_TEMPLATE,
+        QWEN3_SPECIALS,
+        qwen3_chat_tokenizer,
+        qwen3_turn,
+    )
 
     lines = ["a red fox", "a cat on a mat", "two dogs"]
-    tokenizer = qwen3_chat_tokenizer(
-        chat_turn,
-        chat_template=CHAT_TEMPLATE,
-        enable_thinking=True,
-        vocab_size=300,
-        model_max_length=64,
-        lines=lines,
-    )
-    assert [tokenizer.convert_tokens_to_ids(t) for t in QWEN3_SPECIALS] == [0, 1, 2, 3, 4]
-    assert (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.model_max_length) == (
-        0,
-        2,
-        64,
-    )
-    assert tokenizer.chat_template == CHAT_TEMPLATE
-    # the pipeline asks with thinking off, but the corpus turn has no think block: refused
-    with pytest.raises(ValueError, match="the tiny chat template renders"):
-        qwen3_chat_tokenizer(
-            chat_turn,
-            chat_template=CHAT_TEMPLATE,
-            enable_thinking=False,
-            vocab_size=300,
-            model_max_length=64,
-            lines=lines,
+    for thinking in (True, False):
+        tokenizer = qwen3_chat_tokenizer(
+            enable_thinking=thinking, vocab_size=300, model_max_length=64, lines=lines
         )
+        assert [tokenizer.convert_tokens_to_ids(t) for t in QWEN3_SPECIALS] == [0, 1, 2, 3, 4]
+        assert (tokenizer.pad_token_id, tokenizer.eos_token_id) == (0, 2)
+        assert tokenizer.model_max_length == 64
+        assert tokenizer.chat_template == QWEN3_CHAT_TEMPLATE
+        turn = qwen3_turn("a cat", enable_thinking=thinking)
+        assert user_turn_of(tokenizer, "a cat", thinking) == turn
+        assert turn.endswith("assistant\n" if thinking else "</think>\n\n")
+        # the turn's specials are whole tokens
+        assert tokenizer.convert_tokens_to_ids("<|im_start|>") in tokenizer(turn).input_ids
+
+
+def test_qwen3_chat_tokenizer_refuses_a_template_that_renders_another_turn(monkeypatch) -> None:
+    from unirl.models.common import tiny_text
+
+    plain = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    monkeypatch.setattr(tiny_text, "QWEN3_CHAT_TEMPLATE", plain)
+    with pytest.raises(
+        ValueError, match="the tiny chat template renders 'a red fox', not the turn"
+    ):
+        tiny_text.qwen3_chat_tokenizer(
+            enable_thinking=True, vocab_size=300, model_max_length=64, lines=["a red fox"]
+        )
+
+
+def user_turn_of(tokenizer: object, text: str, thinking: bool) -> str:
+    from unirl.models.common.text_encode import user_turn
+
+    return user_turn(tokenizer, text, enable_thinking=thinking)
 
 
 # -- geometry ------------------------------------------------------------------------------------

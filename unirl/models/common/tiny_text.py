@@ -6,7 +6,7 @@ in the real vocabularies (the ``*-arch`` presets use it)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from unirl.models.common.text_encode import user_turn
@@ -16,6 +16,29 @@ ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 THINK, END_THINK = "<think>", "</think>"
 # Qwen3's special tokens, ids 0..4: <|endoftext|> pads, <|im_end|> ends a turn
 QWEN3_SPECIALS = (ENDOFTEXT, IM_START, IM_END, THINK, END_THINK)
+
+# Plain chat turns as the released Qwen3 template renders them (system / user / assistant
+# messages, no tools): each turn is ``<|im_start|>{role}\n{content}<|im_end|>\n``; the
+# generation prompt opens the assistant turn and, only when ``enable_thinking`` is false,
+# closes an empty think block.
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- endif -%}"
+    "{%- endif -%}"
+)
+
+
+def qwen3_turn(prompt: str, *, enable_thinking: bool) -> str:
+    """What :data:`QWEN3_CHAT_TEMPLATE` renders for one user ``prompt`` with the generation
+    prompt open (the text a pipeline tokenises, and the tiny tokenizer's training form)."""
+    think = "" if enable_thinking else f"{THINK}\n\n{END_THINK}\n\n"
+    return f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n{think}"
 
 
 def qwen_bpe_tokenizer(
@@ -36,33 +59,31 @@ def qwen_bpe_tokenizer(
 
 
 def qwen3_chat_tokenizer(
-    chat_turn: Callable[[str], str],
     *,
-    chat_template: str,
     enable_thinking: bool,
     vocab_size: int,
     model_max_length: int,
     lines: Sequence[str] | None = None,
 ) -> Any:
-    """:func:`qwen_bpe_tokenizer` with Qwen3's specials, trained on each corpus line (or
-    ``lines``) as ``chat_turn(line)`` renders it, with ``chat_template``. The template must
-    render a user turn (``enable_thinking`` as the pipeline passes it) exactly as
-    ``chat_turn`` does, so the pipeline tokenises what the tokenizer was trained on: checked
-    here."""
+    """:func:`qwen_bpe_tokenizer` with Qwen3's specials and :data:`QWEN3_CHAT_TEMPLATE`,
+    trained on each corpus line (or ``lines``) as the user turn the pipeline tokenises
+    (:func:`qwen3_turn` with its ``enable_thinking``). That the template renders exactly this
+    turn is checked here."""
     text = corpus_lines() if lines is None else lines
     tokenizer = qwen_bpe_tokenizer(
-        [chat_turn(line) for line in text],
+        [qwen3_turn(line, enable_thinking=enable_thinking) for line in text],
         specials=QWEN3_SPECIALS,
         vocab_size=vocab_size,
         model_max_length=model_max_length,
     )
-    tokenizer.chat_template = chat_template
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
     probe = "a red fox"
     rendered = user_turn(tokenizer, probe, enable_thinking=enable_thinking)
-    if rendered != chat_turn(probe):
+    expected = qwen3_turn(probe, enable_thinking=enable_thinking)
+    if rendered != expected:
         raise ValueError(
             f"the tiny chat template renders {rendered!r}, not the turn the tokenizer was "
-            f"trained on ({chat_turn(probe)!r})"
+            f"trained on ({expected!r})"
         )
     return tokenizer
 

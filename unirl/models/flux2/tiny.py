@@ -5,8 +5,8 @@ Components are the real diffusers / transformers classes (``Flux2Transformer2DMo
 valid ``Flux2KleinPipeline`` layout; only sizes and three initialisations are ours:
 
 - the tokenizer is a byte-level BPE trained on the bundled corpus wrapped in the chat turn the
-  pipeline builds, with Qwen's chat tokens and a small chat template of ours that renders one
-  turn as Qwen3's does (generation prompt, thinking switched off);
+  pipeline builds (generation prompt, thinking switched off), with Qwen's chat tokens and our
+  template that renders plain turns as Qwen3's does (``common.tiny_text``, Z-Image's too);
 - the text encoder has 28 thin layers, so the pipeline's hidden states 9, 18 and 27 exist;
 - the VAE decoder is reshaped into a near-linear, smooth up-projection (the shared
   :meth:`~unirl.models.common.tiny_vae.TinyKLVAE.shape_decoder`: the decoder is the same
@@ -30,28 +30,13 @@ import torch
 
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common.tiny_text import (
-    END_THINK,
-    IM_END,
-    IM_START,
-    THINK,
     qwen3_chat_tokenizer,
     tiny_qwen_text_config,
 )
 from unirl.models.common.tiny_vae import TinyKLVAE
 
 # Bump when the build code changes what it writes: it is part of the cache key.
-TINY_BUILDER_VERSION = 1
-
-# One chat turn rendered as Qwen3's template renders it (our own minimal template: no system
-# turn, tools or multi-turn thinking history, which the pipeline never sends).
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-    "{% if enable_thinking is defined and enable_thinking is false %}"
-    "{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}"
-)
+TINY_BUILDER_VERSION = 2  # 2: the chat template is common.tiny_text's
 
 # FLUX.2's FlowMatchEulerDiscreteScheduler config (dynamic shifting; the pipeline computes μ
 # itself from the image token count and the step count, so base / max shift are not read).
@@ -114,18 +99,10 @@ class TinyFlux2Spec:
 # -- tokenizer -----------------------------------------------------------------------------------
 
 
-def chat_turn(prompt: str) -> str:
-    """What :data:`CHAT_TEMPLATE` renders for one user prompt (the tokenizer's corpus form)."""
-    return f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n{THINK}\n\n{END_THINK}\n\n"
-
-
 def build_tiny_tokenizer(spec: TinyFlux2Spec, lines: list[str] | None = None) -> Any:
-    """A ``Qwen2Tokenizer`` (byte-level BPE, Qwen3's special tokens) trained on the corpus
-    wrapped in the chat turn, with :data:`CHAT_TEMPLATE` (checked to render that turn with
-    thinking off, as the pipeline asks)."""
+    """A ``Qwen2Tokenizer`` (byte-level BPE, Qwen3's special tokens and chat template) trained
+    on the corpus wrapped in the chat turn with thinking off, as the pipeline renders it."""
     return qwen3_chat_tokenizer(
-        chat_turn,
-        chat_template=CHAT_TEMPLATE,
         enable_thinking=False,
         vocab_size=spec.vocab_size,
         model_max_length=2048,

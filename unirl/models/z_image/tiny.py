@@ -6,8 +6,9 @@ Components are the real diffusers / transformers classes (``ZImageTransformer2DM
 
 - the tokenizer is a byte-level BPE trained on the bundled corpus wrapped in the chat turn
   the pipeline renders (``<|im_start|>user ... <|im_end|> <|im_start|>assistant``), with
-  Qwen's special tokens and a chat template of ours that renders plain user turns the way
-  the released Qwen3 template does (``enable_thinking=False`` adds the empty think block);
+  Qwen's special tokens and our template that renders plain user turns the way the released
+  Qwen3 template does (``common.tiny_text``, FLUX.2's too; ``enable_thinking=False`` adds the
+  empty think block);
 - the VAE is the FLUX-format ``AutoencoderKL`` (16 channels, scaling 0.3611, shift 0.1159)
   in the shared tiny layout with its decoder shaping (``unirl.models.common.tiny_vae``: the
   same class and the same ``z / scaling + shift`` un-normalisation as SD3's), because a
@@ -26,8 +27,6 @@ import torch
 
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common.tiny_text import (
-    IM_END,
-    IM_START,
     qwen3_chat_tokenizer,
     tiny_qwen_text_config,
 )
@@ -35,22 +34,6 @@ from unirl.models.common.tiny_vae import TinyKLVAE
 
 # Bump when the build code changes what it writes: it is part of the cache key.
 TINY_BUILDER_VERSION = 1
-
-# Plain chat turns as the released Qwen3 template renders them (system / user / assistant
-# messages, no tools): each turn is ``<|im_start|>{role}\n{content}<|im_end|>\n``; the
-# generation prompt opens the assistant turn and, only when ``enable_thinking`` is false,
-# closes an empty think block.
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{{- '<|im_start|>assistant\\n' -}}"
-    "{%- if enable_thinking is defined and enable_thinking is false -%}"
-    "{{- '<think>\\n\\n</think>\\n\\n' -}}"
-    "{%- endif -%}"
-    "{%- endif -%}"
-)
 
 # The released Tongyi-MAI/Z-Image scheduler (FlowMatchEulerDiscreteScheduler) config; the
 # Turbo checkpoint's differs only in shift (3.0).
@@ -104,19 +87,10 @@ class TinyZImageSpec:
 # -- tokenizer -----------------------------------------------------------------------------------
 
 
-def chat_turn(prompt: str) -> str:
-    """The text the pipeline tokenises for ``prompt`` (one user turn, generation prompt open,
-    thinking enabled): what :data:`CHAT_TEMPLATE` renders."""
-    return f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n"
-
-
 def build_tiny_tokenizer(spec: TinyZImageSpec, lines: list[str] | None = None) -> Any:
-    """A ``Qwen2Tokenizer`` (byte-level BPE, Qwen3's special tokens) trained on the corpus
-    wrapped in the chat turn, with :data:`CHAT_TEMPLATE` (checked to render that turn with
-    thinking on, as the pipeline asks)."""
+    """A ``Qwen2Tokenizer`` (byte-level BPE, Qwen3's special tokens and chat template) trained
+    on the corpus wrapped in the chat turn with thinking on, as the pipeline renders it."""
     return qwen3_chat_tokenizer(
-        chat_turn,
-        chat_template=CHAT_TEMPLATE,
         enable_thinking=True,
         vocab_size=spec.vocab_size,
         model_max_length=131072,
