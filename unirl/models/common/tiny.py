@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from importlib import resources
+from pathlib import Path
 from typing import Any
+
+from unirl.models.common.progress import hf_progress_bars_disabled
 
 
 def corpus_lines() -> list[str]:
@@ -34,3 +37,10 @@ def train_byte_level_bpe(
     )
     tok.train_from_iterator(list(lines), trainer)
     return tok
+
+
+def save_pipeline(pipe: Any, folder: Path) -> None:
+    """``save_pretrained`` a (tiny) diffusers pipeline into ``folder`` as safetensors, with
+    the progress bars off: what every tiny preset's ``write`` does with its built stack."""
+    with hf_progress_bars_disabled():
+        pipe.save_pretrained(str(folder), safe_serialization=True)

@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from unirl.models.common.presets import TINY, ModelSources, family_tiny_preset_folder
+from unirl.models.common.tiny import save_pipeline
 from unirl.models.flux2.arch import ARCH_SPECS, Flux2KleinArchSpec
 from unirl.models.flux2.tiny import (
     TINY_BUILDER_VERSION,
     TinyFlux2Spec,
+    build_tiny_pipeline,
     transformer_config,
     vae_config,
-    write_tiny_flux2,
 )
 
 FLUX2_KLEIN_ARCH = "flux2-klein-arch"
@@ -46,7 +47,7 @@ def tiny_preset_path(
         "flux2-klein",
         spec,
         builder=TINY_BUILDER_VERSION,
-        write=lambda folder: write_tiny_flux2(folder, spec),
+        write=lambda folder: save_pipeline(build_tiny_pipeline(spec), folder),
         cache_dir=cache_dir,
     )
 

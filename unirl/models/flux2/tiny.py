@@ -23,12 +23,10 @@ passes its own μ).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common.tiny_text import (
     qwen3_chat_tokenizer,
     tiny_qwen_text_config,
@@ -247,10 +245,3 @@ def build_tiny_pipeline(spec: TinyFlux2Spec) -> Any:
         transformer=transformer,
         is_distilled=spec.is_distilled,
     )
-
-
-def write_tiny_flux2(folder: Path, spec: TinyFlux2Spec) -> None:
-    """Build the tiny stack and ``save_pretrained`` it (safetensors) into ``folder``."""
-    pipe = build_tiny_pipeline(spec)
-    with hf_progress_bars_disabled():
-        pipe.save_pretrained(str(folder), safe_serialization=True)

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from unirl.models.common.presets import TINY, ModelSources, family_tiny_preset_folder
+from unirl.models.common.tiny import save_pipeline
 from unirl.models.qwen_image.arch import ARCH_SPECS, QwenImageArchSpec
 from unirl.models.qwen_image.tiny import (
     TINY_BUILDER_VERSION,
     TinyQwenImageSpec,
+    build_tiny_pipeline,
     transformer_config,
     vae_config,
-    write_tiny_qwen_image,
 )
 
 QWEN_IMAGE_ARCH = "qwen-image-arch"
@@ -43,7 +44,7 @@ def tiny_preset_path(
         "qwen-image",
         spec,
         builder=TINY_BUILDER_VERSION,
-        write=lambda folder: write_tiny_qwen_image(folder, spec),
+        write=lambda folder: save_pipeline(build_tiny_pipeline(spec), folder),
         cache_dir=cache_dir,
     )
 

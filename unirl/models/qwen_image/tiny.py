@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common.tiny import corpus_lines
 from unirl.models.common.tiny_text import (
     ENDOFTEXT,
@@ -307,10 +305,3 @@ def build_tiny_pipeline(spec: TinyQwenImageSpec) -> Any:
         tokenizer=tokenizer,
         transformer=transformer,
     )
-
-
-def write_tiny_qwen_image(folder: Path, spec: TinyQwenImageSpec) -> None:
-    """Build the tiny stack and ``save_pretrained`` it (safetensors) into ``folder``."""
-    pipe = build_tiny_pipeline(spec)
-    with hf_progress_bars_disabled():
-        pipe.save_pretrained(str(folder), safe_serialization=True)

@@ -20,8 +20,14 @@ from unirl.models.common.presets import (
     cache_root,
     tiny_preset_folder,
 )
+from unirl.models.common.tiny import save_pipeline
 from unirl.models.sd3.arch import ARCH_SPECS, SD3ArchSpec
-from unirl.models.sd3.tiny import TINY_BUILDER_VERSION, TinySD3Spec, corpus_lines, write_tiny_sd3
+from unirl.models.sd3.tiny import (
+    TINY_BUILDER_VERSION,
+    TinySD3Spec,
+    build_tiny_pipeline,
+    corpus_lines,
+)
 
 SD35_MEDIUM_ARCH = "sd3.5-medium-arch"
 PRESET_NAMES: tuple[str, ...] = (TINY, *ARCH_SPECS)
@@ -68,7 +74,7 @@ def tiny_preset_path(
         folder_prefix="tiny",
         builder=TINY_BUILDER_VERSION,
         corpus=corpus_lines(),
-        write=lambda folder: write_tiny_sd3(folder, spec),
+        write=lambda folder: save_pipeline(build_tiny_pipeline(spec), folder),
         cache_dir=cache_dir,
     )
 

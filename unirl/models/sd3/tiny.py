@@ -14,12 +14,10 @@ Components are the real diffusers / transformers classes (so the saved folder is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
 from unirl.models.common.tiny_vae import TinyKLVAE
 
@@ -271,10 +269,3 @@ def build_tiny_pipeline(spec: TinySD3Spec) -> Any:
         text_encoder_3=t5,
         tokenizer_3=tok_t5,
     )
-
-
-def write_tiny_sd3(folder: Path, spec: TinySD3Spec) -> None:
-    """Build the tiny stack and ``save_pretrained`` it (safetensors) into ``folder``."""
-    pipe = build_tiny_pipeline(spec)
-    with hf_progress_bars_disabled():
-        pipe.save_pretrained(str(folder), safe_serialization=True)

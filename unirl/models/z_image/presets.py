@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from unirl.models.common.presets import TINY, ModelSources, family_tiny_preset_folder
+from unirl.models.common.tiny import save_pipeline
 from unirl.models.z_image.arch import ARCH_SPECS, ZImageArchSpec
 from unirl.models.z_image.tiny import (
     TINY_BUILDER_VERSION,
     TinyZImageSpec,
+    build_tiny_pipeline,
     transformer_config,
     vae_config,
-    write_tiny_z_image,
 )
 
 Z_IMAGE_ARCH = "z-image-arch"
@@ -42,7 +43,7 @@ def tiny_preset_path(
         "z-image",
         spec,
         builder=TINY_BUILDER_VERSION,
-        write=lambda folder: write_tiny_z_image(folder, spec),
+        write=lambda folder: save_pipeline(build_tiny_pipeline(spec), folder),
         cache_dir=cache_dir,
     )
 

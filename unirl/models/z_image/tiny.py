@@ -20,12 +20,10 @@ The scheduler config is the released base model's (``Tongyi-MAI/Z-Image``: stati
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common.tiny_text import (
     qwen3_chat_tokenizer,
     tiny_qwen_text_config,
@@ -174,10 +172,3 @@ def build_tiny_pipeline(spec: TinyZImageSpec) -> Any:
         tokenizer=tokenizer,
         transformer=transformer,
     )
-
-
-def write_tiny_z_image(folder: Path, spec: TinyZImageSpec) -> None:
-    """Build the tiny stack and ``save_pretrained`` it (safetensors) into ``folder``."""
-    pipe = build_tiny_pipeline(spec)
-    with hf_progress_bars_disabled():
-        pipe.save_pretrained(str(folder), safe_serialization=True)
