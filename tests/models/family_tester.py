@@ -80,9 +80,21 @@ class FamilyTester:
     latent_atol: ClassVar[float] = 1e-5
     pixel_atol: ClassVar[float] = 1e-5
 
+    bundle_class: ClassVar[type]  # the family's bundle (what the default make_bundle builds)
+    # bundle fields the tests set besides path / dtypes / device (e.g. max_sequence_length)
+    bundle_fields: ClassVar[dict[str, Any]] = {}
+
     def make_bundle(self, **overrides: Any) -> Any:
-        """A fresh fp32 CPU bundle of the ``tiny`` preset."""
-        raise NotImplementedError
+        """A fresh fp32 CPU bundle of the ``tiny`` preset: ``bundle_class`` with
+        ``bundle_fields`` and ``overrides`` (a family with another construction overrides it)."""
+        fields: dict[str, Any] = {
+            "path": "tiny",
+            "dtype": "fp32",
+            "text_encoder_dtype": "fp32",
+            "device": "cpu",
+            **self.bundle_fields,
+        }
+        return self.bundle_class(**{**fields, **overrides})
 
     diffusers_class: ClassVar[Any]  # the family's diffusers pipeline class
 

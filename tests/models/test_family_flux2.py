@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -66,6 +66,8 @@ def run_klein(pipe: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 class TestFlux2KleinFamily(FamilyTester):
     pipeline_class = Flux2KleinPipeline
+    bundle_class = Flux2KleinBundle
+    bundle_fields: ClassVar[dict[str, Any]] = {"max_sequence_length": TEXT_TOKENS}
     diffusers_class = DiffusersFlux2KleinPipeline
     lora_targets = ("to_q", "to_k", "to_v", "to_out.0", "to_qkv_mlp_proj")
     guidance_scale = 1.0  # step-distilled: no CFG
@@ -75,14 +77,8 @@ class TestFlux2KleinFamily(FamilyTester):
         return tiny_preset_path(self.spec)
 
     def make_bundle(self, **overrides: Any) -> Flux2KleinBundle:
-        kwargs: dict[str, Any] = {
-            "path": str(self.tiny_path()),
-            "dtype": "fp32",
-            "text_encoder_dtype": "fp32",
-            "device": "cpu",
-            "max_sequence_length": TEXT_TOKENS,
-        }
-        return Flux2KleinBundle(**{**kwargs, **overrides})
+        # the spec's folder (the base variant's is not the `tiny` preset)
+        return super().make_bundle(**{"path": str(self.tiny_path()), **overrides})
 
     def diffusers_sample(
         self,

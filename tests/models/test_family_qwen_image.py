@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from diffusers import QwenImagePipeline as DiffusersQwenImagePipeline
@@ -21,18 +21,10 @@ TEXT_TOKENS = 64
 
 class TestQwenImageFamily(FamilyTester):
     pipeline_class = QwenImagePipeline
+    bundle_class = QwenImageBundle
+    bundle_fields: ClassVar[dict[str, Any]] = {"max_sequence_length": TEXT_TOKENS}
     diffusers_class = DiffusersQwenImagePipeline
     guidance_scale = 4.0
-
-    def make_bundle(self, **overrides: Any) -> QwenImageBundle:
-        kwargs: dict[str, Any] = {
-            "path": "tiny",
-            "dtype": "fp32",
-            "text_encoder_dtype": "fp32",
-            "device": "cpu",
-            "max_sequence_length": TEXT_TOKENS,
-        }
-        return QwenImageBundle(**{**kwargs, **overrides})
 
     def tiny_path(self) -> Path:
         from unirl.models.qwen_image import tiny_preset_path

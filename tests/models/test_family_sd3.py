@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from diffusers import StableDiffusion3Pipeline
@@ -16,18 +16,10 @@ T5_TOKENS = 32
 
 class TestSD3Family(FamilyTester):
     pipeline_class = SD3Pipeline
+    bundle_class = SD3Bundle
+    bundle_fields: ClassVar[dict[str, Any]] = {"max_sequence_length": T5_TOKENS}
     diffusers_class = StableDiffusion3Pipeline
     guidance_scale = 4.5
-
-    def make_bundle(self, **overrides: Any) -> SD3Bundle:
-        kwargs: dict[str, Any] = {
-            "path": "tiny",
-            "dtype": "fp32",
-            "text_encoder_dtype": "fp32",
-            "device": "cpu",
-            "max_sequence_length": T5_TOKENS,
-        }
-        return SD3Bundle(**{**kwargs, **overrides})
 
     def tiny_path(self) -> Path:
         from unirl.models.sd3 import tiny_preset_path

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from diffusers import ZImagePipeline as DiffusersZImagePipeline
@@ -26,20 +26,12 @@ def diffusers_guidance(scale: float) -> float:
 
 class TestZImageFamily(FamilyTester):
     pipeline_class = ZImagePipeline
+    bundle_class = ZImageBundle
+    bundle_fields: ClassVar[dict[str, Any]] = {"max_sequence_length": TEXT_TOKENS}
     diffusers_class = DiffusersZImagePipeline
     guidance_scale = 4.0  # diffusers' guidance_scale=3
     latent_atol = 0.0
     pixel_atol = 0.0
-
-    def make_bundle(self, **overrides: Any) -> ZImageBundle:
-        kwargs: dict[str, Any] = {
-            "path": "tiny",
-            "dtype": "fp32",
-            "text_encoder_dtype": "fp32",
-            "device": "cpu",
-            "max_sequence_length": TEXT_TOKENS,
-        }
-        return ZImageBundle(**{**kwargs, **overrides})
 
     def tiny_path(self) -> Path:
         from unirl.models.z_image import tiny_preset_path
