@@ -6,19 +6,16 @@ without a reference, ratio 1, replay, LoRA export, arch — is ``test_family_flu
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-import time
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 import torch
+from bundle_contract import BundleContract
 
 from unirl.config import ConfigError
 from unirl.models.common.engine_maps import engine_maps_for
 from unirl.models.common.guidance import NoGuidance, SeparateCFG
-from unirl.models.common.presets import ModelSourceError
 from unirl.models.flux2 import (
     Flux2KleinBundle,
     Flux2KleinBundleConfig,
@@ -309,31 +306,6 @@ def test_base_variant_guides_and_replays_with_references_bit_for_bit() -> None:
             assert torch.equal(split.log_prob, track.segment.sde_logp[:, slot])
 
 
-@torch.no_grad()
-def test_tiny_decoder_responds_strongly_and_smoothly(bundle) -> None:
-    """The random-decoder trap: decoded brightness must move monotonically with the latents."""
-    gen = torch.Generator().manual_seed(0)
-    latents = torch.randn(16, *bundle.latent_shape(64, 64), generator=gen)
-    pixels = bundle.decode(latents)
-    assert pixels.std(dim=0).mean() > 0.15
-    lo, hi = pixels.flatten().quantile(torch.tensor([0.05, 0.95])).tolist()
-    assert hi - lo > 0.6 and abs(pixels.mean().item() - 0.5) < 0.1, (lo, hi)
-    shift = torch.zeros(latents.shape[-1], requires_grad=True)
-    with torch.enable_grad():
-        bundle.decode(latents[:4] + shift).mean().backward()
-    direction = shift.grad / shift.grad.norm()
-    a = torch.randn(16, generator=gen)
-    moved = bundle.decode(latents + a.view(-1, 1, 1, 1) * direction).mean(dim=(1, 2, 3))
-    base = pixels.mean(dim=(1, 2, 3))
-    assert torch.corrcoef(torch.stack([a, moved - base]))[0, 1] > 0.9
-    sweep = torch.stack(
-        [bundle.decode(latents[:8] + t * direction).mean() for t in torch.linspace(-3, 3, 7)]
-    )
-    assert bool((sweep.diff() > 0).all()), sweep  # monotone along the direction
-    darker, brighter = sweep[1], sweep[5]  # t = -2, +2 (a unit direction over 64 channels)
-    assert darker + 0.15 < pixels[:8].mean() < brighter - 0.15, (darker, brighter)
-
-
 def test_tiny_stack_size(bundle) -> None:
     counts = {
         name: sum(p.numel() for p in getattr(bundle, name).parameters())
@@ -379,7 +351,7 @@ def test_sglang_maps_read_the_text_states_and_the_packed_latents() -> None:
 # -- config and checks --------------------------------------------------------------------------------
 
 
-def test_config_names_bad_fields_and_the_bundle_takes_it_whole() -> None:
+def test_config_names_bad_fields() -> None:
     for kwargs, field in [
         ({"max_sequence_length": 0}, "bundle.max_sequence_length"),
         ({"dtype": "fp8"}, "bundle.dtype"),
@@ -387,21 +359,12 @@ def test_config_names_bad_fields_and_the_bundle_takes_it_whole() -> None:
     ]:
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             Flux2KleinBundleConfig(**kwargs)
-    params = inspect.signature(Flux2KleinBundle.__init__).parameters
-    kw = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
-    assert kw == {f.name: f.default for f in dataclasses.fields(Flux2KleinBundleConfig)}
-    with pytest.raises(TypeError):
-        Flux2KleinBundle(path="tiny", dtpye="fp32")  # misspelt keys are errors
 
 
-def test_check_config_refuses_cfg_on_distilled_sizes_and_paths_before_anything_is_built(
-    tmp_path,
-) -> None:
+def test_check_config_refuses_cfg_on_a_distilled_checkpoint() -> None:
     def recipe(**sampling: Any) -> Any:
         return type("Recipe", (), {"sampling": {"height": 64, "width": 64, **sampling}})()
 
-    with pytest.raises(ConfigError, match=r"sampling\.height=72 is not a multiple of 16"):
-        Flux2KleinBundle.check_config({"path": "tiny"}, recipe(height=72))
     with pytest.raises(
         ConfigError, match=r"sampling\.guidance_scale=4\.0 but tiny is step-distilled"
     ):
@@ -411,43 +374,23 @@ def test_check_config_refuses_cfg_on_distilled_sizes_and_paths_before_anything_i
     Flux2KleinBundle.check_config({"path": "tiny"}, recipe(guidance_scale=1.0))
     base = str(tiny_preset_path(TinyFlux2Spec(is_distilled=False)))
     Flux2KleinBundle.check_config({"path": base}, recipe(guidance_scale=4.0))
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match=r"not a diffusers FLUX\.2-Klein layout"):
-        Flux2KleinBundle.check_config({"path": str(tmp_path / "empty")}, recipe())
-    module = Flux2KleinBundle.trainable_on_meta({"path": "tiny"})
-    from unirl.train.lora import validate_targets
-
-    validate_targets(module, list(Flux2KleinBundle.lora_default_targets), where="lora.targets")
 
 
-def test_hub_id_offline_fails_fast_naming_the_presets(monkeypatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    start = time.perf_counter()
-    with pytest.raises(ModelSourceError) as info:
-        resolve_model_source("unirl-tests/definitely-not-cached-flux2-klein")
-    assert time.perf_counter() - start < 5.0
-    for needle in ("path=tiny", "toy FLUX.2-Klein", "flux2-klein-arch", "PRETRAINED_MODEL"):
-        assert needle in str(info.value), needle
+class TestFlux2KleinBundleContract(BundleContract):
+    bundle_class = Flux2KleinBundle
+    bundle_fields: ClassVar[dict[str, Any]] = {"max_sequence_length": 16}
+    family_label = "FLUX.2-Klein"
+    arch_preset = "flux2-klein-arch"
+    resolve_model_source = staticmethod(resolve_model_source)
+    decoder_channel_dim = -1  # packed latents: channels last
+    decoder_margin = 0.15  # at ±2 along a unit direction over 64 channels
+    decoder_monotone = True
 
-
-def test_offload_and_hydra_block() -> None:
-    instantiate = pytest.importorskip("hydra.utils", reason="hydra-core not installed").instantiate
-    built = instantiate(
-        {
-            "_target_": "unirl.models.flux2.Flux2KleinBundle",
-            "path": "tiny",
-            "dtype": "fp32",
-            "text_encoder_dtype": "fp32",
-            "device": "cpu",
-            "max_sequence_length": 16,
-        },
-        _convert_="object",
-    )
-    assert isinstance(built, Flux2KleinBundle) and built.config.max_sequence_length == 16
-    built.offload()
-    with pytest.raises(RuntimeError, match="onload"):
-        built.encode_references(built.__class__.encode_unique(built, ["a cat"]), pixels_of(0))
-    built.onload()
-    assert built.encode_prompts(["a cat"]).prompt_embeds.shape == (1, 16, 96)
-    assert built.trainable_module is built.transformer and built.takes_references
-    assert built.block_class_names == ("Flux2TransformerBlock", "Flux2SingleTransformerBlock")
+    def check_built(self, built: Flux2KleinBundle) -> None:
+        assert built.encode_prompts(["a cat"]).prompt_embeds.shape == (1, 16, 96)
+        assert built.takes_references
+        assert built.block_class_names == ("Flux2TransformerBlock", "Flux2SingleTransformerBlock")
+        built.offload()
+        with pytest.raises(RuntimeError, match="onload"):
+            built.encode_references(built.__class__.encode_unique(built, ["a cat"]), pixels_of(0))
+        built.onload()

@@ -6,17 +6,15 @@ sampling, ratio 1, replay, LoRA export, arch — is ``test_family_z_image.py``.)
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-import time
+from typing import Any, ClassVar
 
 import pytest
 import torch
+from bundle_contract import BundleContract
 from family_tester import run_diffusers
 
 from unirl.config import ConfigError
 from unirl.models.common.engine_maps import engine_maps_for
-from unirl.models.common.presets import ModelSourceError
 from unirl.models.z_image import (
     ZImageBundle,
     ZImageBundleConfig,
@@ -356,27 +354,6 @@ def test_velocity_and_decode_match_the_pipelines_calls(bundle, reference) -> Non
     assert pixels.shape == (2, 3, 64, 128) and torch.equal(pixels, expected)
 
 
-@torch.no_grad()
-def test_tiny_decoder_responds_strongly_and_smoothly(bundle) -> None:
-    """The random-decoder trap: decoded brightness must move monotonically with the latents."""
-    gen = torch.Generator().manual_seed(0)
-    latents = torch.randn(16, *bundle.latent_shape(64, 64), generator=gen)
-    pixels = bundle.decode(latents)
-    assert pixels.std(dim=0).mean() > 0.15
-    lo, hi = pixels.flatten().quantile(torch.tensor([0.05, 0.95])).tolist()
-    assert hi - lo > 0.6 and abs(pixels.mean().item() - 0.5) < 0.1, (lo, hi)
-    shift = torch.zeros(latents.shape[1], 1, 1, requires_grad=True)
-    with torch.enable_grad():
-        bundle.decode(latents[:4] + shift).mean().backward()
-    direction = shift.grad / shift.grad.norm()
-    a = torch.randn(16, generator=gen)
-    moved = bundle.decode(latents + a.view(-1, 1, 1, 1) * direction).mean(dim=(1, 2, 3))
-    base = pixels.mean(dim=(1, 2, 3))
-    assert torch.corrcoef(torch.stack([a, moved - base]))[0, 1] > 0.9
-    darker, brighter = (bundle.decode(latents[:8] + t * direction).mean() for t in (-2.0, 2.0))
-    assert darker + 0.2 < pixels[:8].mean() < brighter - 0.2, (darker, brighter)
-
-
 def test_tiny_stack_size(bundle) -> None:
     counts = {
         name: sum(p.numel() for p in getattr(bundle, name).parameters())
@@ -388,7 +365,7 @@ def test_tiny_stack_size(bundle) -> None:
 # -- config, checks, plumbing ------------------------------------------------------------------
 
 
-def test_config_names_bad_fields_and_the_bundle_takes_it_whole() -> None:
+def test_config_names_bad_fields() -> None:
     for kwargs, field in [
         ({"cfg_normalization": -1.0}, "bundle.cfg_normalization"),
         ({"cfg_truncation": 1.5}, "bundle.cfg_truncation"),
@@ -398,70 +375,36 @@ def test_config_names_bad_fields_and_the_bundle_takes_it_whole() -> None:
     ]:
         with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
             ZImageBundleConfig(**kwargs)
-    params = inspect.signature(ZImageBundle.__init__).parameters
-    kw = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
-    assert kw == {f.name: f.default for f in dataclasses.fields(ZImageBundleConfig)}
-    with pytest.raises(TypeError):
-        ZImageBundle(path="tiny", dtpye="fp32")  # misspelt keys are errors
-    with pytest.raises(TypeError, match="ZImageBundleConfig"):
-        ZImageBundle.from_config({"path": "tiny"})  # type: ignore[arg-type]
     # the caption axis of the tiny model's RoPE table holds 1536 positions
     with pytest.raises(ConfigError, match=r"bundle\.max_sequence_length=1600 .*axes_lens\[0\]"):
         make_bundle(max_sequence_length=1600)
 
 
-def test_check_config_refuses_sizes_and_paths_before_anything_is_built(tmp_path) -> None:
-    recipe = type("Recipe", (), {"sampling": {"height": 72, "width": 64}})()
-    with pytest.raises(ConfigError, match=r"sampling\.height=72 is not a multiple of 16"):
-        ZImageBundle.check_config({"path": "tiny"}, recipe)
+def test_check_config_takes_the_released_sizes_within_the_rope_table() -> None:
     ZImageBundle.check_config(
         {"path": "z-image-arch"}, type("R", (), {"sampling": {"height": 1024, "width": 1536}})()
     )
     huge = type("R", (), {"sampling": {"height": 512, "width": 16 * 513}})()
     with pytest.raises(ConfigError, match=r"axes_lens\[2\]=512"):
         ZImageBundle.check_config({"path": "z-image-arch"}, huge)
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match="not a diffusers Z-Image layout"):
-        ZImageBundle.check_config({"path": str(tmp_path / "empty")}, recipe)
+    # the feed-forward projections exist too (LoRA may target them)
     module = ZImageBundle.trainable_on_meta({"path": "tiny"})
     from unirl.train.lora import validate_targets
 
     validate_targets(module, [*ZImageBundle.lora_default_targets, "w1", "w2", "w3"], where="t")
 
 
-def test_hub_id_offline_fails_fast_naming_the_presets(monkeypatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    start = time.perf_counter()
-    with pytest.raises(ModelSourceError) as info:
-        resolve_model_source("unirl-tests/definitely-not-cached-z-image")
-    assert time.perf_counter() - start < 5.0
-    for needle in ("path=tiny", "toy Z-Image", "z-image-arch", "PRETRAINED_MODEL", "OFFLINE=1"):
-        assert needle in str(info.value), needle
+class TestZImageBundleContract(BundleContract):
+    bundle_class = ZImageBundle
+    bundle_fields: ClassVar[dict[str, Any]] = {"max_sequence_length": 16, "cfg_truncation": 0.9}
+    family_label = "Z-Image"
+    arch_preset = "z-image-arch"
+    resolve_model_source = staticmethod(resolve_model_source)
+    decoder_channel_dim = 0  # the VAE latent [C, h, w]
 
-
-def test_offload_and_hydra_block() -> None:
-    instantiate = pytest.importorskip("hydra.utils", reason="hydra-core not installed").instantiate
-    built = instantiate(
-        {
-            "_target_": "unirl.models.z_image.ZImageBundle",
-            "path": "tiny",
-            "dtype": "fp32",
-            "text_encoder_dtype": "fp32",
-            "device": "cpu",
-            "max_sequence_length": 16,
-            "cfg_truncation": 0.9,
-        },
-        _convert_="object",
-    )
-    assert isinstance(built, ZImageBundle) and built.config.max_sequence_length == 16
-    assert built.guidance == ZImageCFG(truncation=0.9)
-    built.offload()
-    with pytest.raises(RuntimeError, match="onload"):
-        built.encode_prompts(["a cat"])
-    built.onload()
-    assert len(built.encode_prompts(["a cat"])) == 1
-    assert built.trainable_module is built.transformer
-    assert built.block_class_names == ("ZImageTransformerBlock",)
+    def check_built(self, built: ZImageBundle) -> None:
+        assert built.guidance == ZImageCFG(truncation=0.9)
+        assert built.block_class_names == ("ZImageTransformerBlock",)
 
 
 # -- external engines --------------------------------------------------------------------------
