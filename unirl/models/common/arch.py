@@ -63,6 +63,57 @@ def build_seeded(
     return modules
 
 
+@dataclass(frozen=True, kw_only=True)
+class SingleEncoderArch:
+    """How a family with one transformer, one VAE and one text encoder (Qwen-Image, FLUX.2,
+    Z-Image) builds the modules of its arch specs: constructors of the spec's modules and of
+    the tokenizer (the tiny preset's, valid in the real vocabulary)."""
+
+    transformer: Callable[[Any], Any]
+    vae: Callable[[Any], Any]
+    text_encoder: Callable[[Any, int | None], Any]  # (spec, pad_token_id; None on meta)
+    tokenizer: Callable[[], Any]
+
+    def count_params(self, spec: ArchSpec) -> dict[str, int]:
+        """Parameter counts of the transformer and the text encoder, built on the meta device
+        (no allocation)."""
+        return count_params_on_meta(
+            {
+                "transformer": lambda: self.transformer(spec),
+                "text_encoder": lambda: self.text_encoder(spec, None),
+            }
+        )
+
+    def build(
+        self,
+        spec: ArchSpec,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        text_encoder_dtype: torch.dtype,
+        vae_dtype: torch.dtype,
+        seed: int = 0,
+    ) -> dict[str, Any]:
+        """Random-init modules of ``spec`` on ``device``, each built in its own dtype
+        (:func:`build_seeded`: transformer, VAE, text encoder), the tokenizer and the spec's
+        scheduler config."""
+        tokenizer = self.tokenizer()
+        modules = build_seeded(
+            [
+                ("transformer", lambda: self.transformer(spec), dtype),
+                ("vae", lambda: self.vae(spec), vae_dtype),
+                (
+                    "text_encoder",
+                    lambda: self.text_encoder(spec, tokenizer.pad_token_id),
+                    text_encoder_dtype,
+                ),
+            ],
+            device=device,
+            seed=seed,
+        )
+        return {**modules, "tokenizer": tokenizer, "scheduler_config": dict(spec.scheduler)}
+
+
 def model_from_config(model_class: Any, config: Mapping[str, Any]) -> torch.nn.Module:
     """``model_class.from_config`` of a ``config.json`` read as a dict (its private keys,
     ``_class_name`` and the like, dropped): a module from an architecture, no weights."""

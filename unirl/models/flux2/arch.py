@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from unirl.models.common.arch import ArchSpec, build_seeded, count_params_on_meta
+from unirl.models.common.arch import ArchSpec, SingleEncoderArch
 from unirl.models.flux2.tiny import SCHEDULER_CONFIG
 
 
@@ -96,46 +96,25 @@ def _text_encoder(spec: Flux2KleinArchSpec, pad_token_id: int | None = None) -> 
     return Qwen3ForCausalLM(Qwen3Config(**cfg))
 
 
-def count_params(spec: Flux2KleinArchSpec) -> dict[str, int]:
-    """Parameter counts of the transformer and the text encoder, built on the meta device
-    (no allocation)."""
-    return count_params_on_meta(
-        {"transformer": lambda: _transformer(spec), "text_encoder": lambda: _text_encoder(spec)}
-    )
-
-
-def build_arch_modules(
-    spec: Flux2KleinArchSpec,
-    *,
-    device: torch.device,
-    dtype: torch.dtype,
-    text_encoder_dtype: torch.dtype,
-    vae_dtype: torch.dtype,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Random-init modules of ``spec`` on ``device``, each built in its own dtype; the
-    tokenizer is the tiny preset's."""
+def _vae(spec: Flux2KleinArchSpec) -> torch.nn.Module:
     from diffusers import AutoencoderKLFlux2
 
+    return AutoencoderKLFlux2(**spec.vae)
+
+
+def _tokenizer() -> Any:
     from unirl.models.flux2.tiny import TinyFlux2Spec, build_tiny_tokenizer
 
-    tokenizer = build_tiny_tokenizer(TinyFlux2Spec())
-    modules = build_seeded(
-        [
-            ("transformer", lambda: _transformer(spec), dtype),
-            ("vae", lambda: AutoencoderKLFlux2(**spec.vae), vae_dtype),
-            (
-                "text_encoder",
-                lambda: _text_encoder(spec, pad_token_id=tokenizer.pad_token_id),
-                text_encoder_dtype,
-            ),
-        ],
-        device=device,
-        seed=seed,
-    )
-    return {
-        **modules,
-        "tokenizer": tokenizer,
-        "scheduler_config": dict(spec.scheduler),
-        "is_distilled": spec.is_distilled,
-    }
+    return build_tiny_tokenizer(TinyFlux2Spec())
+
+
+ARCH = SingleEncoderArch(
+    transformer=_transformer, vae=_vae, text_encoder=_text_encoder, tokenizer=_tokenizer
+)
+count_params = ARCH.count_params
+
+
+def build_arch_modules(spec: Flux2KleinArchSpec, **build: Any) -> dict[str, Any]:
+    """``ARCH.build``'s modules (``device``, ``dtype``, ``text_encoder_dtype``, ``vae_dtype``,
+    ``seed``) and the spec's ``is_distilled``."""
+    return {**ARCH.build(spec, **build), "is_distilled": spec.is_distilled}

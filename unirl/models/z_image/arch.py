@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from unirl.models.common.arch import ArchSpec, build_seeded, count_params_on_meta
+from unirl.models.common.arch import ArchSpec, SingleEncoderArch
 from unirl.models.z_image.tiny import SCHEDULER_CONFIG
 
 
@@ -103,45 +103,20 @@ def _text_encoder(spec: ZImageArchSpec, pad_token_id: int | None = None) -> torc
     return Qwen3Model(Qwen3Config(**cfg))
 
 
-def count_params(spec: ZImageArchSpec) -> dict[str, int]:
-    """Parameter counts of the transformer and the text encoder, built on the meta device
-    (no allocation)."""
-    return count_params_on_meta(
-        {"transformer": lambda: _transformer(spec), "text_encoder": lambda: _text_encoder(spec)}
-    )
-
-
-def build_arch_modules(
-    spec: ZImageArchSpec,
-    *,
-    device: torch.device,
-    dtype: torch.dtype,
-    text_encoder_dtype: torch.dtype,
-    vae_dtype: torch.dtype,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Random-init modules of ``spec`` on ``device``, each built in its own dtype; the
-    tokenizer is the tiny preset's."""
+def _vae(spec: ZImageArchSpec) -> torch.nn.Module:
     from diffusers import AutoencoderKL
 
+    return AutoencoderKL(**spec.vae)
+
+
+def _tokenizer() -> Any:
     from unirl.models.z_image.tiny import TinyZImageSpec, build_tiny_tokenizer
 
-    tokenizer = build_tiny_tokenizer(TinyZImageSpec())
-    modules = build_seeded(
-        [
-            ("transformer", lambda: _transformer(spec), dtype),
-            ("vae", lambda: AutoencoderKL(**spec.vae), vae_dtype),
-            (
-                "text_encoder",
-                lambda: _text_encoder(spec, pad_token_id=tokenizer.pad_token_id),
-                text_encoder_dtype,
-            ),
-        ],
-        device=device,
-        seed=seed,
-    )
-    return {
-        **modules,
-        "tokenizer": tokenizer,
-        "scheduler_config": dict(spec.scheduler),
-    }
+    return build_tiny_tokenizer(TinyZImageSpec())
+
+
+ARCH = SingleEncoderArch(
+    transformer=_transformer, vae=_vae, text_encoder=_text_encoder, tokenizer=_tokenizer
+)
+count_params = ARCH.count_params
+build_arch_modules = ARCH.build
