@@ -4,6 +4,8 @@ bit for bit through them."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -311,3 +313,54 @@ def test_latent_geometries_and_the_sigma_check() -> None:
         sigma_per_sample(0.5, latents, rows[:2], device=cpu)
     with pytest.raises(ValueError, match="sigma has 2 values for 3 latents"):
         sigma_per_sample(torch.ones(2), latents, rows, device=cpu)
+
+
+# -- tiny_causal_vae -----------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def test_tiny_causal_decoder_shapes_time_upsamplers_only_for_video() -> None:
+    from diffusers import AutoencoderKLQwenImage
+    from diffusers.models.autoencoders.autoencoder_kl_qwenimage import (
+        QwenImageAttentionBlock,
+        QwenImageResample,
+        QwenImageResidualBlock,
+    )
+
+    from unirl.models.common.tiny_causal_vae import CausalBlocks, TinyCausalDecoder
+    from unirl.models.qwen_image.tiny import TinyQwenImageSpec, vae_config
+
+    spec = TinyQwenImageSpec()
+    blocks = CausalBlocks(QwenImageResidualBlock, QwenImageResample, QwenImageAttentionBlock)
+    shaping = TinyCausalDecoder.from_spec(spec)
+    assert (shaping.spec_name, shaping.decoder_signal_channels) == ("TinyQwenImageSpec", 6)
+
+    def shaped(temporal: bool) -> AutoencoderKLQwenImage:
+        torch.manual_seed(0)
+        vae = AutoencoderKLQwenImage(**vae_config(spec))
+        gen = torch.Generator().manual_seed(1)
+        shaping.shape(vae, gen, blocks=blocks, temporal=temporal, centre_batch=(4, 1, 4, 4))
+        return vae
+
+    image, video = shaped(False), shaped(True)
+    ups = [m for m in video.decoder.modules() if getattr(m, "mode", "") == "upsample3d"]
+    assert ups, "the tiny decoder has temporal upsamplers"
+    for m in ups:  # both new frames copy the current one: identity at t=2 in both halves
+        w, dim, carried = m.time_conv.weight, m.dim, 8
+        assert torch.equal(w[:carried, :carried, 2, 0, 0], torch.eye(carried))
+        assert torch.equal(w[dim : dim + carried, :carried, 2, 0, 0], torch.eye(carried))
+        assert int(w.count_nonzero()) == 2 * carried
+    unshaped = [m for m in image.decoder.modules() if getattr(m, "mode", "") == "upsample3d"]
+    assert all(int(m.time_conv.weight.count_nonzero()) > 2 * 8 for m in unshaped)
+    # one latent frame decodes the same either way: time_conv only acts on later frames
+    z = torch.randn(2, 16, 1, 4, 4, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(image.decode(z).sample, video.decode(z).sample)
+    bad = dataclasses.replace(shaping, decoder_anchor_channels=3)
+    with pytest.raises(ValueError, match=r"^TinyQwenImageSpec: 6 signal \+ 3 anchor channels"):
+        bad.shape(
+            shaped(False),
+            torch.Generator(),
+            blocks=blocks,
+            temporal=False,
+            centre_batch=(1, 1, 2, 2),
+        )

@@ -9,21 +9,21 @@ are ours:
   chat template, with Qwen's special tokens; the build checks that the template prefix is
   exactly the pipeline's ``drop_idx`` tokens, as with the real tokenizer;
 - the VAE decoder is reshaped into a near-linear, smooth up-projection
-  (:func:`shape_tiny_decoder`): a random decoder barely reacts to its latents, which would
-  make pixel rewards unlearnable.
+  (:func:`shape_tiny_decoder`, ``models/common/tiny_causal_vae.py``): a random decoder barely
+  reacts to its latents, which would make pixel rewards unlearnable.
 
 The scheduler config is the released model's (dynamic shift, terminal σ 0.02).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from unirl.models.common.tiny import corpus_lines
+from unirl.models.common.tiny_causal_vae import CausalBlocks, TinyCausalDecoder
 from unirl.models.common.tiny_text import (
     ENDOFTEXT,
     IM_END,
@@ -183,93 +183,20 @@ def text_encoder_config(spec: TinyQwenImageSpec, tokenizer: Any) -> Any:
 # -- the decoder trap ----------------------------------------------------------------------------
 
 
-@torch.no_grad()
 def shape_tiny_decoder(vae: Any, spec: TinyQwenImageSpec, generator: torch.Generator) -> None:
-    """Turn a random ``AutoencoderKLQwenImage`` decoder into a smooth, strongly responsive one.
-
-    The decoder's channels split into *signal* channels (a random projection of the latent,
-    written by ``conv_in`` at the current frame's kernel slice), *anchor* channels (constant
-    ±A from ``conv_in``'s bias) and unused ones. The anchors dominate every per-pixel RMS
-    norm, so the norms act as fixed scalings instead of erasing each pixel's magnitude.
-    Residual branches and the mid attention are damped, 1x1 shortcuts and the upsamplers'
-    convolutions pass the signal and anchor channels through (the upsamplers blur: nearest
-    x2 then a 3x3 binomial), the output norm keeps only the signal (scaled so SiLU works
-    near its linear range) and ``conv_out`` mixes it into RGB centred on mid-grey. The
-    decoder is then close to a smooth linear up-projection of the latent.
-    """
+    """Make the random ``AutoencoderKLQwenImage`` decoder a smooth, strongly responsive
+    up-projection of the latent (``models/common/tiny_causal_vae.py``; images: one frame,
+    temporal upsamplers untouched), centred over 16 latents of 8x8."""
     from diffusers.models.autoencoders.autoencoder_kl_qwenimage import (
         QwenImageAttentionBlock,
         QwenImageResample,
         QwenImageResidualBlock,
     )
 
-    decoder = vae.decoder
-    signal, anchors = spec.decoder_signal_channels, spec.decoder_anchor_channels
-    width = spec.vae_base_dim
-    if anchors < 2 or anchors % 2 or signal < 3 or signal + anchors > width // 2:
-        raise ValueError(
-            f"TinyQwenImageSpec: {signal} signal + {anchors} anchor channels must fit half the "
-            f"decoder width ({width // 2}); anchors even and >= 2, signal >= 3"
-        )
-    carried = signal + anchors
-    z_dim = spec.latent_channels
-
-    post = torch.zeros_like(vae.post_quant_conv.weight)
-    post[:, :, 0, 0, 0] = torch.eye(z_dim)
-    vae.post_quant_conv.weight.copy_(post)
-    vae.post_quant_conv.bias.zero_()
-
-    w_in = torch.zeros_like(decoder.conv_in.weight)  # [width, z, t=3, 3, 3], causal: t=2 is "now"
-    w_in[:signal, :, 2, 1, 1] = torch.randn(signal, z_dim, generator=generator) / math.sqrt(z_dim)
-    decoder.conv_in.weight.copy_(w_in)
-    b_in = torch.zeros(width)
-    b_in[signal:carried] = spec.decoder_anchor_value * torch.tensor([1.0, -1.0]).repeat(
-        anchors // 2
+    blocks = CausalBlocks(QwenImageResidualBlock, QwenImageResample, QwenImageAttentionBlock)
+    TinyCausalDecoder.from_spec(spec).shape(
+        vae, generator, blocks=blocks, temporal=False, centre_batch=(16, 1, 8, 8)
     )
-    decoder.conv_in.bias.copy_(b_in)
-
-    blur = torch.tensor([1.0, 2.0, 1.0])
-    blur = (blur[:, None] * blur[None, :]) / 16.0
-    for module in decoder.modules():
-        if isinstance(module, QwenImageResidualBlock):
-            module.conv2.weight.mul_(spec.decoder_residual_damping)
-            module.conv2.bias.zero_()
-            shortcut = module.conv_shortcut
-            if isinstance(shortcut, torch.nn.Conv3d):
-                w = torch.zeros_like(shortcut.weight)
-                w[:carried, :carried, 0, 0, 0] = torch.eye(carried)
-                shortcut.weight.copy_(w)
-                shortcut.bias.zero_()
-        elif isinstance(module, QwenImageResample) and module.mode.startswith("upsample"):
-            conv = module.resample[1]
-            w = torch.zeros_like(conv.weight)
-            for c in range(carried):
-                w[c, c] = blur
-            conv.weight.copy_(w)
-            conv.bias.zero_()
-        elif isinstance(module, QwenImageAttentionBlock):
-            module.proj.weight.mul_(spec.decoder_residual_damping)
-            module.proj.bias.zero_()
-
-    # After the output norm a signal channel is s·sqrt(width)/|x| ≈ s·sqrt(width)/(A·sqrt(anchors));
-    # scale it to `decoder_activation_std` for unit-variance s, and drop every other channel.
-    norm_scale = spec.decoder_anchor_value * math.sqrt(anchors / width)
-    gamma = torch.zeros_like(decoder.norm_out.gamma)
-    gamma[:signal] = spec.decoder_activation_std * norm_scale
-    decoder.norm_out.gamma.copy_(gamma)
-
-    mix = torch.randn(3, signal, generator=generator) * (spec.decoder_gain / math.sqrt(signal))
-    w_out = torch.zeros_like(decoder.conv_out.weight)
-    w_out[:, :signal, 2, 1, 1] = mix / spec.decoder_activation_std
-    decoder.conv_out.weight.copy_(w_out)
-    decoder.conv_out.bias.zero_()
-    # Centre each RGB channel on mid-grey over N(0, 1) model-space latents.
-    h = 8
-    latents = torch.randn(16, z_dim, 1, h, h, generator=generator)
-    mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1)
-    std = torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1)
-    out = vae.decode(latents * std + mean, return_dict=False)[0]
-    decoder.conv_out.bias.copy_(-out.mean(dim=(0, 2, 3, 4)))
 
 
 # -- build ---------------------------------------------------------------------------------------
