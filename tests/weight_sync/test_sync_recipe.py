@@ -41,8 +41,9 @@ def test_tiny_dedicated_separate_recipe_runs_and_logs_syncs(tmp_path: Path, ray_
         assert r["sync/num_tensors"] == 24  # 12 adapted layers (block 0 has attn + attn2) x (A, B)
         assert r["sync/trainer_digest"] == r["sync/engine_digest"]
         assert r["train/ratio/min"] == 1.0 == r["train/ratio/max"]
-    # rollout 2 follows the eval after rollout 1: the eval sync (EMA) + the re-sync of trained weights
-    assert [r["sync/syncs_since_last_log"] for r in rows] == [1.0, 1.0, 2.0]
+    # rollouts 0 and 2 follow an eval (the baseline at step 0, then after rollout 2): the eval
+    # sync (EMA weights) + the re-sync of the trained weights
+    assert [r["sync/syncs_since_last_log"] for r in rows] == [2.0, 1.0, 2.0]
     assert [r["sync/forced"] for r in rows] == [1.0, 0.0, 1.0]
     assert len({r["sync/trainer_digest"] for r in rows}) == 3
     assert (out / "lora" / "pytorch_lora_weights.safetensors").is_file()
