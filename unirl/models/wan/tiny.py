@@ -20,7 +20,6 @@ up-projection (:func:`shape_tiny_decoder`) so pixel rewards can learn. The sched
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import torch
 
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
+from unirl.models.common.tiny_causal_vae import CausalBlocks, TinyCausalDecoder
 
 # Bump when the build code changes what it writes: it is part of the cache key.
 TINY_BUILDER_VERSION = 1
@@ -211,103 +211,21 @@ def image_processor(spec: TinyWanSpec) -> Any:
 # -- the decoder trap ----------------------------------------------------------------------------
 
 
-@torch.no_grad()
 def shape_tiny_decoder(vae: Any, spec: TinyWanSpec, generator: torch.Generator) -> None:
-    """Turn a random ``AutoencoderKLWan`` decoder into a smooth, strongly responsive one.
-
-    The decoder's per-pixel RMS norms would erase a random decoder's response to its latents.
-    Its channels split into *signal* channels (a random projection of the current latent frame,
-    written by ``conv_in`` at the causal kernel's last time slice), *anchor* channels (constant
-    ±A from ``conv_in``'s bias) and unused ones. The anchors dominate every norm, so the norms
-    act as fixed scalings. Residual branches and the mid attention are damped, 1x1 shortcuts
-    pass the carried channels, the spatial upsamplers blur them (nearest x2 then a 3x3
-    binomial), and the temporal upsamplers (``time_conv``, which doubles the frames of every
-    latent frame after the first) copy the current frame into both new frames. The output norm
-    keeps only the signal (scaled so SiLU works near its linear range) and ``conv_out`` mixes it
-    into RGB centred on mid-grey: the decoder is close to a smooth linear up-projection of the
-    latent, frame by frame.
-    """
+    """Make the random ``AutoencoderKLWan`` decoder a smooth, strongly responsive
+    up-projection of the latent, frame by frame (``models/common/tiny_causal_vae.py``; video:
+    the temporal upsamplers copy each frame into both new ones), centred over 8 latents of
+    two frames of 4x4."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import (
         WanAttentionBlock,
         WanResample,
         WanResidualBlock,
     )
 
-    decoder = vae.decoder
-    signal, anchors = spec.decoder_signal_channels, spec.decoder_anchor_channels
-    width = spec.vae_base_dim
-    if anchors < 2 or anchors % 2 or signal < 3 or signal + anchors > width // 2:
-        raise ValueError(
-            f"TinyWanSpec: {signal} signal + {anchors} anchor channels must fit half the decoder "
-            f"width ({width // 2}); anchors even and >= 2, signal >= 3"
-        )
-    carried = signal + anchors
-    z_dim = spec.latent_channels
-    eye = torch.eye(carried)
-
-    post = torch.zeros_like(vae.post_quant_conv.weight)
-    post[:, :, 0, 0, 0] = torch.eye(z_dim)
-    vae.post_quant_conv.weight.copy_(post)
-    vae.post_quant_conv.bias.zero_()
-
-    w_in = torch.zeros_like(decoder.conv_in.weight)  # [width, z, t=3, 3, 3]; causal: t=2 is "now"
-    w_in[:signal, :, 2, 1, 1] = torch.randn(signal, z_dim, generator=generator) / math.sqrt(z_dim)
-    decoder.conv_in.weight.copy_(w_in)
-    b_in = torch.zeros(width)
-    b_in[signal:carried] = spec.decoder_anchor_value * torch.tensor([1.0, -1.0]).repeat(
-        anchors // 2
+    blocks = CausalBlocks(WanResidualBlock, WanResample, WanAttentionBlock)
+    TinyCausalDecoder.from_spec(spec).shape(
+        vae, generator, blocks=blocks, temporal=True, centre_batch=(8, 2, 4, 4)
     )
-    decoder.conv_in.bias.copy_(b_in)
-
-    blur = torch.tensor([1.0, 2.0, 1.0])
-    blur = (blur[:, None] * blur[None, :]) / 16.0
-    for module in decoder.modules():
-        if isinstance(module, WanResidualBlock):
-            module.conv2.weight.mul_(spec.decoder_residual_damping)
-            module.conv2.bias.zero_()
-            shortcut = module.conv_shortcut
-            if isinstance(shortcut, torch.nn.Conv3d):
-                w = torch.zeros_like(shortcut.weight)
-                w[:carried, :carried, 0, 0, 0] = eye
-                shortcut.weight.copy_(w)
-                shortcut.bias.zero_()
-        elif isinstance(module, WanResample) and module.mode.startswith("upsample"):
-            conv = module.resample[1]
-            w = torch.zeros_like(conv.weight)
-            for c in range(carried):
-                w[c, c] = blur
-            conv.weight.copy_(w)
-            conv.bias.zero_()
-            if module.mode == "upsample3d":
-                # [2·dim, dim, 3, 1, 1]: output halves are the two new frames of each input frame
-                dim = module.dim
-                w = torch.zeros_like(module.time_conv.weight)
-                w[:carried, :carried, 2, 0, 0] = eye
-                w[dim : dim + carried, :carried, 2, 0, 0] = eye
-                module.time_conv.weight.copy_(w)
-                module.time_conv.bias.zero_()
-        elif isinstance(module, WanAttentionBlock):
-            module.proj.weight.mul_(spec.decoder_residual_damping)
-            module.proj.bias.zero_()
-
-    # After the output norm a signal channel is s·sqrt(width)/|x| ≈ s·sqrt(width)/(A·sqrt(anchors));
-    # scale it to `decoder_activation_std` for unit-variance s, and drop every other channel.
-    norm_scale = spec.decoder_anchor_value * math.sqrt(anchors / width)
-    gamma = torch.zeros_like(decoder.norm_out.gamma)
-    gamma[:signal] = spec.decoder_activation_std * norm_scale
-    decoder.norm_out.gamma.copy_(gamma)
-
-    mix = torch.randn(3, signal, generator=generator) * (spec.decoder_gain / math.sqrt(signal))
-    w_out = torch.zeros_like(decoder.conv_out.weight)
-    w_out[:, :signal, 2, 1, 1] = mix / spec.decoder_activation_std
-    decoder.conv_out.weight.copy_(w_out)
-    decoder.conv_out.bias.zero_()
-    # Centre each RGB channel on mid-grey over N(0, 1) model-space latents (two latent frames).
-    latents = torch.randn(8, z_dim, 2, 4, 4, generator=generator)
-    mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1)
-    std = torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1)
-    out = vae.decode(latents * std + mean, return_dict=False)[0]
-    decoder.conv_out.bias.copy_(-out.mean(dim=(0, 2, 3, 4)))
 
 
 # -- build ---------------------------------------------------------------------------------------
