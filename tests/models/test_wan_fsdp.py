@@ -54,6 +54,7 @@ def _worker(rank: int, port: int, out: str) -> None:
         state = _step()
         if rank == 0:
             torch.save(state, Path(out) / "sharded.pt")
+        dist.barrier()  # leave together: a rank tearing gloo down under a busy peer aborts it
     finally:
         dist.destroy_process_group()
 
