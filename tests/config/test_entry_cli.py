@@ -116,3 +116,131 @@ def test_a_failed_multirun_job_is_reported_and_the_sweep_goes_on(tmp_path: Path)
         f"[unirl] multirun: job 0 ({tmp_path}/0_batch_size=3): exit code 2",
         f"[unirl] multirun: job 1 ({tmp_path}/1_batch_size=5): exit code 2",
     ]
+
+
+def test_help_lists_every_key_with_a_line_from_its_typed_config() -> None:
+    """``--help`` keeps Hydra's usage and adds ``== Keys ==``: the recipe's values (overrides
+    applied), defaults of keys it leaves out marked ``+``, descriptions from the dataclasses."""
+    out = _cli(RECIPE, "--help", "stack.micro_batch_size=2")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "== Config ==" in out.stdout and "== Keys ==" in out.stdout
+    keys = out.stdout.split("== Keys ==", 1)[1].splitlines()
+
+    def line(key: str) -> str:
+        found = [x for x in keys if x[3:].startswith(f"{key} = ")]
+        assert len(found) == 1, (key, found)
+        return found[0]
+
+    # a field of TrainStackConfig: its clause of the class docstring
+    micro = line("stack.micro_batch_size")
+    assert micro.startswith("   stack.micro_batch_size = 2 ")
+    assert "[an integer >= 1]  micro_batch_size samples per forward + backward;" in micro
+    # not in the recipe: default shown, marked +
+    assert line("stack.shuffle").startswith("  +stack.shuffle = true ")
+    # a field docstring (RunConfig.keep_last) and a nested _target_ block's summary
+    assert "keep the newest keep_last complete ones" in line("keep_last")
+    assert "The GRPO loss for flow-matching models." in line("algorithm._target_")
+    assert "[one of 'replay', 'rollout']" in line("algorithm.old_logp_source")
+    # a named component of the reward backend, and the nested config of a plain mapping
+    assert line("reward.backend.components.brightness.target").startswith(
+        "   reward.backend.components.brightness.target = 0.8 "
+    )
+    assert line("backend.fsdp.cpu_offload").startswith("  +backend.fsdp.cpu_offload = false")
+    # top-level component blocks are listed by their keys, not as '+bundle = null'
+    assert not [x for x in keys if x[3:].startswith("bundle = ")]
+
+
+def test_help_of_the_default_recipe_and_hydra_help_still_work() -> None:
+    default = _cli("--help")
+    assert default.returncode == 0, default.stderr[-2000:]
+    assert "   bundle._target_ = unirl.models.sd3.SD3Bundle " in default.stdout
+    hydra_help = _cli(RECIPE, "--hydra-help")
+    assert hydra_help.returncode == 0, hydra_help.stderr[-2000:]
+    assert "Hydra (" in hydra_help.stdout and "== Keys ==" not in hydra_help.stdout
+
+
+def test_a_config_dir_recipe_named_like_a_bundled_one_is_refused(tmp_path: Path) -> None:
+    """Hydra searches examples/ before --config-dir: a same-named recipe would be replaced by
+    ours without a word. One line names both files and the fix; a new name composes."""
+    from unirl.config.entry import EXAMPLES_DIR
+
+    ours = EXAMPLES_DIR / "diffusion/sd3_tiny_trainside.yaml"
+    (tmp_path / "diffusion").mkdir()
+    theirs = tmp_path / "diffusion/sd3_tiny_trainside.yaml"
+    text = ours.read_text().replace("num_rollouts: 40", "num_rollouts: 7")
+    assert text != ours.read_text()
+    theirs.write_text(text)
+    out = _cli(f"--config-dir={tmp_path}", RECIPE, "--cfg", "job")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.splitlines() == [
+        f"[unirl] configuration error: --config-dir recipe {theirs} has the same name as the "
+        f"bundled {ours}, which Hydra would load instead (examples/ is searched first); rename "
+        "yours (e.g. diffusion/sd3_tiny_trainside_mine.yaml) and pass "
+        "--config-name=diffusion/sd3_tiny_trainside_mine"
+    ]
+    # the default recipe is checked too when no --config-name is given
+    assert _cli("--config-dir", str(tmp_path), "--cfg", "job").returncode == 2
+    theirs.rename(tmp_path / "diffusion/sd3_tiny_trainside_mine.yaml")
+    renamed = _cli(
+        f"--config-dir={tmp_path}",
+        "--config-name=diffusion/sd3_tiny_trainside_mine",
+        "--cfg",
+        "job",
+    )
+    assert renamed.returncode == 0, renamed.stderr[-2000:]
+    assert "\nnum_rollouts: 7\n" in renamed.stdout
+    # --help lists the keys of a recipe found only in --config-dir
+    helped = _cli(
+        f"--config-dir={tmp_path}", "--config-name=diffusion/sd3_tiny_trainside_mine", "--help"
+    )
+    assert helped.returncode == 0, helped.stderr[-2000:]
+    assert "   num_rollouts = 7 " in helped.stdout
+
+
+def test_key_descriptions_come_from_field_docstrings_comments_then_class_docstrings() -> None:
+    import dataclasses
+
+    from unirl.config.help import field_docs
+
+    @dataclasses.dataclass(kw_only=True)
+    class Base:
+        """Base knobs. ``inherited``: from the base's docstring; ``own`` is shadowed."""
+
+        inherited: int = 1
+
+    @dataclasses.dataclass(kw_only=True)
+    class Knobs(Base):
+        """Knobs of a thing. ``own`` is loses to the field docstring; ``mentioned``: the
+        clause that names it (a parenthesis; with a semicolon) and no more; ``other`` x.
+        ``plain=None``: written with a value."""
+
+        own: int = 0
+        """The field docstring wins."""
+        trailing: int = 0  # the comment on the line
+        # the comment lines
+        # right above
+        above: int = 0
+        mentioned: int = 0
+        plain: int | None = None
+        silent: int = 0
+
+    class Component:
+        """A component: ``lr`` set by keyword."""
+
+        config_class = Knobs
+
+        def __init__(self, *, lr: float = 1.0) -> None:
+            """``lr``: not read, the class docstring named it first."""
+
+    docs = field_docs(Component)
+    assert docs["own"] == "The field docstring wins."
+    assert docs["trailing"] == "the comment on the line"
+    assert docs["above"] == "the comment lines right above"
+    assert (
+        docs["mentioned"]
+        == "mentioned: the clause that names it (a parenthesis; with a semicolon) and no more;"
+    )
+    assert docs["plain"] == "plain=None: written with a value."
+    assert docs["inherited"] == "inherited: from the base's docstring;"
+    assert docs["lr"] == "A component: lr set by keyword."
+    assert "silent" not in docs

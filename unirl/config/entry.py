@@ -8,6 +8,9 @@ from ``RunConfig``'s defaults) declares every top-level key, so ``dry_run=true``
 
 ``hydra_entry`` builds a domain's main: Hydra's flags in any position, one folder per
 multirun job, and a failure reported in one line (the traceback goes to ``train.log``).
+``--help`` prints Hydra's usage, then every key of the recipe with a line from its typed
+config (:mod:`unirl.config.help`); a ``--config-dir`` recipe named like a bundled one is
+refused (Hydra would load the bundled one).
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ class CommandLine:
     overrides: list[str]
     flags: list[str]
     multirun: bool
+    config_name: str | None = None
+    config_dir: str | None = None
+    help: bool = False
 
 
 def split_command_line(given: list[str]) -> CommandLine | None:
@@ -77,7 +83,14 @@ def split_command_line(given: list[str]) -> CommandLine | None:
             pending.pop(0)
         else:
             flags.append(arg)
-    return CommandLine(overrides=overrides, flags=flags, multirun=bool(parsed.multirun))
+    return CommandLine(
+        overrides=overrides,
+        flags=flags,
+        multirun=bool(parsed.multirun),
+        config_name=parsed.config_name,
+        config_dir=parsed.config_dir,
+        help=bool(parsed.help),
+    )
 
 
 def override_key(override: str) -> str:
@@ -160,6 +173,60 @@ def compose_recipe(name: str, overrides: list[str] | None = None) -> dict[str, A
     return data  # type: ignore[return-value]
 
 
+def shadowed_recipe(config_name: str, config_dir: str | None) -> str | None:
+    """The one-line refusal when ``--config-dir`` holds a recipe named like a bundled one:
+    Hydra searches ``examples/`` first, so it would silently load ours instead."""
+    if config_dir is None:
+        return None
+    name = config_name if config_name.endswith(".yaml") else f"{config_name}.yaml"
+    theirs = Path(config_dir).expanduser().resolve() / name
+    ours = EXAMPLES_DIR / name
+    if not (theirs.is_file() and ours.is_file()) or theirs == ours.resolve():
+        return None
+    stem = name.removesuffix(".yaml")
+    return (
+        f"--config-dir recipe {theirs} has the same name as the bundled {ours}, which Hydra "
+        f"would load instead (examples/ is searched first); rename yours (e.g. "
+        f"{stem}_mine.yaml) and pass --config-name={stem}_mine"
+    )
+
+
+def help_keys(line: CommandLine, default_config: str) -> str:
+    """The ``== Keys ==`` section of ``--help`` (:mod:`unirl.config.help`) for the recipe and
+    overrides of ``line``, composed on the entrypoint's search path (``examples/``, then a
+    ``--config-dir`` where Hydra puts it)."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from unirl.config.help import recipe_help
+
+    search_path = create_config_search_path(f"file://{examples_dir()}")
+    if line.config_dir is not None:
+        extra = Path(line.config_dir).expanduser().resolve()
+        search_path.prepend("command-line", f"file://{extra}", SearchPathQuery(provider="schema"))
+    GlobalHydra.instance().clear()
+    try:
+        hydra = Hydra.create_main_hydra2(task_name="help", config_search_path=search_path)
+        cfg = hydra.compose_config(
+            config_name=line.config_name or default_config,
+            overrides=[o for o in line.overrides if not override_key(o).startswith("hydra")],
+            run_mode=RunMode.RUN,
+        )
+    finally:
+        GlobalHydra.instance().clear()
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # an interpolation help cannot resolve: show the values as written
+        data = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(data, dict)
+    data.pop("hydra", None)
+    return recipe_help(data)  # type: ignore[arg-type]
+
+
 def report_failure(exc: Exception) -> None:
     """One ``[unirl] error:`` line first, then where the traceback is. A failure inside a run
     arrives with ``unirl_failure_line`` and ``unirl_train_log`` set by the trainer's console
@@ -237,6 +304,10 @@ def hydra_entry(
             sys.argv = [sys.argv[0], *given]
             _main()
             return
+        shadowed = shadowed_recipe(line.config_name or default_config, line.config_dir)
+        if shadowed is not None:
+            print(f"[unirl] configuration error: {shadowed}", file=sys.stderr, flush=True)
+            sys.exit(2)
         swept.update(swept_keys(line.overrides))
         # a multirun's sweep folder (Hydra writes the unredacted multirun.yaml there) is a
         # temporary one unless the user names it; each job writes to its own output_dir
@@ -245,6 +316,11 @@ def hydra_entry(
         sys.argv = [sys.argv[0], *hydra_command_line(line, sweep_dir=sweep_dir)]
         try:
             _main()
+        except SystemExit as done:  # Hydra ends --help with exit 0: our key listing follows
+            if not line.help or done.code not in (0, None):
+                raise
+            print(help_keys(line, default_config), flush=True)
+            raise
         finally:
             if sweep_dir is not None:
                 shutil.rmtree(sweep_dir, ignore_errors=True)
