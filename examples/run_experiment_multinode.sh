@@ -35,7 +35,7 @@ case "${role}" in
       exit 2
     fi
     if [[ -n "${REPORT_TO_WANDB:-}" && "${REPORT_TO_WANDB}" != "0" ]]; then
-      echo "REPORT_TO_WANDB is not read: add logging.trackers=[local,wandb] (with the recipe's other trackers) and logging.wandb_project=<project> to the overrides; pip install 'unirl[wandb]'" >&2
+      echo "REPORT_TO_WANDB is not read: add logging.trackers=[local,wandb] (with the recipe's other trackers) and logging.wandb_project=<project> to the overrides; pip install 'unirl-mm[wandb]'" >&2
       exit 2
     fi
     node_ip="${NODE_IP:-$(hostname -I 2>/dev/null | awk '{print $1}')}"

@@ -12,7 +12,7 @@
 #
 # Weights & Biases is a tracker the recipe's overrides choose, e.g.
 #   logging.trackers=[local,tensorboard,wandb] logging.wandb_project=<project>
-# (the recipe's own trackers listed too; pip install 'unirl[wandb]'). REPORT_TO_WANDB is refused
+# (the recipe's own trackers listed too; pip install 'unirl-mm[wandb]'). REPORT_TO_WANDB is refused
 # rather than ignored: no launcher can add W&B without replacing the recipe's tracker list.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -29,7 +29,7 @@ export PYTHONUNBUFFERED=1
 cmd=(python -m "unirl.${entry}" "--config-name=${recipe}" "$@")
 
 if [[ -n "${REPORT_TO_WANDB:-}" && "${REPORT_TO_WANDB}" != "0" ]]; then
-  echo "REPORT_TO_WANDB is not read: add logging.trackers=[local,wandb] (with the recipe's other trackers) and logging.wandb_project=<project> to the overrides; pip install 'unirl[wandb]'" >&2
+  echo "REPORT_TO_WANDB is not read: add logging.trackers=[local,wandb] (with the recipe's other trackers) and logging.wandb_project=<project> to the overrides; pip install 'unirl-mm[wandb]'" >&2
   exit 2
 fi
 

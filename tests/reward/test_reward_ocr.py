@@ -70,7 +70,7 @@ def _render(text: str, width: int = 320, height: int = 96) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def scorer() -> OCRScorer:
-    pytest.importorskip("rapidocr_onnxruntime", reason="pip install 'unirl[ocr]' for OCR tests")
+    pytest.importorskip("rapidocr_onnxruntime", reason="pip install 'unirl-mm[ocr]' for OCR tests")
     return OCRScorer(engine="rapidocr")
 
 
@@ -113,7 +113,7 @@ def test_ocr_prompt_without_quotes_names_the_sample():
 
 def test_ocr_missing_rapidocr_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "rapidocr_onnxruntime", None)
-    with pytest.raises(ImportError, match=r"pip install 'unirl\[ocr\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'unirl-mm\[ocr\]'"):
         OCRScorer().score(torch.ones(1, 3, 8, 8), ['"x"'], [{}])
 
 

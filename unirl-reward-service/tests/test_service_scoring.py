@@ -507,7 +507,7 @@ def _render(text: str, width: int = 320, height: int = 96) -> torch.Tensor:
 
 
 def test_ocr_through_the_service_equals_in_process():
-    pytest.importorskip("rapidocr_onnxruntime", reason="pip install 'unirl[ocr]' for OCR tests")
+    pytest.importorskip("rapidocr_onnxruntime", reason="pip install 'unirl-mm[ocr]' for OCR tests")
     images = torch.stack([_render("LIGHTHOUSE"), _render("OPEN LATE"), torch.ones(3, 96, 320)])
     prompts = ['A sign that says "LIGHTHOUSE"', 'A sign that says "LIGHTHOUSX"', 'blank "HELLO"']
     metadata = [{}, {"target_text": "open late"}, {}]

@@ -6,15 +6,16 @@ __version__ = "0.1.0"
 
 
 def _require_unirl() -> None:
-    """UniRL is not among this package's dependencies (the ``unirl`` on the public package
-    index is another project): say how to install it rather than fail on an import below."""
+    """UniRL is the distribution ``unirl-mm`` of this repository, which the public package
+    index does not hold (its ``unirl`` is another project): say how to install it rather than
+    fail on an import below."""
     try:
         import unirl.reward  # noqa: F401
     except ImportError as exc:
         raise ImportError(
             "unirl-reward-service needs UniRL installed from its repository first: "
-            "pip install -e <UniRL clone> (the `unirl` on the public package index is a "
-            f"different project). Importing unirl.reward failed: {exc}"
+            "pip install -e <UniRL clone> (the distribution unirl-mm; the `unirl` on the public "
+            f"package index is a different project). Importing unirl.reward failed: {exc}"
         ) from exc
 
 

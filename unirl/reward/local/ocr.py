@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -19,6 +20,27 @@ from unirl.reward.base import (
     check_lengths,
     images_to_uint8,
 )
+
+# rapidocr-onnxruntime 1.4.4, its last release, requires Python < 3.13; the [ocr] and [dev]
+# extras skip it there (an environment marker), so its absence there is expected, not a bug
+RAPIDOCR_LAST_PYTHON = (3, 12)
+
+
+def rapidocr_missing_message(version: tuple[int, int] | None = None) -> str:
+    """One line: why rapidocr-onnxruntime is missing on this Python and what to do."""
+    major, minor = version or sys.version_info[:2]
+    if (major, minor) > RAPIDOCR_LAST_PYTHON:
+        return (
+            f"OCRScorer(engine='rapidocr') needs rapidocr-onnxruntime, which has no release for "
+            f"Python {major}.{minor} (1.4.4 requires Python < 3.13), so the [ocr] extra of "
+            "unirl-mm installs nothing here: run the OCR reward on Python 3.11 or 3.12 "
+            "(pip install 'unirl-mm[ocr]' there), or use engine=easyocr (pip install 'unirl-mm[eval]')"
+        )
+    return (
+        "OCRScorer(engine='rapidocr') needs rapidocr-onnxruntime: pip install 'unirl-mm[ocr]' "
+        "(the extra of this repository's distribution unirl-mm; 'unirl' on the public index "
+        "is another project)"
+    )
 
 
 def extract_quoted_target(prompt: str) -> str | None:
@@ -163,17 +185,14 @@ class OCRScorer(RewardBackend):
             try:
                 from rapidocr_onnxruntime import RapidOCR
             except ImportError as exc:
-                raise ImportError(
-                    "OCRScorer(engine='rapidocr') needs rapidocr-onnxruntime: "
-                    "pip install 'unirl[ocr]'"
-                ) from exc
+                raise ImportError(rapidocr_missing_message()) from exc
             self._reader = RapidOCR()
         else:
             try:
                 import easyocr
             except ImportError as exc:
                 raise ImportError(
-                    "OCRScorer(engine='easyocr') needs easyocr: pip install 'unirl[eval]'"
+                    "OCRScorer(engine='easyocr') needs easyocr: pip install 'unirl-mm[eval]'"
                 ) from exc
             self._reader = easyocr.Reader(
                 ["en"],
