@@ -75,7 +75,7 @@ def test_missing_optional_tracker_names_the_extra(
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_wandb)
-    with pytest.raises(ImportError, match=r"pip install 'unirl\[wandb\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'unirl-mm\[wandb\]'"):
         build_trackers(["local", "wandb"], tmp_path, config={})
 
 

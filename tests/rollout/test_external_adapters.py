@@ -305,9 +305,9 @@ def test_vllm_omni_weight_sync_reads_back(vllm_req) -> None:
 
 
 def test_missing_stacks_fail_naming_the_extra() -> None:
-    with pytest.raises(ImportError, match=r"pip install 'unirl\[sglang\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'unirl-mm\[sglang\]'"):
         SGLangEngine(model_path="stabilityai/stable-diffusion-3.5-medium", family=SD3)
-    with pytest.raises(ImportError, match=r"pip install 'unirl\[vllm\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'unirl-mm\[vllm\]'"):
         VllmOmniEngine(
             model_path="stabilityai/stable-diffusion-3.5-medium", encoder=dict(BUNDLE_BLOCK)
         )

@@ -131,7 +131,7 @@ class TensorBoardTracker:
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ImportError(
                 "logging.trackers has 'tensorboard' but the tensorboard package is missing: "
-                "pip install 'unirl[tensorboard]'"
+                "pip install 'unirl-mm[tensorboard]'"
             ) from exc
         self.writer = SummaryWriter(log_dir=str(Path(output_dir) / "tensorboard"))
 
@@ -172,7 +172,7 @@ class WandbTracker:
             import wandb
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ImportError(
-                "logging.trackers has 'wandb' but wandb is not installed: pip install 'unirl[wandb]'"
+                "logging.trackers has 'wandb' but wandb is not installed: pip install 'unirl-mm[wandb]'"
             ) from exc
         self.run = wandb.init(
             project=project or "unirl", name=run_name, dir=str(output_dir), config=config

@@ -36,7 +36,7 @@ def _httpx() -> Any:
         import httpx
     except ImportError as exc:
         raise ImportError(
-            "RemoteRewardBackend needs httpx: pip install 'httpx>=0.27' (included in unirl[dev])"
+            "RemoteRewardBackend needs httpx: pip install 'httpx>=0.27' (included in unirl-mm[dev])"
         ) from exc
     return httpx
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-EXTRA_HINT = "pip install 'unirl[sglang]'"
+EXTRA_HINT = "pip install 'unirl-mm[sglang]'"
 
 
 def require_sglang() -> Any:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-INSTALL_HINT = "pip install 'unirl[sglang]' (or sglang itself: pip install sglang)"
+INSTALL_HINT = "pip install 'unirl-mm[sglang]' (or sglang itself: pip install sglang)"
 
 
 def require_sglang_runtime() -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-EXTRA_HINT = "pip install 'unirl[vllm]'"
+EXTRA_HINT = "pip install 'unirl-mm[vllm]'"
 
 
 def require_vllm_omni() -> Any:
