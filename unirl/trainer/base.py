@@ -22,7 +22,8 @@ from unirl.config.run import RunConfig
 from unirl.config.secrets import redact_secrets
 from unirl.distributed.group import DevicePool, DevicePoolConfig
 from unirl.logging import LocalTracker, build_trackers, contact_sheet, edit_sheet, video_sheet
-from unirl.logging.progress import progress_bar
+from unirl.logging.progress import RolloutProgress
+from unirl.logging.report import refresh_run_views
 from unirl.train.checkpoint import CheckpointError, fault_point, write_failure
 from unirl.trainer.console import TRAIN_LOG, ConsoleLog
 from unirl.trainer.output import DRIVER_STATE, OutputDir, resolve_resume, write_json_atomic
@@ -220,27 +221,27 @@ class StageTrainer:
         self.trackers = trackers = make_trackers(cfg, self.out, self.data)
         self.eval_tracker = LocalTracker(self.out.root, prefix="eval_metrics")
         pool = DevicePool(DevicePoolConfig.of(cfg))  # the recipe's pool knobs, taken whole
+        bar: RolloutProgress | None = None
         try:
             self.place(pool)
             self.stages = order_stages(self.stages)
             if resume_from is not None:
                 self.resume(resume_from)
             self.trim_history(trackers.local, resume_from)
-            bar = progress_bar(
+            # a bar in a terminal (messages written through it), else one line per rollout
+            bar = RolloutProgress(
                 cfg.num_rollouts,
                 initial=self.start_rollout,
                 mode=cfg.logging.progress,
-                desc="rollouts",
+                reward_key=self.scored[-1].key("reward/mean"),
             )
             if cfg.eval_interval and cfg.eval.at_start and self.start_rollout == 0:
                 self.evaluate(0)  # the baseline every later eval is read against
             for rollout_index in range(self.start_rollout, cfg.num_rollouts):
                 metrics = self.one_rollout(rollout_index)
                 trackers.log(rollout_index, metrics)
-                bar.update(1)
-                main = self.scored[-1]
-                bar.set_postfix(reward=f"{metrics[main.key('reward/mean')]:.4f}")
                 done = rollout_index + 1
+                bar.rollout_done(done, metrics)
                 if cfg.eval_interval and (
                     done % cfg.eval_interval == 0 or done == cfg.num_rollouts
                 ):
@@ -250,6 +251,7 @@ class StageTrainer:
                 ):
                     self.save(done)
             bar.close()
+            refresh_run_views(self.out.root)  # curves/ and report.html with the last rollout
             if after_loop is not None:
                 after_loop(self, self.trained[0].ops)
             self.export()
@@ -257,6 +259,8 @@ class StageTrainer:
                 if stage.sync is not None:
                     stage.sync.close()
         finally:
+            if bar is not None:
+                bar.close()
             trackers.close()
             pool.shutdown()
         print(
@@ -442,6 +446,7 @@ class StageTrainer:
         print(
             f"[unirl] eval after {done} rollouts: reward {metrics[f'eval/{main}']:.4f}", flush=True
         )
+        refresh_run_views(self.out.root)  # curves/ and report.html (a failure: one warning)
 
     def save(self, done: int) -> None:
         """Each training stage's backend writes its files (atomically, with a manifest);

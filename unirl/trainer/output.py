@@ -23,8 +23,8 @@ DRIVER_STATE = "driver_state.json"  # written last into a checkpoint folder: mar
 
 class OutputDir:
     """``output_dir`` layout: ``config.yaml``, ``train.log`` (``console.ConsoleLog``),
-    ``metrics.{jsonl,csv}``, ``eval_metrics.*``, ``samples/``, ``eval/``,
-    ``checkpoints/step_<k>/``, ``lora/``."""
+    ``metrics.{jsonl,csv}``, ``eval_metrics.*``, ``samples/``, ``eval/``, ``curves/`` and
+    ``report.html`` (``unirl.logging.report``), ``checkpoints/step_<k>/``, ``lora/``."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
@@ -65,9 +65,10 @@ class OutputDir:
 
     def clear_run(self) -> list[str]:
         """Remove what an earlier run left (``overwrite=true``): checkpoints, galleries, the
-        exported adapter, the metrics files. Returns the names removed."""
+        exported adapter, the metrics files, the curves and the report. Returns the names
+        removed."""
         removed = []
-        for name in ("checkpoints", "samples", "eval", "lora", "tensorboard"):
+        for name in ("checkpoints", "samples", "eval", "curves", "lora", "tensorboard"):
             if (self.root / name).is_dir():
                 shutil.rmtree(self.root / name)
                 removed.append(name + "/")
@@ -77,6 +78,9 @@ class OutputDir:
                 if path.exists():
                     path.unlink()
                     removed.append(path.name)
+        if (self.root / "report.html").exists():
+            (self.root / "report.html").unlink()
+            removed.append("report.html")
         return removed
 
     def prune_checkpoints(self, keep: int, *, current: Path) -> list[Path]:
