@@ -182,6 +182,9 @@ class RunConfig(PoolConfig):
     # a prompt enhancer's drawer and how its stages are tied (``unirl.trainer.pe.PEConfig``,
     # read by ``unirl.train_pe`` only)
     pe: Any = None
+    # a unified model's image stage and how its two losses meet (``unirl.trainer.unified_model``,
+    # read by ``unirl.train_unified_model`` only)
+    unified: Any = None
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the pool fields

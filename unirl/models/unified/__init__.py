@@ -1,0 +1,32 @@
+"""A unified (transfusion-style) model: one transformer that writes text and denoises images
+(see README.md)."""
+
+from __future__ import annotations
+
+from unirl.models.unified.bundle import TransfusionBundle
+from unirl.models.unified.conditions import ContextConditions, ImageStageRequest
+from unirl.models.unified.config import PRESET_NAMES, TransfusionBundleConfig
+from unirl.models.unified.model import ImageHead, TransfusionModel, image_attention_mask
+from unirl.models.unified.pipeline import (
+    IMAGE_TRACK,
+    TEXT_TRACK,
+    TransfusionImagePipeline,
+    TransfusionPipeline,
+    TransfusionTextPipeline,
+)
+
+__all__ = [
+    "IMAGE_TRACK",
+    "PRESET_NAMES",
+    "TEXT_TRACK",
+    "ContextConditions",
+    "ImageHead",
+    "ImageStageRequest",
+    "TransfusionBundle",
+    "TransfusionBundleConfig",
+    "TransfusionImagePipeline",
+    "TransfusionModel",
+    "TransfusionPipeline",
+    "TransfusionTextPipeline",
+    "image_attention_mask",
+]

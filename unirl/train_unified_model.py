@@ -1,0 +1,40 @@
+"""``python -m unirl.train_unified_model --config-name=unified_model/<recipe> [key=value ...]``:
+a unified model (one transformer writes a "think / recaption" text, then draws an image
+conditioned on it; GRPO on the text and Flow-GRPO on the image, one optimizer step)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from unirl.config.entry import hydra_entry
+
+DEFAULT_RECIPE = "unified_model/unified_tiny"
+
+
+def run(data: dict[str, Any]) -> int:
+    """Validate the composed recipe (the text stage's blocks, then the ``unified`` block and
+    the image stage's) before any Ray work; then dry-run or train."""
+    from unirl.config.dry_run import print_dry_run
+    from unirl.config.validate import validate
+    from unirl.trainer.unified_model import (
+        check_unified_recipe,
+        image_summary,
+        plan_roles,
+        run_unified,
+    )
+
+    cfg, objs = validate(data)
+    unified, sampling = check_unified_recipe(cfg, objs)
+    if cfg.dry_run:
+        print_dry_run(cfg, objs, plan_roles(cfg, unified))
+        print("[unirl] image stage (unified.image) and the joint loss:")
+        for key, value in image_summary(cfg, objs, sampling).items():
+            print(f"  {key:<34} {value}")
+        return 0
+    return run_unified(cfg, data, unified)
+
+
+main = hydra_entry(DEFAULT_RECIPE, run)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,460 @@
+"""The unified-model trainer: a placement recipe of the loop in ``unirl.trainer.base``.
+
+One transformer writes text and draws images (``unirl.models.unified``: a transfusion-style
+model). Each rollout sample is a pair on one response:
+
+- ``text`` (the parent track): a "think / recaption" completion after the user's prompt
+  (``sampling``, an ``ARSamplingParams``; ``samples_per_prompt`` pairs per prompt);
+- ``image`` (the child track): one image denoised conditioned on the prompt *and* that text
+  (``unified.image.sampling``), its ``parent_ids`` naming the text sample.
+
+The reward scores the images; the loop propagates each image's reward to its text
+(``propagate_rewards``, the lineage helper every composed recipe uses); advantages are per
+track (both grouped by prompt). Both tracks train the same weights through ONE backend, ONE
+optimizer and one step per rollout: ``unirl.train.unified_stack.UnifiedTrainStack`` adds
+``stack.text.weight · L_GRPO(text) + stack.image.weight · L_FlowGRPO(image)``.
+
+The loop visits trained stages children first (``image``, then ``text``); this trainer's
+``train_stage`` holds the image track until the text track arrives and then runs the one
+joint step, whose metrics go under ``train/`` (``train/loss`` the weighted sum,
+``train/text/*``, ``train/image/*``). Metrics: the image stage is the main one
+(``reward/mean``), the text stage's go under ``text/`` (``text/reward/mean`` of the propagated
+rewards, ``text/advantage/*``, ``text/response_length/*``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+
+from unirl.config.require import require
+from unirl.config.run import RunConfig
+from unirl.config.typecheck import check_config_mapping
+from unirl.config.validate import check_block, declared, locate
+from unirl.distributed.group import DevicePool, placement, remote
+from unirl.models.unified.conditions import ImageStageRequest
+from unirl.models.unified.pipeline import (
+    IMAGE_TRACK,
+    TEXT_TRACK,
+    TransfusionImagePipeline,
+    TransfusionPipeline,
+    TransfusionTextPipeline,
+)
+from unirl.sde.sde_steps import AllSteps
+from unirl.train.unified_stack import UnifiedTrainStack
+from unirl.trainer.ar import response_metrics
+from unirl.trainer.base import StageTrainer, mean_over_ranks
+from unirl.trainer.roles import RewardWorker, TrainOps
+from unirl.trainer.stage import Stage
+from unirl.types import (
+    ARSamplingParams,
+    DiffusionSamplingParams,
+    RolloutReq,
+    RolloutTrack,
+    TextRequest,
+    Texts,
+)
+
+
+@dataclass(kw_only=True)
+class ImageStageConfig:
+    """``unified.image``: the image stage's ``pipeline`` (a ``TransfusionImagePipeline`` with
+    its SDE ``strategy``), ``sampling`` (``DiffusionSamplingParams``; ``guidance_scale`` 1) and
+    ``algorithm`` (a flow-matching loss: ``FlowGRPO``). Blocks with a ``_target_``."""
+
+    pipeline: dict[str, Any]
+    sampling: dict[str, Any]
+    algorithm: dict[str, Any]
+
+
+@dataclass(kw_only=True)
+class UnifiedConfig:
+    """The recipe's ``unified`` block (the text stage is the recipe's top-level blocks)."""
+
+    image: ImageStageConfig
+
+    @classmethod
+    def of(cls, block: Any) -> UnifiedConfig:
+        require(
+            isinstance(block, dict),
+            "unirl.train_unified_model needs a `unified` block (unified.image: the image "
+            "stage's pipeline, sampling and algorithm); see examples/unified_model/unified_tiny.yaml",
+        )
+        checked = check_config_mapping(block, cls, "unified")
+        require(
+            isinstance(checked.get("image"), dict),
+            "unified.image is missing: give the image stage's pipeline, sampling and algorithm",
+        )
+        image = check_config_mapping(checked["image"], ImageStageConfig, "unified.image")
+        for name in ("pipeline", "sampling", "algorithm"):
+            value = image.get(name)
+            require(
+                isinstance(value, dict) and "_target_" in value,
+                f"unified.image.{name} is missing: give the image stage's {name} block with "
+                "its _target_",
+            )
+        return cls(image=ImageStageConfig(**image))
+
+
+# -- checks before any Ray work ----------------------------------------------------------------
+
+
+def _subclass(block: Any, where: str, base: type, fix: str) -> type:
+    target = str((block or {}).get("_target_", ""))
+    require(bool(target), f"{where}._target_ is missing; {fix}")
+    cls = locate(target, where)
+    require(
+        isinstance(cls, type) and issubclass(cls, base),
+        f"{where}._target_={target} is not a {base.__name__}; {fix}",
+    )
+    return cls
+
+
+def check_unified_recipe(
+    cfg: RunConfig, objs: dict[str, Any]
+) -> tuple[UnifiedConfig, DiffusionSamplingParams]:
+    """Before any Ray work, after ``validate`` checked the top-level (text) blocks: the
+    ``unified`` block, the pipelines, the stack, the engine, the image stage's sampling
+    (type, guidance 1, sizes this family can take) and its algorithm vs its SDE strategy."""
+    unified = UnifiedConfig.of(cfg.unified)
+    require(
+        isinstance(objs.get("sampling"), ARSamplingParams),
+        f"sampling._target_={(cfg.sampling or {}).get('_target_')}: the text stage samples "
+        "tokens; use unirl.types.ARSamplingParams (the image's goes in unified.image.sampling)",
+    )
+    _subclass(
+        cfg.pipeline,
+        "pipeline",
+        TransfusionTextPipeline,
+        "use unirl.models.unified.TransfusionTextPipeline (the text stage)",
+    )
+    _subclass(
+        unified.image.pipeline,
+        "unified.image.pipeline",
+        TransfusionImagePipeline,
+        "use unirl.models.unified.TransfusionImagePipeline (the image stage)",
+    )
+    _subclass(
+        cfg.stack,
+        "stack",
+        UnifiedTrainStack,
+        "use unirl.train.unified_stack.UnifiedTrainStack (one optimizer step over both losses)",
+    )
+    text_loss = objs["stack"].text
+    per_rank = cfg.batch_size * objs["sampling"].samples_per_prompt // cfg.slab_sizes()[0]
+    require(
+        text_loss.max_tokens_per_micro_batch is not None
+        or per_rank % text_loss.micro_batch_size == 0,
+        f"{per_rank} samples per train rank are not divisible by "
+        f"stack.text.micro_batch_size={text_loss.micro_batch_size}",
+    )
+    engine = str((cfg.rollout or {}).get("_target_", ""))
+    require(
+        engine.endswith("TrainsideEngine"),
+        f"rollout._target_={engine or None}: unirl.train_unified_model samples with the "
+        "trained module itself; use unirl.rollout.TrainsideEngine",
+    )
+    require(cfg.sync is None, "a trainside unified recipe has no `sync` block; remove it")
+    sampling = check_block(
+        unified.image.sampling,
+        "unified.image.sampling",
+        instantiate_dataclasses=True,
+        typed_component=True,
+    )
+    require(
+        isinstance(sampling, DiffusionSamplingParams),
+        f"unified.image.sampling._target_={unified.image.sampling.get('_target_')}: the image "
+        "stage samples latents; use unirl.types.DiffusionSamplingParams",
+    )
+    require(
+        sampling.guidance_scale <= 1.0,
+        f"unified.image.sampling.guidance_scale={sampling.guidance_scale}: the transfusion "
+        "family has no unconditional branch; set it to 1",
+    )
+    require(
+        sampling.samples_per_prompt == 1,
+        f"unified.image.sampling.samples_per_prompt={sampling.samples_per_prompt}: one image per "
+        "text sample (pairs per prompt are sampling.samples_per_prompt); set it to 1",
+    )
+    algorithm = locate(str(unified.image.algorithm["_target_"]), "unified.image.algorithm")
+    if declared(algorithm, "requires_log_prob", "unified.image.algorithm", "StageAlgorithm"):
+        strategy = (unified.image.pipeline.get("strategy") or {}).get("_target_", "")
+        require(
+            not str(strategy).endswith(".ODE"),
+            f"unified.image.pipeline.strategy._target_={strategy}: {algorithm.__name__} trains "
+            "on SDE log-probs; use unirl.sde.FlowSDE (or CPS / DanceSDE)",
+        )
+    return unified, sampling
+
+
+def plan_roles(cfg: RunConfig, unified: UnifiedConfig) -> list[tuple[str, str, str]]:
+    """``(role, _target_, slab)`` in creation order, printed by ``dry_run``."""
+    slab = "all workers (colocate)"
+    target = lambda block: str((block or {}).get("_target_", "?"))  # noqa: E731
+    image = unified.image
+    return [
+        ("bundle", target(cfg.bundle), slab),
+        ("text_pipeline", target(cfg.pipeline), slab),
+        ("image_pipeline", target(image.pipeline), slab),
+        ("backend", target(cfg.backend), slab),
+        ("text_algorithm", target(cfg.algorithm), slab),
+        ("image_algorithm", target(image.algorithm), slab),
+        ("stack", target(cfg.stack), slab),
+        ("sampler", f"{TransfusionPipeline.__module__}.{TransfusionPipeline.__name__}", slab),
+        ("rollout", target(cfg.rollout), slab),
+        ("reward", target(cfg.reward), slab),
+    ]
+
+
+def image_summary(
+    cfg: RunConfig, objs: dict[str, Any], sampling: DiffusionSamplingParams
+) -> dict[str, Any]:
+    """What ``dry_run`` prints about the image stage and the joint loss."""
+    stack = cfg.stack or {}
+    pairs = cfg.batch_size * objs["sampling"].samples_per_prompt
+    return {
+        "pairs_per_rollout": pairs,
+        "images_per_rollout": pairs,
+        "resolution": f"{sampling.height}x{sampling.width}",
+        "num_inference_steps": sampling.num_inference_steps,
+        "loss_weights": {
+            name: (stack.get(name) or {}).get("weight", 1.0) for name in ("text", "image")
+        },
+        "optimizer_steps_per_rollout": 1,
+    }
+
+
+# -- the trainer ----------------------------------------------------------------------------------
+
+
+class UnifiedModelTrainer(StageTrainer):
+    """A unified-model recipe as a placement of the loop: the ``text`` and ``image`` stages of
+    one model, every role a sibling on every worker (trainside), one backend and one joint
+    stack for both."""
+
+    def __init__(self, cfg: RunConfig, data: dict[str, Any], unified: UnifiedConfig) -> None:
+        super().__init__(cfg, data)
+        self.unified = unified
+        self.sampling: ARSamplingParams = instantiate(cfg.sampling, _convert_="object")
+        self.image_sampling: DiffusionSamplingParams = instantiate(
+            unified.image.sampling, _convert_="object"
+        )
+        self.sde_steps = self.image_sampling.sde_steps or AllSteps()
+        self._held: dict[str, RolloutTrack] = {}
+
+    # -- placement -----------------------------------------------------------------------------
+
+    def place(self, pool: DevicePool) -> None:
+        cfg, image = self.cfg, self.unified.image
+        if cfg.num_devices > 1:
+            pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
+        with placement(pool, fraction=1.0):  # every role a sibling on every worker
+            bundle = remote(cfg.bundle, name="bundle")
+            text_pipeline = remote(cfg.pipeline, name="text_pipeline", bundle=bundle)
+            image_pipeline = remote(image.pipeline, name="image_pipeline", bundle=bundle)
+            backend = remote(cfg.backend, name="backend", bundle=bundle)
+            text_algorithm = remote(cfg.algorithm, name="text_algorithm", policy=text_pipeline)
+            image_algorithm = remote(
+                image.algorithm, name="image_algorithm", pipeline=image_pipeline
+            )
+            stack = remote(
+                cfg.stack,
+                name="stack",
+                backend=backend,
+                text_algorithm=text_algorithm,
+                image_algorithm=image_algorithm,
+            )
+            ops = remote(
+                TrainOps,
+                name="ops",
+                backend=backend,
+                pipeline=image_pipeline,
+                stack=stack,
+                algorithm=image_algorithm,
+            )
+            sampler = remote(
+                TransfusionPipeline,
+                name="sampler",
+                text_pipeline=text_pipeline,
+                image_pipeline=image_pipeline,
+            )
+            self.rollout = remote(cfg.rollout, name="rollout", pipeline=sampler)
+            reward = remote(RewardWorker, name="reward", service=cfg.reward)
+        train_ranks, rollout_ranks = cfg.slab_sizes()
+        lora = (cfg.backend or {}).get("lora") is not None
+        # both stages train the one backend: they share its stack and ops (checkpoints hold
+        # the backend once per stage folder; the joint step runs once, see train_stage)
+        self.stages = [
+            Stage(
+                track=TEXT_TRACK,
+                stack=stack,
+                algorithm=text_algorithm,
+                ops=ops,
+                train_ranks=train_ranks,
+                rollout_ranks=rollout_ranks,
+                prefix=TEXT_TRACK,
+            ),
+            Stage(
+                track=IMAGE_TRACK,
+                parent=TEXT_TRACK,
+                reward=reward,
+                reward_from_children="mean",
+                stack=stack,
+                algorithm=image_algorithm,
+                ops=ops,
+                train_ranks=train_ranks,
+                rollout_ranks=rollout_ranks,
+                exports_lora=lora,
+            ),
+        ]
+        info = ops.describe(self.image_sampling)
+        self.latent_shape = info["latent_shape"]
+        self.schedules = {mode: sigmas.cpu() for mode, sigmas in info["sigmas"].items()}
+        print(
+            f"[unirl] unified model: {info['trainable_params']:,} trainable parameters on "
+            f"{info['device']} (one backend, text + image losses)",
+            flush=True,
+        )
+
+    # -- request building ------------------------------------------------------------------
+
+    def build_request(
+        self, prompts: list[Any], rollout_index: int, *, mode: str = "train"
+    ) -> RolloutReq:
+        """Ids and groups of the (text, image) pairs; the ``TextRequest`` (seed ids = sample
+        ids) and the :class:`ImageStageRequest` (x_T ids = sample ids, SDE steps, σ)."""
+        train = mode == "train"
+        spp = self.sampling.samples_per_prompt if train else self.cfg.eval.samples_per_prompt
+        b = len(prompts)
+        n = b * spp
+        offset = 0 if train else 10**12
+        sample_ids = torch.arange(offset + rollout_index * n, offset + (rollout_index + 1) * n)
+        group_ids = torch.arange(rollout_index * b, (rollout_index + 1) * b).repeat_interleave(spp)
+        params = self.image_sampling
+        steps = params.num_inference_steps if train else params.eval_num_inference_steps
+        if train:
+            chosen = self.sde_steps.select(steps, seed=self.cfg.seed, rollout_index=rollout_index)
+            sde_indices = torch.tensor([list(chosen)] * n, dtype=torch.long)
+        else:
+            sde_indices = torch.zeros((n, 0), dtype=torch.long)
+        sampling = self.sampling
+        return RolloutReq(
+            sample_ids=sample_ids,
+            group_ids=group_ids,
+            primitives={"text": Texts(texts=[ex.prompt for ex in prompts for _ in range(spp)])},
+            metadata=[dict(ex.metadata) for ex in prompts for _ in range(spp)],
+            stage_params={
+                TEXT_TRACK: TextRequest(
+                    seed_ids=sample_ids.clone(),
+                    max_new_tokens=sampling.max_new_tokens,
+                    temperature=sampling.temperature_for(mode),
+                    top_p=sampling.top_p,
+                    top_k=sampling.top_k,
+                    stop=tuple(sampling.stop or ()),
+                ),
+                IMAGE_TRACK: ImageStageRequest(
+                    init_noise_ids=sample_ids.clone(),
+                    sde_indices=sde_indices,
+                    sigmas=self.schedules["train" if train else "eval"].clone(),
+                    init_noise_shape=tuple(self.latent_shape),
+                    sampling_params=params,
+                ),
+            },
+            sampling_params=sampling,
+            seed=self.cfg.seed if train else self.cfg.eval.seed,
+            rollout_index=rollout_index,
+            mode=mode,  # type: ignore[arg-type]
+        )
+
+    # -- one joint step for both stages ------------------------------------------------------------
+
+    def train_stage(
+        self, stage: Stage, track: RolloutTrack, rollout_index: int
+    ) -> dict[str, float]:
+        """Hold each trained track until the last one (``text``) arrives, then one joint step
+        (:class:`UnifiedTrainStack`) through the base's ``train_stage`` (checksum check,
+        ``train/*`` metrics); the text stage adds its propagated rewards and lengths."""
+        self._held[stage.track] = track
+        if len(self._held) < len(self.trained):
+            return {}
+        held, self._held = self._held, {}
+        joint = dataclasses.replace(
+            stage, stack=_JointCall(stage.stack, held), prefix="", algorithm=_NoAfterTrain()
+        )
+        out = super().train_stage(joint, track, rollout_index)
+        for s in self.trained:  # each loss node's own end-of-rollout metrics (KL control, …)
+            after = mean_over_ranks(s.algorithm.after_train(rollout_index))
+            out.update({s.key(k): v for k, v in after.items()})
+        text = held[TEXT_TRACK]
+        assert text.rewards is not None
+        kept = text.rewards.float()[text.kept]
+        extra = {
+            **response_metrics(text),
+            "reward/mean": float(kept.mean()) if kept.numel() else math.nan,
+            "reward/std": float(kept.std(unbiased=False)) if kept.numel() > 1 else 0.0,
+        }
+        out.update({f"{TEXT_TRACK}/{k}": v for k, v in extra.items()})
+        return out
+
+    def gallery(self, path: Path, track: RolloutTrack, limit: int) -> Path:
+        """Images captioned with the text the model wrote before drawing them (PNG), and
+        ``<path>.jsonl``: prompt, text, reward per image."""
+        thoughts = [str(m.get("thought", "")) for m in track.metadata]
+        prompts = track.prompts or [""] * len(track)
+        captions = [f"{p} | {t}" for p, t in zip(prompts, thoughts, strict=True)]
+        sheet = super().gallery(path, dataclasses.replace(track, prompts=captions), limit)
+        rewards = track.rewards.tolist() if track.rewards is not None else [math.nan] * len(track)
+        with path.with_suffix(".jsonl").open("w", encoding="utf-8") as f:
+            for i in range(min(limit, len(track))):
+                row = {
+                    "sample_id": int(track.sample_ids[i]),
+                    "prompt": prompts[i],
+                    "text": thoughts[i],
+                    "reward": rewards[i],
+                }
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        return sheet
+
+
+class _JointCall:
+    """The joint stack seen through ``TrainStack.train_track``'s call: the base's
+    ``train_stage`` calls ``train_track(track, k)``; this calls the joint step on the held
+    tracks."""
+
+    def __init__(self, stack: Any, tracks: dict[str, RolloutTrack]) -> None:
+        self.stack = stack
+        self.tracks = tracks
+
+    def train_track(self, track: RolloutTrack, rollout_index: int) -> Any:
+        light = {name: dataclasses.replace(t, decoded=None) for name, t in self.tracks.items()}
+        return self.stack.train_tracks(light[TEXT_TRACK], light[IMAGE_TRACK], rollout_index)
+
+
+class _NoAfterTrain:
+    """Stands in for the stage's algorithm inside the base's ``train_stage``: the trainer calls
+    every stage's own ``after_train`` once itself."""
+
+    def after_train(self, rollout_index: int) -> list[dict[str, float]]:
+        return [{}]
+
+
+def run_unified(cfg: RunConfig, data: dict[str, Any], unified: UnifiedConfig) -> int:
+    return UnifiedModelTrainer(cfg, data, unified).run()
+
+
+__all__ = [
+    "ImageStageConfig",
+    "UnifiedConfig",
+    "UnifiedModelTrainer",
+    "check_unified_recipe",
+    "image_summary",
+    "plan_roles",
+    "run_unified",
+]
