@@ -199,3 +199,32 @@ def test_off_gives_lines_even_in_a_terminal(monkeypatch):
     bar.rollout_done(1, {"reward/mean": 1.0})
     bar.close()
     assert out.getvalue().startswith("[unirl] rollout 1/1 | reward 1.0000 | ")
+
+
+def test_train_log_gets_the_rollout_lines_while_the_terminal_shows_a_bar(tmp_path, monkeypatch):
+    from unirl.trainer.console import TRAIN_LOG, ConsoleLog
+
+    out, err = _TTYStringIO(), _TTYStringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.delenv("CI", raising=False)
+    clock = _FakeClock(10.0)
+    monkeypatch.setattr(progress.time, "perf_counter", clock)
+    with ConsoleLog(tmp_path / TRAIN_LOG, append=False):
+        bar = RolloutProgress(2, initial=0, mode="auto", reward_key="reward/mean")
+        assert bar.bar is not None
+        for done in (1, 2):
+            clock.now += 2.0
+            bar.rollout_done(done, {"reward/mean": 0.5})
+            print(f"[unirl] eval after {done} rollouts: reward 0.5000")
+        bar.close()
+    log = (tmp_path / TRAIN_LOG).read_text().splitlines()[1:]  # after the start line
+    assert log[:4] == [
+        "[unirl] rollout 1/2 | reward 0.5000 | 2.00 s/rollout | ETA 0:00:02",
+        "[unirl] eval after 1 rollouts: reward 0.5000",
+        "[unirl] rollout 2/2 | reward 0.5000 | 2.00 s/rollout | ETA 0:00:00",
+        "[unirl] eval after 2 rollouts: reward 0.5000",
+    ]
+    assert len(log) == 5 and log[4].startswith("rollouts: 100%|")  # the bar's last state
+    assert "[unirl] rollout" not in out.getvalue()  # on screen: the bar, not the lines
+    assert "rollouts: 100%" in err.getvalue()

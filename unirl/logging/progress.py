@@ -134,11 +134,6 @@ class RolloutProgress:
         return (time.perf_counter() - self._start) / ran if ran > 0 else math.nan
 
     def rollout_done(self, done: int, metrics: dict[str, float]) -> None:
-        if self.bar is not None:
-            self.bar.update(done - self.bar.n)
-            if self.reward_key in metrics:
-                self.bar.set_postfix(reward=f"{float(metrics[self.reward_key]):.4f}")
-            return
         line = rollout_line(
             done,
             self.total,
@@ -146,7 +141,17 @@ class RolloutProgress:
             reward_key=self.reward_key,
             s_per_rollout=self.s_per_rollout(done),
         )
-        print(line, flush=True)
+        if self.bar is None:
+            print(line, flush=True)
+            return
+        self.bar.update(done - self.bar.n)
+        if self.reward_key in metrics:
+            self.bar.set_postfix(reward=f"{float(metrics[self.reward_key]):.4f}")
+        # a console that keeps a log (``trainer.console.ConsoleLog``) gets the line for the
+        # log alone: train.log has one line per rollout with a bar on screen too
+        write_log = getattr(self._streams[0] if self._streams else None, "write_log", None)
+        if write_log is not None:
+            write_log(line + "\n")
 
     def close(self) -> None:
         if self._streams is not None:

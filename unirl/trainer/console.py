@@ -88,6 +88,11 @@ class _Tee:
         self._log.write(text, self._name)
         return written
 
+    def write_log(self, text: str) -> None:
+        """Into the log only: the per-rollout line a terminal shows as its progress bar
+        (``unirl.logging.progress``), so ``train.log`` reads the same with or without one."""
+        self._log.write(text, self._name)
+
     def writelines(self, lines: list[str]) -> None:
         for line in lines:
             self.write(line)
