@@ -1,0 +1,308 @@
+"""unirl.tools.port_recipe: an upstream-shaped recipe becomes one of ours that composes and
+validates, every field it could not carry is listed with its old path and why, and one of our
+own recipes ports onto itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from unirl.config.entry import examples_dir, register_run_defaults
+from unirl.config.validate import validate
+from unirl.tools.port_recipe import Gap, port_recipe, render
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = Path(__file__).parent / "fixtures" / "upstream_sd3_trainside.yaml"
+DATA = {
+    "DATA_PATH": str(ROOT / "datasets" / "ocr" / "train.txt"),
+    "EVAL_DATA_PATH": str(ROOT / "datasets" / "ocr" / "test.txt"),
+}
+FIXTURE_GAPS = [
+    Gap(
+        "defaults[0]",
+        "{'transfer_queue': 'simple'}: this project has no TransferQueue: rollout outputs "
+        "travel through the trainer's own tensor transport",
+    ),
+    Gap(
+        "reward.backend.base_device",
+        "OCRScorer has no device: RapidOCR runs on the CPU (engine=easyocr follows the reward "
+        "worker's device)",
+    ),
+    Gap("reward.backend.batch_size", "OCRScorer reads one image at a time; it has no batch size"),
+]
+
+
+def _targets(node: object, path: str = "") -> dict[str, str]:
+    """``{dotted path: _target_}`` of every block in a recipe."""
+    out: dict[str, str] = {}
+    if isinstance(node, dict):
+        if "_target_" in node:
+            out[path] = node["_target_"]
+        for key, value in node.items():
+            out.update(_targets(value, f"{path}.{key}" if path else key))
+    return out
+
+
+def _fixture() -> dict[str, object]:
+    return yaml.safe_load(FIXTURE.read_text())
+
+
+def test_fixture_ports_with_exactly_the_listed_gaps() -> None:
+    ported = port_recipe(_fixture())
+    assert ported.gaps == FIXTURE_GAPS
+    assert ported.notes == [
+        "pipeline: built as unirl.models.sd3.SD3Pipeline (the old recipe has none)"
+    ]
+
+
+def test_fixture_targets_map_onto_ours() -> None:
+    """13 upstream ``_target_``s, 10 at renamed paths; each lands on the class named here."""
+    old = _targets(_fixture())
+    assert len(old) == 13
+    new = _targets(port_recipe(_fixture()).recipe)
+    assert new == {
+        "bundle": "unirl.models.sd3.SD3Bundle",
+        "pipeline": "unirl.models.sd3.SD3Pipeline",
+        "pipeline.strategy": "unirl.sde.FlowSDE",
+        "sampling": "unirl.types.DiffusionSamplingParams",
+        "rollout": "unirl.rollout.TrainsideEngine",
+        "backend": "unirl.train.FSDPBackend",
+        "backend.fsdp": "unirl.train.FSDPConfig",
+        "backend.optimizer": "unirl.train.OptimizerConfig",
+        "backend.lora": "unirl.train.LoraConfig",
+        "algorithm": "unirl.algorithms.FlowGRPO",
+        "algorithm.kl": "unirl.algorithms.KLConfig",
+        "stack": "unirl.train.TrainStack",
+        "reward": "unirl.reward.RewardService",
+        "reward.backend": "unirl.reward.local.OCRScorer",
+        "data_source": "unirl.data.PromptFileSource",
+    }
+    resolvable_upstream = {"sampling", "stack", "reward"}  # same module path here
+    from unirl.tools.port_recipe import _locate
+
+    assert {p for p, t in old.items() if _locate(t) is not None} == resolvable_upstream
+
+
+def test_fixture_fields_land_under_our_names() -> None:
+    new = port_recipe(_fixture()).recipe
+    assert new["defaults"] == ["/unirl_run", "_self_"]
+    assert new["batch_size"] == 2 and new["seed"] == 42 and new["eval_interval"] == 0
+    assert new["eval"] == {"prompts_path": "${oc.env:EVAL_DATA_PATH,dataset/ocr/test.txt}"}
+    assert new["data_source"]["path"] == "${oc.env:DATA_PATH,dataset/ocr/train.txt}"
+    backend = new["backend"]
+    assert backend["trainable_attr"] == "transformer"
+    assert backend["fsdp"] == {
+        "_target_": "unirl.train.FSDPConfig",
+        "data_parallel": "shard",
+        "activation_checkpointing": False,
+        "block_class_names": ["JointTransformerBlock"],
+    }
+    assert backend["optimizer"] == {"_target_": "unirl.train.OptimizerConfig", "lr": 3.0e-4}
+    assert backend["lora"]["targets"] == ["to_q", "to_k", "to_v", "to_out.0"]
+    assert new["algorithm"]["kl"]["beta"] == 0.04
+    assert new["bundle"]["path"].startswith("${oc.env:PRETRAINED_MODEL,")
+    # sampling.noise_level -> sampling.eta, and the strategy that interpolated it follows
+    assert new["sampling"]["eta"] == 0.7 and "sde_strategy" not in new["sampling"]
+    assert new["pipeline"]["strategy"] == {
+        "_target_": "unirl.sde.FlowSDE",
+        "eta": "${sampling.eta}",
+    }
+
+
+def test_ported_fixture_composes_and_validates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-process equivalent of ``python -m unirl.train_diffusion --config-dir <tmp>
+    --config-name=<ported> dry_run=true`` (tests/config/test_recipes.py composes the same way)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    for key, value in DATA.items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "upstream_sd3_ported.yaml").write_text(render(port_recipe(_fixture()), "x"))
+    register_run_defaults()
+    with initialize_config_dir(config_dir=str(tmp_path), version_base=None):
+        cfg = compose(
+            config_name="upstream_sd3_ported",
+            overrides=["dry_run=true", f"output_dir={tmp_path / 'run'}"],
+        )
+    data = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    run, objs = validate(data)  # type: ignore[arg-type]
+    assert run.dry_run is True and run.batch_size == 2 and run.seed == 42
+    assert objs["sampling"].samples_per_prompt == 24 and objs["sampling"].eta == 0.7
+    assert objs["stack"].num_updates_per_batch == 2
+    assert data["pipeline"]["strategy"]["eta"] == 0.7  # type: ignore[index]
+
+
+def test_cli_writes_the_recipe_and_lists_the_gaps_then_the_entrypoint_dry_runs_it(
+    tmp_path: Path,
+) -> None:
+    env = {
+        **os.environ,
+        **DATA,
+        "PYTHONPATH": str(ROOT),
+        "RAY_ADDRESS": "",
+        "HYDRA_FULL_ERROR": "0",
+    }
+    out_file = tmp_path / "recipes" / "upstream_sd3_ported.yaml"
+    ported = subprocess.run(
+        [sys.executable, "-m", "unirl.tools.port_recipe", str(FIXTURE), "-o", str(out_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert ported.returncode == 0, ported.stderr
+    assert "could not map 3 field(s):" in ported.stderr
+    for gap in FIXTURE_GAPS:
+        assert f"  {gap.path}: {gap.why}" in ported.stderr
+    text = out_file.read_text()
+    assert text.startswith("# @package _global_\n")
+    assert f"#   {FIXTURE_GAPS[1].path}: {FIXTURE_GAPS[1].why}" in text
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "unirl.train_diffusion",
+            "--config-dir",
+            str(out_file.parent),
+            "--config-name=upstream_sd3_ported",
+            "dry_run=true",
+            f"output_dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=120,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "recipe composed and validated" in run.stdout
+    assert (
+        "unirl.train.FSDPBackend" in run.stdout and "samples_per_rollout          48" in run.stdout
+    )
+
+
+def test_cli_prints_to_stdout_and_warns_when_the_name_is_one_of_ours(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "unirl.tools.port_recipe", str(FIXTURE)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0 and out.stdout.startswith("# @package _global_\n")
+    assert yaml.safe_load(out.stdout) == port_recipe(_fixture()).recipe
+    clash = tmp_path / "sd3_trainside.yaml"
+    out = subprocess.run(
+        [*cmd, "-o", str(clash)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert "note: diffusion/sd3_trainside.yaml is also one of this project's recipes" in out.stderr
+    missing = subprocess.run(
+        [*cmd[:-1], str(tmp_path / "nope.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert missing.returncode == 2 and missing.stderr.startswith("[unirl] port_recipe:")
+
+
+def test_nested_spec_is_flattened_and_base_device_becomes_device() -> None:
+    """The reward shape upstream documents: a scorer with ``base_device`` and a nested
+    ``config: {_target_: ...Spec}``; ours is one flat block."""
+    old = {
+        "reward": {
+            "_target_": "unirl.reward.service.RewardService",
+            "backend": {
+                "_target_": "unirl.reward.local.pickscore.PickScoreRewardScorer",
+                "base_device": "cuda",
+                "config": {
+                    "_target_": "unirl.reward.local.pickscore.PickScoreSpec",
+                    "batch_size": 8,
+                },
+            },
+        }
+    }
+    ported = port_recipe(old)
+    assert ported.gaps == []
+    assert ported.recipe["reward"] == {
+        "_target_": "unirl.reward.RewardService",
+        "backend": {"_target_": "unirl.reward.local.PickScore", "device": "cuda", "batch_size": 8},
+    }
+
+
+def test_every_unmappable_kind_is_listed_never_dropped_silently() -> None:
+    old = {
+        "num_devices": 2,
+        "trainer": "diffusion",
+        "zero_copy": {"enable": True},
+        "run": {"seed": 1, "wandb_entity": "team"},
+        "evaluation": {"eval_steps": 5, "num_eval_samples": 4},
+        "backend": {
+            "_target_": "unirl.train.backend.fsdp.FSDPBackend",
+            "fsdp_cfg": {"_target_": "unirl.train.configs.FSDPConfig", "fsdp_mode": "hybrid"},
+            "mystery_knob": 3,
+        },
+        "sync": {"_target_": "unirl.distributed.weight_sync.TQSync", "bucket_mb": 64},
+        "stack": {
+            "_target_": "unirl.train.stack.TrainStack",
+            "micro_batch_size": "${sync.bucket_mb}",
+            "max_grad_norm": "${backend.mystery_knob}",
+            "seed": "${run.seed}",
+        },
+        "reward": {
+            "_target_": "unirl.reward.remote.RemoteRewardBackend",
+            "base_url": "http://h:1",
+            "config": {"_target_": "x.RemoteRewardSpec", "input_kind": "image"},
+        },
+    }
+    ported = port_recipe(old)
+    assert [(g.path, g.why) for g in ported.gaps] == [
+        ("trainer", "no top-level key 'trainer' here (RunConfig has no such field)"),
+        ("zero_copy", "a TransferQueue setting; this project has no TransferQueue"),
+        (
+            "run.wandb_entity",
+            "no counterpart of run.wandb_entity here (RunConfig has no such field)",
+        ),
+        (
+            "evaluation.num_eval_samples",
+            "no counterpart of evaluation.num_eval_samples here (RunConfig has no such field)",
+        ),
+        (
+            "backend.fsdp_cfg.fsdp_mode",
+            "fsdp_mode='hybrid' has no counterpart here (maps full -> shard, no_shard -> replicate)",
+        ),
+        ("backend.mystery_knob", "unirl.train.FSDPBackend takes no 'mystery_knob'"),
+        (
+            "sync._target_",
+            "unirl.distributed.weight_sync.TQSync has no counterpart here (no rule, no such class)",
+        ),
+        (
+            "reward.config.input_kind",
+            "RemoteRewardBackend sends what the track holds (images or frames); there is no switch",
+        ),
+        ("stack.micro_batch_size", "interpolates sync.bucket_mb, which was not carried over"),
+        ("stack.max_grad_norm", "interpolates backend.mystery_knob, which was not carried over"),
+    ]
+    recipe = ported.recipe
+    assert "sync" not in recipe and "trainer" not in recipe
+    assert recipe["stack"] == {"_target_": "unirl.train.TrainStack", "seed": "${seed}"}
+    assert recipe["backend"] == {
+        "_target_": "unirl.train.FSDPBackend",
+        "fsdp": {"_target_": "unirl.train.FSDPConfig"},
+    }
+    assert recipe["reward"] == {"_target_": "unirl.reward.RemoteRewardBackend", "url": "http://h:1"}
+    assert recipe["eval_interval"] == 5 and recipe["seed"] == 1 and recipe["num_devices"] == 2
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    ["diffusion/sd3_trainside", "diffusion/sd3_tiny_dedicated_separate", "pe/pe_tiny_trainside"],
+)
+def test_our_own_recipe_ports_onto_itself(recipe: str) -> None:
+    old = yaml.safe_load((examples_dir() / f"{recipe}.yaml").read_text())
+    ported = port_recipe(old)
+    assert ported.gaps == [] and ported.notes == []
+    assert ported.recipe == {**old, "defaults": ["/unirl_run", "_self_"]}
