@@ -287,33 +287,13 @@ class UnifiedModelTrainer(StageTrainer):
             )
             self.rollout = remote(cfg.rollout, name="rollout", pipeline=sampler)
             reward = remote(RewardWorker, name="reward", service=cfg.reward)
-        train_ranks, rollout_ranks = cfg.slab_sizes()
-        lora = (cfg.backend or {}).get("lora") is not None
-        # both stages train the one backend: they share its stack and ops (checkpoints hold
-        # the backend once per stage folder; the joint step runs once, see train_stage)
-        self.stages = [
-            Stage(
-                track=TEXT_TRACK,
-                stack=stack,
-                algorithm=text_algorithm,
-                ops=ops,
-                train_ranks=train_ranks,
-                rollout_ranks=rollout_ranks,
-                prefix=TEXT_TRACK,
-            ),
-            Stage(
-                track=IMAGE_TRACK,
-                parent=TEXT_TRACK,
-                reward=reward,
-                reward_from_children="mean",
-                stack=stack,
-                algorithm=image_algorithm,
-                ops=ops,
-                train_ranks=train_ranks,
-                rollout_ranks=rollout_ranks,
-                exports_lora=lora,
-            ),
-        ]
+        self.stages = self.make_stages(
+            stack=stack,
+            ops=ops,
+            text_algorithm=text_algorithm,
+            image_algorithm=image_algorithm,
+            reward=reward,
+        )
         info = ops.describe(self.image_sampling)
         self.latent_shape = info["latent_shape"]
         self.schedules = {mode: sigmas.cpu() for mode, sigmas in info["sigmas"].items()}
@@ -322,6 +302,37 @@ class UnifiedModelTrainer(StageTrainer):
             f"{info['device']} (one backend, text + image losses)",
             flush=True,
         )
+
+    def make_stages(
+        self, *, stack: Any, ops: Any, text_algorithm: Any, image_algorithm: Any, reward: Any
+    ) -> list[Stage]:
+        """``text`` (metrics under ``text/``) and its child ``image`` (scored; its rewards
+        reach ``text`` through lineage). Both train the one backend: they share its stack and
+        ops (the joint step runs once, see :meth:`train_stage`; a checkpoint holds the backend
+        in each stage's folder)."""
+        cfg = self.cfg
+        train_ranks, rollout_ranks = cfg.slab_sizes()
+        lora = (cfg.backend or {}).get("lora") is not None
+        shared = {"stack": stack, "ops": ops, "train_ranks": train_ranks}
+        return [
+            Stage(
+                track=TEXT_TRACK,
+                algorithm=text_algorithm,
+                rollout_ranks=rollout_ranks,
+                prefix=TEXT_TRACK,
+                **shared,
+            ),
+            Stage(
+                track=IMAGE_TRACK,
+                parent=TEXT_TRACK,
+                reward=reward,
+                reward_from_children="mean",
+                algorithm=image_algorithm,
+                rollout_ranks=rollout_ranks,
+                exports_lora=lora,
+                **shared,
+            ),
+        ]
 
     # -- request building ------------------------------------------------------------------
 

@@ -44,12 +44,16 @@ class TransfusionTextPipeline(CausalLMPipeline):
 class TransfusionImagePipeline(FlowMatchingPipeline):
     """:class:`~unirl.models.common.pipeline.FlowMatchingPipeline` for a ``TransfusionBundle``
     (track ``image``). ``generate(req, context=...)`` draws conditioned on given context
-    tokens; without ``context`` each image is conditioned on its formatted prompt alone."""
+    tokens; without ``context`` each image is conditioned on its formatted prompt alone.
+    ``track_name``: its track (and request block) name, ``image`` by default."""
 
     track_name = IMAGE_TRACK
 
-    def __init__(self, *, bundle: Any, strategy: Any, **knobs: Any) -> None:
+    def __init__(
+        self, *, bundle: Any, strategy: Any, track_name: str = IMAGE_TRACK, **knobs: Any
+    ) -> None:
         super().__init__(bundle=bundle, strategy=strategy, **knobs)
+        self.track_name = track_name
         self._context: ContextConditions | None = None
 
     def encode(
@@ -118,12 +122,13 @@ class TransfusionPipeline:
         # the exact ids the model wrote after its prompt (stop token included)
         context = ContextConditions(context=text.segment.tokens)
         stage = req.params_for(IMAGE_TRACK, ImageStageRequest)
+        name = self.image_pipeline.track_name
         image_req = dataclasses.replace(
-            req, sampling_params=stage.sampling_params, stage_params={IMAGE_TRACK: stage}
+            req, sampling_params=stage.sampling_params, stage_params={name: stage}
         )
         t_context = time.perf_counter() - t0
         image_resp = self.image_pipeline.generate(image_req, context=context)
-        image = image_resp.tracks[IMAGE_TRACK]
+        image = image_resp.tracks[name]
         thoughts = text.decoded.texts if text.decoded is not None else [""] * len(text)
         image = dataclasses.replace(
             image,
