@@ -121,7 +121,12 @@ class RolloutProgress:
             from tqdm import tqdm
 
             self.bar = tqdm(
-                total=total, initial=initial, desc=desc, file=sys.stderr, dynamic_ncols=True
+                total=total,
+                initial=initial,
+                desc=desc,
+                unit="rollout",
+                file=sys.stderr,
+                dynamic_ncols=True,
             )
             self._streams = (sys.stdout, sys.stderr)
             sys.stdout = _ThroughBar(sys.stdout, self.bar)  # type: ignore[assignment]
