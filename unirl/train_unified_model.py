@@ -17,6 +17,7 @@ def run(data: dict[str, Any]) -> int:
     from unirl.config.dry_run import print_dry_run
     from unirl.config.validate import validate
     from unirl.trainer.unified_model import (
+        check_trainable_here,
         check_unified_recipe,
         image_summary,
         plan_roles,
@@ -31,6 +32,7 @@ def run(data: dict[str, Any]) -> int:
         for key, value in image_summary(cfg, objs, sampling).items():
             print(f"  {key:<34} {value}")
         return 0
+    check_trainable_here(cfg)
     return run_unified(cfg, data, unified)
 
 

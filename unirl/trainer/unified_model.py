@@ -34,11 +34,12 @@ from typing import Any
 import torch
 from hydra.utils import instantiate
 
-from unirl.config.require import require
+from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
 from unirl.config.typecheck import check_config_mapping
 from unirl.config.validate import check_block, declared, locate
 from unirl.distributed.group import DevicePool, placement, remote
+from unirl.models.unified.bundle import TransfusionBundle
 from unirl.models.unified.conditions import ImageStageRequest
 from unirl.models.unified.pipeline import (
     IMAGE_TRACK,
@@ -47,6 +48,7 @@ from unirl.models.unified.pipeline import (
     TransfusionPipeline,
     TransfusionTextPipeline,
 )
+from unirl.rollout.engine.vllm_omni.hi3 import Hi3OmniEngine
 from unirl.sde.sde_steps import AllSteps
 from unirl.train.unified_stack import UnifiedTrainStack
 from unirl.trainer.ar import response_metrics
@@ -156,12 +158,14 @@ def check_unified_recipe(
         f"stack.text.micro_batch_size={text_loss.micro_batch_size}",
     )
     engine = str((cfg.rollout or {}).get("_target_", ""))
+    engine_cls = locate(engine, "rollout") if engine else None
+    served = isinstance(engine_cls, type) and issubclass(engine_cls, Hi3OmniEngine)
     require(
-        engine.endswith("TrainsideEngine"),
-        f"rollout._target_={engine or None}: unirl.train_unified_model samples with the "
-        "trained module itself; use unirl.rollout.TrainsideEngine",
+        engine.endswith("TrainsideEngine") or served,
+        f"rollout._target_={engine or None}: unirl.train_unified_model samples with the trained "
+        "module itself (unirl.rollout.TrainsideEngine) or, for HunyuanImage-3.0, with "
+        "unirl.rollout.engine.vllm_omni.hi3.Hi3OmniEngine",
     )
-    require(cfg.sync is None, "a trainside unified recipe has no `sync` block; remove it")
     sampling = check_block(
         unified.image.sampling,
         "unified.image.sampling",
@@ -173,8 +177,9 @@ def check_unified_recipe(
         f"unified.image.sampling._target_={unified.image.sampling.get('_target_')}: the image "
         "stage samples latents; use unirl.types.DiffusionSamplingParams",
     )
+    bundle = locate(str((cfg.bundle or {}).get("_target_", "")), "bundle")
     require(
-        sampling.guidance_scale <= 1.0,
+        sampling.guidance_scale <= 1.0 or not issubclass(bundle, TransfusionBundle),
         f"unified.image.sampling.guidance_scale={sampling.guidance_scale}: the transfusion "
         "family has no unconditional branch; set it to 1",
     )
@@ -194,12 +199,21 @@ def check_unified_recipe(
     return unified, sampling
 
 
+def check_trainable_here(cfg: RunConfig) -> None:
+    """Before Ray, for a run (not a dry run): the bundle can be built for training here. A
+    bundle class that declares ``trainable_here = False`` (a served model whose trainer side
+    is not built) is refused with its ``not_built`` line."""
+    bundle = locate(str((cfg.bundle or {}).get("_target_", "")), "bundle")
+    if not getattr(bundle, "trainable_here", True):
+        raise ConfigError(str(getattr(bundle, "not_built", f"{bundle} cannot train here")))
+
+
 def plan_roles(cfg: RunConfig, unified: UnifiedConfig) -> list[tuple[str, str, str]]:
     """``(role, _target_, slab)`` in creation order, printed by ``dry_run``."""
     slab = "all workers (colocate)"
     target = lambda block: str((block or {}).get("_target_", "?"))  # noqa: E731
     image = unified.image
-    return [
+    roles = [
         ("bundle", target(cfg.bundle), slab),
         ("text_pipeline", target(cfg.pipeline), slab),
         ("image_pipeline", target(image.pipeline), slab),
@@ -211,6 +225,10 @@ def plan_roles(cfg: RunConfig, unified: UnifiedConfig) -> list[tuple[str, str, s
         ("rollout", target(cfg.rollout), slab),
         ("reward", target(cfg.reward), slab),
     ]
+    if cfg.sync is not None:  # a served model samples on its server: no sampler role here
+        roles = [r for r in roles if r[0] != "sampler"]
+        roles.append(("sync", target(cfg.sync), slab))
+    return roles
 
 
 def image_summary(

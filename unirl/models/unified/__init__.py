@@ -6,6 +6,7 @@ from __future__ import annotations
 from unirl.models.unified.bundle import TransfusionBundle
 from unirl.models.unified.conditions import ContextConditions, ImageStageRequest
 from unirl.models.unified.config import PRESET_NAMES, TransfusionBundleConfig
+from unirl.models.unified.hunyuan_image3 import HunyuanImage3Bundle, HunyuanImage3BundleConfig
 from unirl.models.unified.model import ImageHead, TransfusionModel, image_attention_mask
 from unirl.models.unified.pipeline import (
     IMAGE_TRACK,
@@ -20,6 +21,8 @@ __all__ = [
     "PRESET_NAMES",
     "TEXT_TRACK",
     "ContextConditions",
+    "HunyuanImage3Bundle",
+    "HunyuanImage3BundleConfig",
     "ImageHead",
     "ImageStageRequest",
     "TransfusionBundle",
