@@ -1,6 +1,8 @@
 """``python -m unirl.train_pe --config-name=pe/<recipe> [key=value ...]``: a prompt enhancer
 (an AR policy rewrites each prompt, a diffusion model draws the rewrites, the image reward
-trains the policy; ``pe.train_both=true`` trains the drawer too)."""
+trains the policy; ``pe.train_both=true`` trains the drawer too). The policy samples its own
+rewrites (``rollout: ComposedEngine``) or is served by SGLang (``rollout: SGLangLLMEngine``
+with a ``sync`` block)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ def run(data: dict[str, Any]) -> int:
         run_pe,
     )
 
-    check_pe_engine(data)  # what is missing for an SGLang-served policy, before its own checks
+    check_pe_engine(data)  # trainside ComposedEngine or a served policy, before anything else
     cfg, objs = validate(data)
     pe, drawer_cfg, drawer_objs = check_pe_recipe(cfg, data, objs)
     if cfg.dry_run:

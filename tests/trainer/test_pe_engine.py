@@ -104,7 +104,7 @@ def _request(prompts: list[str], completions: int, k: int) -> RolloutReq:
 
 def _engine(completions: dict[int, str], **knobs: Any) -> tuple[ComposedEngine, _ImagePipeline]:
     image = _ImagePipeline()
-    engine = ComposedEngine(text_pipeline=_TextPipeline(completions), image_pipeline=image, **knobs)
+    engine = ComposedEngine(text_sampler=_TextPipeline(completions), image_sampler=image, **knobs)
     return engine, image
 
 
@@ -179,9 +179,9 @@ def test_engine_knobs_are_refused_with_the_field() -> None:
     from unirl.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"rollout\.empty_rewrite must be 'original'"):
-        ComposedEngine(text_pipeline=None, image_pipeline=None, empty_rewrite="skip")  # type: ignore[arg-type]
+        ComposedEngine(text_sampler=None, image_sampler=None, empty_rewrite="skip")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"rollout\.max_rewrite_chars must be >= 1"):
-        ComposedEngine(text_pipeline=None, image_pipeline=None, max_rewrite_chars=0)
+        ComposedEngine(text_sampler=None, image_sampler=None, max_rewrite_chars=0)
     with pytest.raises(ValueError, match=r"DrawRequest.init_noise_ids \(2, 3\) must match"):
         DrawRequest(
             sample_ids=torch.zeros((2, 2), dtype=torch.long),

@@ -1,5 +1,5 @@
-"""``unirl.train_pe`` before any Ray work: every ``pe/`` recipe dry-runs or is refused in one
-line naming what is missing; broken ``pe`` blocks fail with their own message."""
+"""``unirl.train_pe`` before any Ray work: every ``pe/`` recipe dry-runs (trainside, and the
+policy served by SGLang with its sync); broken ``pe`` blocks fail with their own message."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from unirl.config.entry import compose_recipe
 from unirl.train_pe import run
 
 TINY = "pe/pe_tiny_trainside"
-SGLANG = "a policy served by SGLang needs a composed engine that samples through SGLangLLMEngine"
 
 
 def _data(recipe: str, tmp_path: Path, *overrides: str) -> dict[str, Any]:
@@ -40,18 +39,93 @@ def test_runnable_recipes_dry_run(
 
 
 @pytest.mark.parametrize(
-    "recipe",
-    ["pe/pe_sglang_full_pickscore", "pe/pe_sglang_full_wise", "pe/pe_sglang_lora_pickscore"],
+    ("recipe", "sync"),
+    [
+        ("pe/pe_sglang_full_pickscore", "FullSync"),
+        ("pe/pe_sglang_full_wise", "FullSync"),
+        ("pe/pe_sglang_lora_pickscore", "LoraSync"),
+    ],
 )
-def test_sglang_recipes_are_refused_naming_what_is_missing(recipe: str, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError) as info:
-        run(_data(recipe, tmp_path))
-    message = str(info.value)
-    assert SGLANG in message and "\n" not in message
-    assert message.startswith(
-        "rollout._target_=unirl.rollout.engine.sglang_llm.SGLangLLMEngine: unirl.train_pe"
+def test_sglang_recipes_dry_run_with_the_served_policy(
+    recipe: str, sync: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The policy served by SGLang: its engine and its sync in the plan, the composed engine
+    (built by the trainer from pe.compose) as the rollout, every role colocated."""
+    assert run(_data(recipe, tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "no Ray started" in out and "layout=colocate" in out
+    plan = {
+        m.group(1): (m.group(2), m.group(3))
+        for m in re.finditer(r"^  (\S+)\s+(unirl\.\S+)\s+(.+)$", out, re.M)
+    }
+    assert plan["pe_engine"][0] == "unirl.rollout.engine.sglang_llm.SGLangLLMEngine"
+    assert plan["pe_sync"] == (f"unirl.distributed.weight_sync.{sync}", COLOCATE + " -> rollout")
+    assert plan["rollout"] == ("unirl.rollout.engine.composed.ComposedEngine", COLOCATE)
+    assert plan["diffusion_pipeline"] == ("unirl.models.sd3.SD3Pipeline", COLOCATE)
+    assert re.search(r"train_both\s+False", out)
+
+
+COLOCATE = "all workers (colocate)"
+
+
+def test_a_separate_served_policy_puts_engine_drawer_and_reward_on_the_rollout_slab(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _data(
+        "pe/pe_sglang_full_pickscore",
+        tmp_path,
+        "layout=separate",
+        "train_fraction=0.5",
+        "sync.transport=object_store",
     )
-    assert message.endswith("and drop the `sync` block")
+    assert run(data) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"pe_backend\s+\S+\s+train slab: pool ranks 0-3$", out, re.M)
+    assert re.search(r"pe_sync\s+\S+\s+train slab: pool ranks 0-3 -> rollout$", out, re.M)
+    for role in ("pe_engine", "diffusion_bundle", "rollout", "reward"):
+        assert re.search(rf"^  {role}\s+\S+\s+rollout slab: pool ranks 4-7$", out, re.M), role
+
+
+def test_a_served_policy_refuses_what_it_cannot_place(tmp_path: Path) -> None:
+    sglang = _data("pe/pe_sglang_full_pickscore", tmp_path)
+    trainside = _data(TINY, tmp_path)
+    cases = [
+        (
+            _edit(trainside, "pe.compose", {"max_rewrite_chars": 10}),
+            r"^pe\.compose is for a served policy \(rollout: SGLangLLMEngine\)",
+        ),
+        (
+            _edit(sglang, "pe.compose.text_sampler", "x"),
+            r"^pe\.compose: \['text_sampler'\] are set by unirl\.train_pe",
+        ),
+        (
+            _edit(sglang, "pe.compose.max_chars", 3),
+            r"^pe\.compose: unknown key\(s\) \['max_chars'\]",
+        ),
+        (
+            _edit(sglang, "rollout._target_", "unirl.rollout.engine.dedicated.DedicatedEngine"),
+            r"unirl\.train_pe samples the rewrites with the policy itself",
+        ),
+        (
+            _edit(sglang, "sync", ...),
+            r"rollout engine 'sglang' holds its own weights: add exactly one `sync` block",
+        ),
+    ]
+    for data, expect in cases:
+        with pytest.raises(ConfigError) as info:
+            run(data)
+        assert re.search(expect, str(info.value)), str(info.value)
+        assert "\n" not in str(info.value)
+    both = _edit(_edit(sglang, "layout", "separate"), "sync.transport", "object_store")
+    both = _edit(both, "train_fraction", 0.5)
+    both = _edit(both, "pe.train_both", True)
+    tiny_both = _data("pe/pe_tiny_train_both", tmp_path)
+    for name in ("backend", "algorithm", "stack"):
+        both = _edit(both, f"pe.diffusion.{name}", tiny_both["pe"]["diffusion"][name])
+    with pytest.raises(ConfigError, match=r"^pe\.train_both=true with layout=separate"):
+        run(both)
+    with pytest.raises(ConfigError, match=r"^pe\.compose\.resident=true needs the policy"):
+        run(_edit(_edit(both, "pe.train_both", False), "pe.compose.resident", True))
 
 
 def _edit(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:

@@ -15,6 +15,17 @@ track: the rewrites of one user prompt form a parent group, the ``k`` images of 
 child group. With ``pe.share_noise`` (default) image ``j`` of every rewrite of one prompt
 starts from the same x_T, so a parent group compares rewrites, not noise draws.
 
+Who samples the rewrites (``rollout``): the policy itself (``ComposedEngine``, trainside: every
+role a sibling on every worker, no weight copy), or SGLang's text server
+(``SGLangLLMEngine``, a dedicated engine holding its own copy of the policy; the composed
+engine is then built by this trainer from ``pe.compose`` and samples through it). A served
+policy runs on ``pe_served.PEServedLayout``: ``colocate`` (the server sleeps while the trainer
+steps) or ``separate`` (the policy trains on its own slab; the server, the frozen drawer, the
+composed engine and the reward on the other), and after each update the policy's weights go
+to the server per the recipe's ``sync`` block (``FullSync``: bf16 tensors; ``LoraSync``: the
+adapter, loaded by name) — the ``pe`` stage's sync. The drawer's track needs none: it samples
+with the module it trains (``pe.train_both``, colocate) or stays frozen.
+
 Metrics: the image stage is the main one (``reward/mean`` is the image reward; ``train/*``
 when it trains), the policy's go under ``pe/`` (``pe/train/loss``, ``pe/reward/mean`` of the
 propagated rewards, ``pe/response_length/*``, ``pe/empty_rewrites``, ``pe/capped_rewrites``).
@@ -59,7 +70,9 @@ from unirl.types import (
 TEXT_TRACK = ComposedEngine.text_track
 IMAGE_TRACK = ComposedEngine.image_track
 TRAIN_BLOCKS = ("backend", "algorithm", "stack")
-SET_BY_TRAINER = ("text_pipeline", "image_pipeline", "keep_image_trajectory")
+SET_BY_TRAINER = ("text_sampler", "image_sampler", "keep_image_trajectory")
+COMPOSED = f"{ComposedEngine.__module__}.{ComposedEngine.__name__}"
+SERVED_KINDS = ("sglang",)  # dedicated text engines the composed engine can sample through
 
 
 @dataclass(kw_only=True)
@@ -85,12 +98,16 @@ class PEConfig:
     the drawer trains too (its own backend, algorithm and stack under ``pe.diffusion``).
     ``share_noise``: image ``j`` of every rewrite of one user prompt starts from the same x_T
     (common random numbers: a parent group's advantages compare rewrites, not noise draws).
+    ``compose``: the composed engine's knobs (``max_rewrite_chars``, ``empty_rewrite``,
+    ``resident``) when ``rollout`` names a served policy (SGLang's text engine); with the
+    trainside ``ComposedEngine`` they sit in the ``rollout`` block itself.
     """
 
     diffusion: DrawerConfig
     reduce: Literal["mean", "max"] = "mean"
     train_both: bool = False
     share_noise: bool = True
+    compose: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, block: Any) -> PEConfig:
@@ -119,27 +136,52 @@ class PEConfig:
 # -- checks before any Ray work ----------------------------------------------------------------
 
 
-def check_pe_engine(data: dict[str, Any]) -> None:
-    """The engine this trainer can place, read from the raw recipe before anything else (an
-    SGLang-served policy is refused here with what is missing, before the adapter's own
-    checks)."""
+def check_pe_engine(data: dict[str, Any]) -> str:
+    """The engine this trainer can place, read from the raw recipe before anything else:
+    ``trainside`` (``rollout`` is the ``ComposedEngine``: the policy samples its own rewrites)
+    or ``served`` (``rollout`` is SGLang's text engine; the composed engine samples through
+    it and the recipe's ``sync`` block feeds it the policy's weights)."""
     rollout = data.get("rollout") or {}
     target = str(rollout.get("_target_", "")) if isinstance(rollout, dict) else ""
     require(
         bool(target),
-        "rollout._target_ is missing; use unirl.rollout.engine.composed.ComposedEngine",
+        f"rollout._target_ is missing; use {COMPOSED} (trainside) or "
+        "unirl.rollout.engine.sglang_llm.SGLangLLMEngine (the policy served by SGLang)",
     )
     engine = locate(target, "rollout")
     if isinstance(engine, type) and issubclass(engine, ComposedEngine):
-        return
+        return "trainside"
+    if getattr(engine, "engine_kind", None) in SERVED_KINDS:
+        return "served"
     raise ConfigError(
-        f"rollout._target_={target}: unirl.train_pe composes the policy and the drawer on one "
-        "worker with unirl.rollout.engine.composed.ComposedEngine (trainside) only; a policy "
-        "served by SGLang needs a composed engine that samples through SGLangLLMEngine and a PE "
-        "layout that syncs the policy's weights into it, which are not built: run "
-        "pe/pe_trainside_pickscore, or set rollout._target_=unirl.rollout.engine.composed."
-        "ComposedEngine and drop the `sync` block"
+        f"rollout._target_={target}: unirl.train_pe samples the rewrites with the policy "
+        f"itself ({COMPOSED}) or on SGLang's text server "
+        "(unirl.rollout.engine.sglang_llm.SGLangLLMEngine with a FullSync or LoraSync block); "
+        "the drawer is given in pe.diffusion, not in rollout"
     )
+
+
+def compose_block(data: dict[str, Any], pe: PEConfig, *, separate: bool) -> dict[str, Any]:
+    """The composed engine's block of a served policy: ``pe.compose`` over ``ComposedEngine``.
+    On a separate rollout slab the tracks travel whole (``resident: false``: the policy's
+    trainer is no sibling of the engine that would park them)."""
+    knobs = dict(pe.compose or {})
+    set_here = sorted(k for k in (*SET_BY_TRAINER, "_target_") if k in knobs)
+    require(
+        not set_here,
+        f"pe.compose: {set_here} are set by unirl.train_pe; remove them (pe.compose holds "
+        "max_rewrite_chars, empty_rewrite, resident)",
+    )
+    require(
+        not (separate and knobs.get("resident")),
+        "pe.compose.resident=true needs the policy's trainer beside the composed engine; with "
+        "layout=separate the tracks travel to the train slab: remove pe.compose.resident",
+    )
+    if separate:
+        knobs["resident"] = False
+    block = {"_target_": COMPOSED, **knobs}
+    check_block(block, "pe.compose", instantiate_dataclasses=False)
+    return block
 
 
 def _subclass(block: dict[str, Any], where: str, base: type, fix: str) -> None:
@@ -168,8 +210,22 @@ def check_pe_recipe(
     ``pe`` block, the engine, the policy's and the drawer's families, and the drawer's blocks
     (all of ``validate``'s checks on the drawer's view when it trains). Returns the typed
     ``pe`` block and the drawer's ``(RunConfig, objs)``."""
-    check_pe_engine(data)
+    mode = check_pe_engine(data)
     pe = PEConfig.of(cfg.pe)
+    if mode == "trainside":
+        require(
+            pe.compose is None,
+            "pe.compose is for a served policy (rollout: SGLangLLMEngine); with the trainside "
+            "ComposedEngine set max_rewrite_chars / empty_rewrite in the rollout block",
+        )
+    else:
+        compose_block(data, pe, separate=cfg.layout == "separate")
+        require(
+            not (pe.train_both and cfg.layout == "separate"),
+            "pe.train_both=true with layout=separate: the trained drawer samples with the "
+            "module it trains (a sibling of its trainer), so it cannot sit on the rollout slab "
+            "beside the served policy; use layout=colocate, or pe.train_both=false",
+        )
     target = str((cfg.sampling or {}).get("_target_", ""))
     require(
         isinstance(objs.get("sampling"), ARSamplingParams),
@@ -247,16 +303,25 @@ def _check_frozen_drawer(view: dict[str, Any]) -> tuple[RunConfig, dict[str, Any
 
 def plan_roles(cfg: RunConfig, pe: PEConfig) -> list[tuple[str, str, str]]:
     """``(role, _target_, slab)`` in creation order — printed by ``dry_run``."""
-    slab = "all workers (colocate)"
     target = lambda block: str((block or {}).get("_target_", "?"))  # noqa: E731
+    served = check_pe_engine({"rollout": cfg.rollout}) == "served"
+    train_slab = rollout_slab = "all workers (colocate)"
+    if served and cfg.layout == "separate":
+        n_train, _ = cfg.slab_sizes()
+        train_slab = f"train slab: pool ranks 0-{n_train - 1}"
+        rollout_slab = f"rollout slab: pool ranks {n_train}-{cfg.num_devices - 1}"
     roles = [
-        (f"{TEXT_TRACK}_{name}", target(getattr(cfg, name)), slab)
+        (f"{TEXT_TRACK}_{name}", target(getattr(cfg, name)), train_slab)
         for name in ("bundle", "pipeline", "backend", "algorithm", "stack")
     ]
+    if served:
+        roles.append((f"{TEXT_TRACK}_sync", target(cfg.sync), f"{train_slab} -> rollout"))
+        roles.append((f"{TEXT_TRACK}_engine", target(cfg.rollout), rollout_slab))
     d = pe.diffusion
     names = ("bundle", "pipeline", *(TRAIN_BLOCKS if pe.train_both else ()))
-    roles += [(f"{IMAGE_TRACK}_{n}", target(getattr(d, n)), slab) for n in names]
-    roles += [("rollout", target(cfg.rollout), slab), ("reward", target(cfg.reward), slab)]
+    roles += [(f"{IMAGE_TRACK}_{n}", target(getattr(d, n)), rollout_slab) for n in names]
+    composed = COMPOSED if served else target(cfg.rollout)
+    roles += [("rollout", composed, rollout_slab), ("reward", target(cfg.reward), rollout_slab)]
     return roles
 
 
@@ -356,7 +421,8 @@ def rewrite_metrics(track: RolloutTrack) -> dict[str, float]:
 
 class PETrainer(StageTrainer):
     """A prompt-enhancer recipe as a placement of the loop: the ``pe`` policy stage and its
-    ``diffusion`` child, every role a sibling on every worker (trainside)."""
+    ``diffusion`` child; every role a sibling on every worker (trainside), or the policy
+    served by a dedicated text engine that its stage syncs (``pe_served.PEServedLayout``)."""
 
     def __init__(self, cfg: RunConfig, data: dict[str, Any], pe: PEConfig) -> None:
         super().__init__(cfg, data)
@@ -377,23 +443,34 @@ class PETrainer(StageTrainer):
 
     def place(self, pool: DevicePool) -> None:
         cfg, pe = self.cfg, self.pe
-        if cfg.num_devices > 1:
-            pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
-        with placement(pool, fraction=1.0):  # every role a sibling on every worker
-            text = stage_roles(cfg, TEXT_TRACK, algorithm_takes="policy", ops_class=ARTrainOps)
-            draw = stage_roles(
-                pe.diffusion, IMAGE_TRACK, algorithm_takes="pipeline", ops_class=TrainOps
-            )
-            info = remote(DrawerInfo, name=f"{IMAGE_TRACK}_info", pipeline=draw["pipeline"])
-            self.rollout = remote(
-                cfg.rollout,
-                name="rollout",
-                text_pipeline=text["pipeline"],
-                image_pipeline=draw["pipeline"],
-                keep_image_trajectory=pe.train_both,
-            )
-            reward = remote(RewardWorker, name="reward", service=cfg.reward)
-        self.stages = self.make_stages(text, draw, reward)
+        sync = None
+        if check_pe_engine({"rollout": cfg.rollout}) == "served":
+            from unirl.trainer.pe_served import PEServedLayout  # it builds on this module's roles
+
+            layout = PEServedLayout(cfg, pool, pe, self.data)
+            roles = layout.roles
+            text = {"stack": roles.stack, "algorithm": roles.algorithm, "ops": roles.ops}
+            draw, info, reward = layout.draw, layout.info, layout.roles.reward
+            self.rollout = sync = layout.rollout
+            print(f"[unirl] policy served: {layout.describe()}", flush=True)
+        else:
+            if cfg.num_devices > 1:
+                pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
+            with placement(pool, fraction=1.0):  # every role a sibling on every worker
+                text = stage_roles(cfg, TEXT_TRACK, algorithm_takes="policy", ops_class=ARTrainOps)
+                draw = stage_roles(
+                    pe.diffusion, IMAGE_TRACK, algorithm_takes="pipeline", ops_class=TrainOps
+                )
+                info = remote(DrawerInfo, name=f"{IMAGE_TRACK}_info", pipeline=draw["pipeline"])
+                self.rollout = remote(
+                    cfg.rollout,
+                    name="rollout",
+                    text_sampler=text["pipeline"],
+                    image_sampler=draw["pipeline"],
+                    keep_image_trajectory=pe.train_both,
+                )
+                reward = remote(RewardWorker, name="reward", service=cfg.reward)
+        self.stages = self.make_stages(text, draw, reward, sync)
         policy = text["ops"].describe_policy()
         drawer = info.describe(self.draw_sampling)
         self.latent_shape = drawer["latent_shape"]
@@ -405,10 +482,13 @@ class PETrainer(StageTrainer):
             flush=True,
         )
 
-    def make_stages(self, text: dict[str, Any], draw: dict[str, Any], reward: Any) -> list[Stage]:
-        """The two stages from their roles: ``pe`` (trains, metrics under ``pe/``) and its
-        child ``diffusion`` (scored; its rewards reach ``pe`` by ``pe.reduce``; trains only
-        with ``pe.train_both``)."""
+    def make_stages(
+        self, text: dict[str, Any], draw: dict[str, Any], reward: Any, sync: Any = None
+    ) -> list[Stage]:
+        """The two stages from their roles: ``pe`` (trains, metrics under ``pe/``; ``sync``:
+        a served policy's weight sync, its ``sync/*`` metrics under ``pe/``) and its child
+        ``diffusion`` (scored; its rewards reach ``pe`` by ``pe.reduce``; trains only with
+        ``pe.train_both``, sampling with the module it trains: no sync)."""
         cfg, pe = self.cfg, self.pe
         train_ranks, rollout_ranks = cfg.slab_sizes()
         lora = lambda block: (block or {}).get("lora") is not None  # noqa: E731
@@ -418,6 +498,7 @@ class PETrainer(StageTrainer):
                 stack=text["stack"],
                 algorithm=text["algorithm"],
                 ops=text["ops"],
+                sync=sync,
                 train_ranks=train_ranks,
                 rollout_ranks=rollout_ranks,
                 prefix=TEXT_TRACK,

@@ -1,11 +1,17 @@
 """The composed engine: an autoregressive prompt enhancer feeding a diffusion model.
 
-One request in, one response with two tracks out, on the same worker (trainside: both models
-are siblings of the trainer roles, no weight copy):
+One request in, one response with two tracks out, on the same worker:
 
     user prompts --AR generate--> rewrites (the parent track)
                  --clean / cap--> drawn prompts --diffusion generate (k each)--> images
                                                   (the child track, lineage to its rewrite)
+
+Who samples each track is pluggable: the *text sampler* is the trained policy's own causal-LM
+pipeline (trainside: a sibling of the trainer roles, no weight copy) or a dedicated text
+engine sibling that holds its own copy of the policy (``SGLangLLMEngine``: the trainer syncs
+the policy's weights into it, ``unirl.trainer.pe``); the *image sampler* is the drawer's
+flow-matching pipeline (frozen, or trained beside it with ``pe.train_both``). Anything with
+``generate(req) -> RolloutResp`` and a ``track_name`` plugs in; this engine only composes.
 
 The driver authors everything random: the AR stage's ``TextRequest`` (seed ids) under the
 parent track's name and a :class:`DrawRequest` under the child's (each rewrite's ``k`` image
@@ -121,15 +127,18 @@ def clean_rewrite(text: str, max_chars: int) -> tuple[str, bool]:
 
 
 class ComposedEngine:
-    """Prompt enhancer -> drawer on one worker: ``text_pipeline`` (a causal-LM pipeline: the
-    trained policy) rewrites each prompt, ``image_pipeline`` (a flow-matching pipeline,
-    frozen or trained) draws ``k`` images of each rewrite.
+    """Prompt enhancer -> drawer on one worker: ``text_sampler`` rewrites each prompt,
+    ``image_sampler`` (a flow-matching pipeline, frozen or trained) draws ``k`` images of each
+    rewrite.
 
-    ``text_track`` / ``image_track`` (class attributes): the response's track names, also the
-    keys of the request's stage blocks. ``max_rewrite_chars``: the longest text the drawer is given.
-    ``empty_rewrite``: ``original`` | ``drop`` (module docstring). ``resident``: as
-    :class:`~unirl.rollout.engine.trainside.TrainsideEngine` (a training rollout's
-    conditions, trajectories and media stay on this worker). ``keep_image_trajectory``:
+    ``text_sampler``: the policy's causal-LM pipeline (trainside) or a dedicated text engine
+    sibling (``SGLangLLMEngine``; it is woken, synced and put to sleep by the trainer's layout,
+    never by this engine). ``text_track`` / ``image_track`` (class attributes): the response's
+    track names, also the keys of the request's stage blocks. ``max_rewrite_chars``: the
+    longest text the drawer is given. ``empty_rewrite``: ``original`` | ``drop`` (module
+    docstring). ``resident``: as :class:`~unirl.rollout.engine.trainside.TrainsideEngine` (a
+    training rollout's conditions, trajectories and media stay on this worker; only where the
+    trainer is a sibling, i.e. not on a separate rollout slab). ``keep_image_trajectory``:
     keep the child's conditions and trajectory (a trained drawer needs them; a frozen one
     drops them at once).
     """
@@ -141,8 +150,8 @@ class ComposedEngine:
     def __init__(
         self,
         *,
-        text_pipeline: Any,
-        image_pipeline: Any,
+        text_sampler: Any,
+        image_sampler: Any,
         max_rewrite_chars: PositiveInt = 512,
         empty_rewrite: EmptyRewrite = "original",
         resident: bool = True,
@@ -157,8 +166,8 @@ class ComposedEngine:
             f"rollout.empty_rewrite must be 'original' (draw the user's prompt) or 'drop' "
             f"(drop the rewrite's images), got {empty_rewrite!r}",
         )
-        self.text_pipeline = text_pipeline
-        self.image_pipeline = image_pipeline
+        self.text_sampler = text_sampler
+        self.image_sampler = image_sampler
         self.max_rewrite_chars = int(max_rewrite_chars)
         self.empty_rewrite: EmptyRewrite = empty_rewrite
         self.resident = bool(resident)
@@ -166,9 +175,14 @@ class ComposedEngine:
 
     @property
     def response_prefix(self) -> str:
-        """The policy's prefilled assistant text (``bundle.response_prefix``, e.g. Qwen3's
-        empty think block): part of the decoded completion, never of the drawn prompt."""
-        config = getattr(getattr(self.text_pipeline, "bundle", None), "config", None)
+        """The policy's prefilled assistant text (e.g. Qwen3's empty think block): part of the
+        decoded completion, never of the drawn prompt. A dedicated text engine states it
+        (``response_prefix``, from the bundle block it formats prompts with); the policy's
+        pipeline carries it in ``bundle.config.response_prefix``."""
+        stated = getattr(self.text_sampler, "response_prefix", None)
+        if stated is not None:
+            return str(stated)
+        config = getattr(getattr(self.text_sampler, "bundle", None), "config", None)
         return str(getattr(config, "response_prefix", "") or "")
 
     @distributed(dispatch=Dispatch.DP_SCATTER)
@@ -184,13 +198,13 @@ class ComposedEngine:
         """AR generate -> cleaned rewrites -> diffusion generate; tensors where the pipelines
         left them."""
         draw = req.params_for(self.image_track, DrawRequest)
-        text_name = getattr(self.text_pipeline, "track_name", self.text_track)
+        text_name = getattr(self.text_sampler, "track_name", self.text_track)
         text_req = dataclasses.replace(
             req, stage_params={text_name: req.params_for(self.text_track, TextRequest)}
         )
-        text_resp = self.text_pipeline.generate(text_req)
+        text_resp = self.text_sampler.generate(text_req)
         parent = text_resp.tracks[text_name]
-        assert isinstance(parent.decoded, Texts), "the text pipeline returns decoded Texts"
+        assert isinstance(parent.decoded, Texts), "the text sampler returns decoded Texts"
 
         t0 = time.perf_counter()
         user_prompts = list(req.prompts)
@@ -220,15 +234,15 @@ class ComposedEngine:
             group_ids=parent_ids.clone(),  # a rewrite's k images are one group
             primitives={"text": Texts(texts=[t for t in drawn for _ in range(k)])},
             metadata=child_meta,
-            stage_params={self.image_pipeline.track_name: draw.expand()},
+            stage_params={self.image_sampler.track_name: draw.expand()},
             sampling_params=draw.sampling_params,
             seed=req.seed,
             rollout_index=req.rollout_index,
             mode=req.mode,
         )
         t_compose = time.perf_counter() - t0
-        image_resp = self.image_pipeline.generate(child_req)
-        child = image_resp.tracks[self.image_pipeline.track_name]
+        image_resp = self.image_sampler.generate(child_req)
+        child = image_resp.tracks[self.image_sampler.track_name]
         status = child.status
         if self.empty_rewrite == "drop" and any(empty):
             dropped = torch.tensor(empty, dtype=torch.bool).repeat_interleave(k)
@@ -258,7 +272,8 @@ class ComposedEngine:
 
     @distributed(dispatch=Dispatch.BROADCAST)
     def sleep(self) -> None:
-        """Nothing to free: both models belong to this worker's roles."""
+        """Nothing to free here: the samplers are this worker's roles (a dedicated text
+        engine sleeps and wakes through the trainer's layout)."""
 
     @distributed(dispatch=Dispatch.BROADCAST)
     def wake_up(self) -> None:

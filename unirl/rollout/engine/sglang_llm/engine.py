@@ -173,6 +173,12 @@ class SGLangLLMEngine(WeightReceiver):
         self.client = client
         self.asleep = False
 
+    @property
+    def response_prefix(self) -> str:
+        """The bundle's prefilled assistant text (``response_prefix``): the head of every
+        decoded completion; a composed engine strips it from the rewrite it draws."""
+        return str(self.formatter.response_prefix)
+
     # -- sampling ----------------------------------------------------------------------------------
 
     def _sampling_params(self, block: TextRequest, seed: int, seed_id: int) -> dict[str, Any]:
