@@ -20,6 +20,7 @@ ENTRY_BY_DOMAIN = {
     "llm": "unirl.train_vlm",
     "vlm": "unirl.train_vlm",
     "pe": "unirl.train_pe",
+    "unified_model": "unirl.train_unified_model",
 }
 # recipes the generic validators refuse on purpose, each with the line naming what is missing
 REFUSED: dict[str, str] = {}

@@ -282,3 +282,51 @@ def test_single_node_launcher_runs_train_pe(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "drawer (pe.diffusion):" in out.stdout and "no Ray started" in out.stdout
+
+
+def test_entry_train_unified_model_in_both_launchers(tmp_path: Path) -> None:
+    """``ENTRY=train_unified_model`` from either launcher: DRY_RUN prints the command; the
+    single-node launcher execs it on the tiny recipe with the recipe's ``dry_run=true``."""
+    out = _run(
+        "run_experiment_single_node.sh",
+        "unified_model/unified_tiny",
+        "num_rollouts=5",
+        DRY_RUN="1",
+        ENTRY="train_unified_model",
+    )
+    assert out.returncode == 0, out.stderr
+    assert (
+        "python -m unirl.train_unified_model --config-name=unified_model/unified_tiny "
+        "num_rollouts=5" in out.stdout
+    )
+    head = _run(
+        "run_experiment_multinode.sh",
+        "unified_model/hi3_vllmomni",
+        "num_devices=16",
+        DRY_RUN="1",
+        ENTRY="train_unified_model",
+        ROLE="head",
+        NNODES="2",
+        GPUS_PER_NODE="8",
+        NODE_IP="10.1.2.3",
+    )
+    assert head.returncode == 0, head.stderr
+    assert head.stdout.strip().splitlines()[2].startswith(
+        "python -m unirl.train_unified_model --config-name=unified_model/hi3_vllmomni"
+    )
+    ran = subprocess.run(
+        [
+            "bash",
+            str(EXAMPLES / "run_experiment_single_node.sh"),
+            "unified_model/unified_tiny",
+            "dry_run=true",
+            f"output_dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=EXAMPLES.parent,
+        env={**os.environ, "ENTRY": "train_unified_model"},
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert "image stage (unified.image)" in ran.stdout and "no Ray started" in ran.stdout
