@@ -311,8 +311,10 @@ def test_entry_train_unified_model_in_both_launchers(tmp_path: Path) -> None:
         NODE_IP="10.1.2.3",
     )
     assert head.returncode == 0, head.stderr
-    assert head.stdout.strip().splitlines()[2].startswith(
-        "python -m unirl.train_unified_model --config-name=unified_model/hi3_vllmomni"
+    assert (
+        head.stdout.strip()
+        .splitlines()[2]
+        .startswith("python -m unirl.train_unified_model --config-name=unified_model/hi3_vllmomni")
     )
     ran = subprocess.run(
         [
