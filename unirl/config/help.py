@@ -232,6 +232,8 @@ def component_keys(prefix: str, target: Any, block: Mapping[str, Any] | None) ->
         key = f"{prefix}.{name}" if prefix else name
         annotation = hints.get(name)
         nested = config_class(annotation) if annotation is not None else None
+        if nested is not None and dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.init}
         if isinstance(value, Mapping) and "_target_" in value:
             yield from _target_keys(key, value)
             continue
@@ -274,16 +276,39 @@ def _kind(annotation: Any) -> str:
     return "" if annotation is None else _describe(annotation)
 
 
+def top_level_blocks() -> tuple[str, ...]:
+    """The ``RunConfig`` keys that hold a block rather than a value: the component blocks and
+    every other field typed ``Any`` (``pe``, a new domain's block)."""
+    hints = annotations_of(RunConfig)
+    extra = [name for name, hint in hints.items() if hint is Any and name not in COMPONENT_BLOCKS]
+    return (*COMPONENT_BLOCKS, *extra)
+
+
+def _mapping_keys(prefix: str, block: Mapping[str, Any]) -> Iterator[KeyDoc]:
+    """A block without ``_target_`` (``pe``): its ``_target_`` sub-blocks by their classes,
+    its other keys as written."""
+    for name, value in block.items():
+        key = f"{prefix}.{name}"
+        if isinstance(value, Mapping) and "_target_" in value:
+            yield from _target_keys(key, value)
+        elif isinstance(value, Mapping) and value:
+            yield from _mapping_keys(key, value)
+        else:
+            yield KeyDoc(key, value, True, "", "")
+
+
 def recipe_keys(data: Mapping[str, Any]) -> Iterator[KeyDoc]:
     """Every key of a composed recipe: the top-level ``RunConfig`` keys (and its nested
-    configs), then each component block's, from its ``_target_``."""
-    blocks = (*COMPONENT_BLOCKS, "pe")
+    configs), then each block's, from its ``_target_``."""
+    blocks = top_level_blocks()
     top = {k: v for k, v in data.items() if k not in blocks}
     yield from (k for k in component_keys("", RunConfig, top) if k.key not in blocks)
     for name in blocks:
         block = data.get(name)
         if isinstance(block, Mapping) and "_target_" in block:
             yield from _target_keys(name, block)
+        elif isinstance(block, Mapping) and block:
+            yield from _mapping_keys(name, block)
         elif block is not None:
             yield KeyDoc(name, block, True, "", "")
 

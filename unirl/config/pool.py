@@ -54,8 +54,10 @@ class PoolConfig(StallConfig):
     longest any remote call may take (null: no bound)."""
 
     num_devices: PositiveInt = 1
+    """Workers in the pool: GPUs with ``device=cuda``, CPU processes with ``device=cpu``."""
     devices_per_node: PositiveInt | None = None
     device: DeviceKind = "cpu"
+    """``cpu`` or ``cuda``: what every worker computes on."""
     cpus_per_worker: NonNegativeInt = 1
     call_timeout_s: PositiveFloat | None = 1800.0
 

@@ -152,19 +152,32 @@ class RunConfig(PoolConfig):
     ``unirl.config.validate``, which also builds their typed configs)."""
 
     batch_size: PositiveInt = 8
+    """Prompts per rollout; each is sampled ``sampling.samples_per_prompt`` times (one group)."""
     layout: Literal["colocate", "separate"] = "colocate"
+    """``colocate``: every role on every worker; ``separate``: a dedicated engine on its own devices."""
     train_fraction: float = 1.0
+    """With ``layout=separate``: the share of ``num_devices`` that trains (the rest samples)."""
     num_rollouts: PositiveInt = 100
+    """Rollouts (loop iterations) the run makes in all, a resumed run included."""
     save_interval: NonNegativeInt = 0
+    """Write a checkpoint every this many rollouts and at the end (0: never)."""
     keep_last: NonNegativeInt = 0
     """After each checkpoint, keep the newest ``keep_last`` complete ones (0: keep every one)."""
     eval_interval: NonNegativeInt = 0
+    """Evaluate every this many rollouts and at the end (0: never); see ``eval``."""
     sync_interval: NonNegativeInt = 1
+    """Sync weights to a dedicated engine every this many rollouts (a ``sync`` block may override)."""
     output_dir: str = "outputs/run"
+    """The folder the run writes (config, logs, metrics, samples, checkpoints, LoRA)."""
     resume: str | None = None
+    """``auto`` (the newest checkpoint that verifies) or a ``checkpoints/step_XXXXXX`` folder."""
     overwrite: bool = False
+    """Clear an earlier run in ``output_dir`` instead of refusing to start."""
     seed: int = 0
+    """The run's seed: sampling noise and SDE-step draws; recipes pass ``${seed}`` to the data order,
+    LoRA init and shuffling."""
     dry_run: bool = False
+    """Compose and validate, print the placement plan and batch geometry, start nothing."""
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

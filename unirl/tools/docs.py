@@ -219,11 +219,11 @@ def _key_table(keys: Iterator[Any]) -> list[str]:
 def config_reference(examples: Path = EXAMPLES) -> str:
     """Every top-level key, then one section per ``_target_`` the recipes use (grouped by the
     block it fills), each key with its type, default and description."""
-    from unirl.config.help import component_keys, summary
-    from unirl.config.run import COMPONENT_BLOCKS, RunConfig
+    from unirl.config.help import component_keys, summary, top_level_blocks
+    from unirl.config.run import RunConfig
     from unirl.config.validate import locate
 
-    blocks = (*COMPONENT_BLOCKS, "pe")
+    blocks = top_level_blocks()
     out = [
         "## Top level (`RunConfig`)",
         "",
