@@ -13,6 +13,10 @@
 #     (attention kernel and VAE precision; defaults: SDPA=auto, VAE_DTYPE=bf16)
 #   FUSE=false ... runs diffusers' attention processor instead of the fused q / k / v (and
 #     LoRA A) projections (bundle.fuse_projections, default true)
+#   SIZE=1024 samples at 1024x1024 (default 512); MICRO=N sets the training micro-batch
+#     (default 8 for Flow-GRPO, 16 for Fast); ACKPT=true checkpoints each block's activations
+#   RECORD_UNCOND=false ... recomputes the unconditional velocity in training (no grad)
+#     instead of reusing the rollout's (pipeline.record_uncond, default true)
 #   COMPILE_VAE=false ... decodes with the eager VAE (default true, as the GPU recipes; the
 #     second-session figures in docs/performance.md had COMPILE_VAE=false FUSE=false)
 #
@@ -30,18 +34,19 @@ common=(
   num_devices="${NUM_DEVICES:-1}" device=cuda
   reward.backend._target_=unirl.reward.local.JpegCompressibility "~reward.backend.engine" "reward.guards=[]"
   stack.num_updates_per_batch=1 algorithm.old_logp_source=rollout
-  "++backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}, data_parallel: ${DP:-replicate}}"
+  "++backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}, data_parallel: ${DP:-replicate}, activation_checkpointing: ${ACKPT:-false}}"
+  sampling.height="${SIZE:-512}" sampling.width="${SIZE:-512}"
   ++bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-bf16}" ++bundle.compile_vae="${COMPILE_VAE:-true}" ++bundle.fuse_projections="${FUSE:-true}"
-  logging.progress=off
+  ++pipeline.record_uncond="${RECORD_UNCOND:-true}" logging.progress=off
 )
 if [[ "${ONLY:-}" != "fast" ]]; then
 python -m unirl.tools.bench --config-name=diffusion/sd3_trainside "${common[@]}" \
   --json "${out}/flowgrpo_${mode}${TAG:-}.json" output_dir="${out}/flowgrpo_${mode}${TAG:-}" \
-  batch_size="${NUM_DEVICES:-1}" sampling.samples_per_prompt=8 stack.micro_batch_size=8 \
+  batch_size="${NUM_DEVICES:-1}" sampling.samples_per_prompt=8 stack.micro_batch_size="${MICRO:-8}" \
   pipeline.forward_batch_size=8
 fi
 [[ "${ONLY:-}" == "flowgrpo" ]] && exit 0
 python -m unirl.tools.bench --config-name=diffusion/sd3_fast "${common[@]}" \
   --json "${out}/fast_${mode}${TAG:-}.json" output_dir="${out}/fast_${mode}${TAG:-}" \
-  batch_size="$((2 * ${NUM_DEVICES:-1}))" sampling.samples_per_prompt=8 stack.micro_batch_size=16 \
+  batch_size="$((2 * ${NUM_DEVICES:-1}))" sampling.samples_per_prompt=8 stack.micro_batch_size="${MICRO:-16}" \
   pipeline.forward_batch_size=16 algorithm.kl.beta=0.0

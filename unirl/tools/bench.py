@@ -117,6 +117,14 @@ def summarize(
         "compile_and_warmup_s": sum(float(r["time/total"]) for r in rows[:warmup]),
         "reward_mean_last": float(timed[-1]["reward/mean"]),
     }
+    # how the timed rollouts' trained steps got the unconditional velocity (docs/math.md)
+    uncond = {
+        k.split("/")[-1]: _mean(timed, k)
+        for k in timed[-1]
+        if k.endswith(("uncond_reused", "uncond_recomputed"))
+    }
+    if uncond:
+        out["uncond_per_rollout"] = uncond
     if text:
         out.update(text_throughput(timed, phases))
     if memory:
