@@ -148,6 +148,9 @@ def test_help_lists_every_key_with_a_line_from_its_typed_config() -> None:
     assert line("backend.fsdp.cpu_offload").startswith("  +backend.fsdp.cpu_offload = false")
     # top-level component blocks are listed by their keys, not as '+bundle = null'
     assert not [x for x in keys if x[3:].startswith("bundle = ")]
+    # values are resolved (${unirl_root:}, ${seed}, ${oc.env:...}), as the run sees them
+    assert not [x for x in keys if "${" in x.split("  [", 1)[0]]
+    assert line("backend.seed").startswith("   backend.seed = 0 ")
 
 
 def test_help_of_the_default_recipe_and_hydra_help_still_work() -> None:

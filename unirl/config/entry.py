@@ -200,7 +200,7 @@ def help_keys(line: CommandLine, default_config: str) -> str:
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict
 
     from unirl.config.help import recipe_help
 
@@ -218,12 +218,13 @@ def help_keys(line: CommandLine, default_config: str) -> str:
         )
     finally:
         GlobalHydra.instance().clear()
+    with open_dict(cfg):  # Hydra's own node (its sweep keys need a running job to resolve)
+        cfg.pop("hydra", None)
     try:
         data = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # an interpolation help cannot resolve: show the values as written
         data = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(data, dict)
-    data.pop("hydra", None)
     return recipe_help(data)  # type: ignore[arg-type]
 
 
