@@ -154,8 +154,10 @@ class UnifiedTrainStack:
             algorithm, stack = self.algorithms[name], self.stacks[name]
             algorithm.start_rollout(rollout_index)
             track = track.select(order)
+            assert track.conditions is not None and track.segment is not None
+            assert track.advantages is not None
             conditions = track.conditions.to(device)
-            segment = track.segment.to(device)
+            segment: Any = track.segment.to(device)
             advantages = track.advantages.float().to(device)
             micro = []
             for idx in stack.plan_micro_batches(track.segment, n)[0]:

@@ -170,8 +170,9 @@ class TransfusionBundle(Qwen3Bundle):
             )
         return v.float()
 
-    def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """``pixels[B, 3, H, W]`` float32 in [0, 1] (``decode_chunk_size`` latents per call)."""
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """``pixels[B, 3, H, W]`` float32 in [0, 1] (``decode_chunk_size`` latents per call).
+        (``decode`` stays the text half's: token ids to text.)"""
         chunk = self.config.decode_chunk_size
         return torch.cat(
             [self._decode_chunk(latents[i : i + chunk]) for i in range(0, latents.shape[0], chunk)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from unirl.config.precision import canonical_precision
 from unirl.config.require import require
 from unirl.config.typecheck import PositiveInt
 from unirl.models.common_ar.config import CausalLMBundleConfig
@@ -31,6 +32,7 @@ class TransfusionBundleConfig(CausalLMBundleConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.vae_dtype = canonical_precision(self.vae_dtype, "bundle.vae_dtype")
         require(
             self.path in PRESET_NAMES,
             f"bundle.path={self.path!r}: the transfusion family has only the 'tiny' preset "

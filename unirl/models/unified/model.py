@@ -122,7 +122,7 @@ class TransfusionModel(nn.Module):
 
     def __init__(self, lm: nn.Module, image: ImageHead) -> None:
         super().__init__()
-        self.lm = lm
+        self.lm: Any = lm
         self.image = image
         self._lm_cache_keyword = _cache_keyword(lm)
 
@@ -164,7 +164,7 @@ class TransfusionModel(nn.Module):
     ) -> torch.Tensor:
         """``v[B, C, h, w]`` (fp32) of ``latents`` at ``sigma[B]`` given the left-padded
         context tokens ``context_ids[B, L]`` (``context_mask`` 1 on real tokens)."""
-        backbone = self.lm.model  # embeddings, decoder layers, final norm (no LM head)
+        backbone: Any = self.lm.model  # embeddings, decoder layers, final norm (no LM head)
         text = backbone.embed_tokens(context_ids)
         image = self.image.embed(latents, sigma).to(text.dtype)
         sequence = torch.cat([text, image], dim=1)

@@ -72,6 +72,10 @@ class TransfusionImagePipeline(FlowMatchingPipeline):
             return self._context
         return self.bundle.prompt_context(list(prompts))
 
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Pixels of final latents (the bundle's ``decode`` is the text half's)."""
+        return self.bundle.decode_latents(latents)
+
     @torch.no_grad()
     def generate(self, req: RolloutReq, context: ContextConditions | None = None) -> RolloutResp:
         """The shared pipeline's ``generate``; ``context`` (one row per sample) replaces the
