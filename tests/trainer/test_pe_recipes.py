@@ -207,3 +207,90 @@ def test_a_trained_drawer_runs_every_diffusion_check_on_its_own_geometry(tmp_pat
     ode = _edit(data, "pe.diffusion.pipeline.strategy", {"_target_": "unirl.sde.ODE"})
     with pytest.raises(ConfigError, match=r"^pe\.diffusion: .*needs per-step log-probs"):
         run(ode)
+
+
+def _served_train_both(tmp_path: Path) -> dict[str, Any]:
+    """pe_sglang_full_pickscore (FullSync of the policy) with the drawer trained (LoRA, as in
+    pe_tiny_train_both, on CUDA)."""
+    data = _edit(_data("pe/pe_sglang_full_pickscore", tmp_path), "pe.train_both", True)
+    tiny = _data("pe/pe_tiny_train_both", tmp_path)["pe"]["diffusion"]
+    for name in ("backend", "algorithm", "stack"):
+        data = _edit(data, f"pe.diffusion.{name}", {**tiny[name]})
+    data = _edit(data, "pe.diffusion.backend.device", "cuda")
+    data = _edit(data, "pe.diffusion.stack.micro_batch_size", 4)
+    return _edit(data, "pe.diffusion.pipeline.strategy", tiny["pipeline"]["strategy"])
+
+
+DEDICATED_DRAWER = {
+    "_target_": "unirl.rollout.engine.dedicated.DedicatedEngine",
+    "_recursive_": False,
+    "bundle": "${pe.diffusion.bundle}",
+    "pipeline": "${pe.diffusion.pipeline}",
+}
+LORA_SYNC = {"_target_": "unirl.distributed.weight_sync.LoraSync", "transport": "local"}
+
+
+def test_a_trained_drawer_beside_a_served_policy_is_checked_as_its_own_recipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The drawer's view has its own engine and sync, never the policy's: a LoRA drawer next
+    to a FullSync policy dry-runs; given a dedicated engine, its sync and engine join the
+    plan."""
+    data = _served_train_both(tmp_path)
+    assert run(data) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"sampled_by\s+itself", out) and "diffusion_engine" not in out
+    dedicated = _edit(
+        _edit(data, "pe.diffusion.rollout", DEDICATED_DRAWER), "pe.diffusion.sync", LORA_SYNC
+    )
+    from omegaconf import OmegaConf
+
+    dedicated = OmegaConf.to_container(OmegaConf.create(dedicated), resolve=True)
+    assert run(dedicated) == 0  # type: ignore[arg-type]
+    out = capsys.readouterr().out
+    assert re.search(r"sampled_by\s+its dedicated engine \(synced\)", out)
+    assert re.search(
+        r"^  diffusion_sync\s+\S+LoraSync\s+all workers \(colocate\) -> rollout$", out, re.M
+    )
+    assert re.search(r"^  diffusion_engine\s+\S+DedicatedEngine\s+all workers", out, re.M)
+
+
+def test_a_dedicated_drawer_is_refused_where_it_cannot_be_synced(tmp_path: Path) -> None:
+    data = _served_train_both(tmp_path)
+    engine = _edit(data, "pe.diffusion.rollout", DEDICATED_DRAWER)
+    cases = [
+        (engine, r"^pe\.diffusion: a dedicated drawer needs both pe\.diffusion\.rollout"),
+        (
+            _edit(
+                _edit(engine, "pe.diffusion.sync", LORA_SYNC),
+                "pe.diffusion.rollout._target_",
+                COMPOSED_ENGINE,
+            ),
+            r"^pe\.diffusion\.rollout\._target_=\S+ComposedEngine is a 'trainside' engine",
+        ),
+        (
+            _edit(
+                _edit(
+                    _data("pe/pe_tiny_train_both", tmp_path),
+                    "pe.diffusion.rollout",
+                    DEDICATED_DRAWER,
+                ),
+                "pe.diffusion.sync",
+                LORA_SYNC,
+            ),
+            r"^pe\.diffusion\.rollout: a dedicated drawer is placed beside a served policy",
+        ),
+    ]
+    for case, expect in cases:
+        with pytest.raises(ConfigError) as info:
+            run(case)
+        assert re.search(expect, str(info.value)), str(info.value)
+    frozen = _data("pe/pe_sglang_full_pickscore", tmp_path)
+    frozen = _edit(
+        _edit(frozen, "pe.diffusion.rollout", DEDICATED_DRAWER), "pe.diffusion.sync", LORA_SYNC
+    )
+    with pytest.raises(ConfigError, match=r"^pe\.diffusion\.rollout: a dedicated drawer exists to"):
+        run(frozen)
+
+
+COMPOSED_ENGINE = "unirl.rollout.engine.composed.ComposedEngine"

@@ -5,7 +5,8 @@ In process: the composed engine samples the rewrites through ``SGLangLLMEngine``
 them (lineage, what the server was sent, determinism per id), and one turn of the loop on it
 (the image reward reaches each rewrite by its mean, advantages per track in their own groups).
 Through Ray: the tiny PE recipe with ``rollout: SGLangLLMEngine`` on the served layout,
-colocated and separate (LoRA syncs under UNIRL_SLOW=1); the fake records what each update
+colocated and separate, and with a trained drawer on its own dedicated engine (two tracks,
+two syncs); LoRA syncs to the server under UNIRL_SLOW=1. The fake records what each update
 delivered, and its digest equals the trainer's."""
 
 from __future__ import annotations
@@ -263,9 +264,12 @@ class RecordingTextServer(FakeTextServer):
         return super().load_lora_adapter(name, path)
 
 
-def _served_recipe(out: Path, log: Path, *, lora: bool, rollouts: int) -> dict[str, Any]:
+def _served_recipe(
+    out: Path, log: Path, *, lora: bool, rollouts: int, recipe: str = "pe/pe_tiny_trainside"
+) -> dict[str, Any]:
+    """A tiny PE recipe with its policy on the recording fake server (full or LoRA syncs)."""
     data = compose_recipe(
-        "pe/pe_tiny_trainside",
+        recipe,
         [
             f"output_dir={out}",
             f"num_rollouts={rollouts}",
@@ -399,3 +403,33 @@ def test_a_separate_served_policy_trains_on_its_own_slab(
         assert row["pe/sync/trainer_digest"] == row["pe/sync/engine_digest"] == update["digest"]
         assert row["pe/rollout/logp_gap"] < 1e-5
         assert row["pe/reward/mean"] == pytest.approx(row["reward/mean"], abs=1e-6)
+
+
+def test_a_dedicated_drawer_syncs_its_own_track(
+    tmp_path: Path, ray_session, plain_config: None
+) -> None:
+    """``pe.train_both`` with the drawer on a ``DedicatedEngine``: two tracks, two syncs. The
+    policy's full weights go to the server (``pe/sync/*``), the drawer's LoRA to its engine
+    (``sync/*``), each before every rollout and verified by read-back (the engine's digest is
+    the trainer's)."""
+    from unirl.train_pe import run
+
+    out, log = tmp_path / "dedicated", tmp_path / "updates.jsonl"
+    data = _served_recipe(out, log, lora=False, rollouts=2, recipe="pe/pe_tiny_train_both")
+    drawer = data["pe"]["diffusion"]
+    drawer["rollout"] = {
+        "_target_": "unirl.rollout.engine.dedicated.DedicatedEngine",
+        "_recursive_": False,
+        "bundle": dict(drawer["bundle"]),
+        "pipeline": dict(drawer["pipeline"]),
+    }
+    drawer["sync"] = {"_target_": "unirl.distributed.weight_sync.LoraSync", "transport": "local"}
+    assert run(data) == 0
+    rows, updates = _rows(out), _updates(log)
+    assert len(updates) == 2  # the policy's: before rollout 0, after update 0
+    for row, update in zip(rows, updates, strict=True):
+        assert row["pe/sync/trainer_digest"] == row["pe/sync/engine_digest"] == update["digest"]
+        assert row["sync/count"] == row["pe/sync/count"] == row["step"] + 1
+        assert row["sync/trainer_digest"] == row["sync/engine_digest"]
+        assert row["sync/num_tensors"] > 0 and "train/loss" in row and "pe/train/loss" in row
+    assert rows[0]["sync/trainer_digest"] != rows[1]["sync/trainer_digest"]  # the drawer moved

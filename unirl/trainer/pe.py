@@ -23,8 +23,11 @@ policy runs on ``pe_served.PEServedLayout``: ``colocate`` (the server sleeps whi
 steps) or ``separate`` (the policy trains on its own slab; the server, the frozen drawer, the
 composed engine and the reward on the other), and after each update the policy's weights go
 to the server per the recipe's ``sync`` block (``FullSync``: bf16 tensors; ``LoraSync``: the
-adapter, loaded by name) — the ``pe`` stage's sync. The drawer's track needs none: it samples
-with the module it trains (``pe.train_both``, colocate) or stays frozen.
+adapter, loaded by name) — the ``pe`` stage's sync. The drawer's track syncs on its own when
+it trains on a dedicated engine (``pe.diffusion.rollout``: ``DedicatedEngine``, with
+``pe.diffusion.sync``: the ``diffusion`` stage's sync, its own cadence and transport);
+otherwise it needs none: it samples with the module it trains (``pe.train_both``, colocate)
+or stays frozen.
 
 Metrics: the image stage is the main one (``reward/mean`` is the image reward; ``train/*``
 when it trains), the policy's go under ``pe/`` (``pe/train/loss``, ``pe/reward/mean`` of the
@@ -80,7 +83,10 @@ class DrawerConfig:
     """``pe.diffusion``: the drawer's component blocks (``_target_`` mappings). ``bundle``,
     ``pipeline`` and ``sampling`` (a ``DiffusionSamplingParams``; ``samples_per_prompt`` is
     ``k``, the images per rewrite) always; ``backend``, ``algorithm`` and ``stack`` only with
-    ``pe.train_both``."""
+    ``pe.train_both``. ``rollout`` and ``sync``: a trained drawer sampled by a dedicated
+    engine (``DedicatedEngine``, its own copy of the drawer) that the drawer's stage syncs —
+    its own track's sync, beside the served policy's; without them the drawer samples with
+    the module it trains (or, frozen, with its only copy)."""
 
     bundle: dict[str, Any]
     pipeline: dict[str, Any]
@@ -88,6 +94,13 @@ class DrawerConfig:
     backend: dict[str, Any] | None = None
     algorithm: dict[str, Any] | None = None
     stack: dict[str, Any] | None = None
+    rollout: dict[str, Any] | None = None
+    sync: dict[str, Any] | None = None
+
+    @property
+    def dedicated(self) -> bool:
+        """The drawer samples on a dedicated engine of its own (``pe.diffusion.rollout``)."""
+        return self.rollout is not None
 
 
 @dataclass(kw_only=True)
@@ -195,11 +208,17 @@ def _subclass(block: dict[str, Any], where: str, base: type, fix: str) -> None:
 
 def drawer_recipe(data: dict[str, Any], pe: PEConfig, rewrites_per_rollout: int) -> dict[str, Any]:
     """The recipe seen from the drawer: the top-level blocks replaced by ``pe.diffusion``'s and
-    ``batch_size`` = rewrites per rollout (each rewrite is one of its prompts)."""
+    ``batch_size`` = rewrites per rollout (each rewrite is one of its prompts). Its engine is
+    its own: ``pe.diffusion.rollout`` / ``sync`` (a dedicated drawer), else the composed
+    engine it samples in, unsynced (never the served policy's engine and sync)."""
     d = pe.diffusion
     view = {**data, "batch_size": rewrites_per_rollout, "pe": None}
     view.update({name: getattr(d, name) for name in ("bundle", "pipeline", "sampling")})
     view.update({name: getattr(d, name) for name in TRAIN_BLOCKS})
+    if d.dedicated:
+        view.update(rollout=d.rollout, sync=d.sync)
+    elif check_pe_engine(data) == "served":
+        view.update(rollout={"_target_": COMPOSED, **(pe.compose or {})}, sync=None)
     return view
 
 
@@ -221,10 +240,11 @@ def check_pe_recipe(
     else:
         compose_block(data, pe, separate=cfg.layout == "separate")
         require(
-            not (pe.train_both and cfg.layout == "separate"),
+            not (pe.train_both and cfg.layout == "separate" and not pe.diffusion.dedicated),
             "pe.train_both=true with layout=separate: the trained drawer samples with the "
             "module it trains (a sibling of its trainer), so it cannot sit on the rollout slab "
-            "beside the served policy; use layout=colocate, or pe.train_both=false",
+            "beside the served policy; give it a dedicated engine (pe.diffusion.rollout: "
+            "DedicatedEngine, pe.diffusion.sync), use layout=colocate, or pe.train_both=false",
         )
     target = str((cfg.sampling or {}).get("_target_", ""))
     require(
@@ -263,6 +283,8 @@ def check_pe_recipe(
             f"pe.diffusion.{given[0]} is set but pe.train_both=false (the drawer is frozen): "
             f"set pe.train_both=true to train it, or remove pe.diffusion.{'/'.join(given)}"
         )
+    if d.dedicated or d.sync is not None:
+        _check_dedicated_drawer(pe, mode)
     view = drawer_recipe(data, pe, cfg.batch_size * objs["sampling"].samples_per_prompt)
     try:
         if pe.train_both:
@@ -277,6 +299,39 @@ def check_pe_recipe(
         "images; use unirl.types.DiffusionSamplingParams",
     )
     return pe, d_cfg, d_objs
+
+
+def _check_dedicated_drawer(pe: PEConfig, mode: str) -> None:
+    """A dedicated drawer: a trained one (``pe.train_both``), with both blocks, on a
+    ``dedicated`` engine, beside a served policy (the layout that syncs per track)."""
+    d = pe.diffusion
+    require(
+        d.rollout is not None and d.sync is not None,
+        "pe.diffusion: a dedicated drawer needs both pe.diffusion.rollout (its engine, "
+        "unirl.rollout.engine.dedicated.DedicatedEngine) and pe.diffusion.sync (FullSync or "
+        "LoraSync); give both or neither",
+    )
+    require(
+        pe.train_both,
+        "pe.diffusion.rollout: a dedicated drawer exists to be synced after each update of a "
+        "trained drawer; set pe.train_both=true (with its backend, algorithm, stack) or remove "
+        "pe.diffusion.rollout / pe.diffusion.sync",
+    )
+    assert d.rollout is not None
+    target = str(d.rollout.get("_target_", ""))
+    kind = getattr(locate(target, "pe.diffusion.rollout"), "engine_kind", None)
+    require(
+        kind == "dedicated",
+        f"pe.diffusion.rollout._target_={target} is a {kind!r} engine; a dedicated drawer is "
+        "unirl.rollout.engine.dedicated.DedicatedEngine",
+    )
+    require(
+        mode == "served",
+        "pe.diffusion.rollout: a dedicated drawer is placed beside a served policy (rollout: "
+        "SGLangLLMEngine, whose layout syncs each track); with the trainside ComposedEngine "
+        "remove pe.diffusion.rollout / pe.diffusion.sync (the drawer samples with the module it "
+        "trains)",
+    )
 
 
 def _check_frozen_drawer(view: dict[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
@@ -319,7 +374,11 @@ def plan_roles(cfg: RunConfig, pe: PEConfig) -> list[tuple[str, str, str]]:
         roles.append((f"{TEXT_TRACK}_engine", target(cfg.rollout), rollout_slab))
     d = pe.diffusion
     names = ("bundle", "pipeline", *(TRAIN_BLOCKS if pe.train_both else ()))
-    roles += [(f"{IMAGE_TRACK}_{n}", target(getattr(d, n)), rollout_slab) for n in names]
+    draw_slab = train_slab if d.dedicated else rollout_slab  # where the drawer's module lives
+    roles += [(f"{IMAGE_TRACK}_{n}", target(getattr(d, n)), draw_slab) for n in names]
+    if d.dedicated:
+        roles.append((f"{IMAGE_TRACK}_sync", target(d.sync), f"{train_slab} -> rollout"))
+        roles.append((f"{IMAGE_TRACK}_engine", target(d.rollout), rollout_slab))
     composed = COMPOSED if served else target(cfg.rollout)
     roles += [("rollout", composed, rollout_slab), ("reward", target(cfg.reward), rollout_slab)]
     return roles
@@ -340,6 +399,7 @@ def drawer_summary(pe: PEConfig, d_cfg: RunConfig, d_objs: dict[str, Any]) -> di
         "resolution": f"{sampling.height}x{sampling.width}",
         "num_inference_steps": sampling.num_inference_steps,
         "cfg": sampling.guidance_scale > 1.0,
+        "sampled_by": "its dedicated engine (synced)" if pe.diffusion.dedicated else "itself",
     }
     if pe.train_both:
         geometry = batch_geometry(d_cfg, d_objs)
@@ -443,7 +503,7 @@ class PETrainer(StageTrainer):
 
     def place(self, pool: DevicePool) -> None:
         cfg, pe = self.cfg, self.pe
-        sync = None
+        sync = draw_sync = None
         if check_pe_engine({"rollout": cfg.rollout}) == "served":
             from unirl.trainer.pe_served import PEServedLayout  # it builds on this module's roles
 
@@ -451,8 +511,9 @@ class PETrainer(StageTrainer):
             roles = layout.roles
             text = {"stack": roles.stack, "algorithm": roles.algorithm, "ops": roles.ops}
             draw, info, reward = layout.draw, layout.info, layout.roles.reward
-            self.rollout = sync = layout.rollout
-            print(f"[unirl] policy served: {layout.describe()}", flush=True)
+            self.rollout = layout.rollout
+            sync, draw_sync = layout.policy_sync, layout.drawer_sync
+            print(f"[unirl] served: {layout.describe()}", flush=True)
         else:
             if cfg.num_devices > 1:
                 pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
@@ -470,7 +531,7 @@ class PETrainer(StageTrainer):
                     keep_image_trajectory=pe.train_both,
                 )
                 reward = remote(RewardWorker, name="reward", service=cfg.reward)
-        self.stages = self.make_stages(text, draw, reward, sync)
+        self.stages = self.make_stages(text, draw, reward, sync, draw_sync)
         policy = text["ops"].describe_policy()
         drawer = info.describe(self.draw_sampling)
         self.latent_shape = drawer["latent_shape"]
@@ -483,12 +544,18 @@ class PETrainer(StageTrainer):
         )
 
     def make_stages(
-        self, text: dict[str, Any], draw: dict[str, Any], reward: Any, sync: Any = None
+        self,
+        text: dict[str, Any],
+        draw: dict[str, Any],
+        reward: Any,
+        sync: Any = None,
+        draw_sync: Any = None,
     ) -> list[Stage]:
         """The two stages from their roles: ``pe`` (trains, metrics under ``pe/``; ``sync``:
         a served policy's weight sync, its ``sync/*`` metrics under ``pe/``) and its child
         ``diffusion`` (scored; its rewards reach ``pe`` by ``pe.reduce``; trains only with
-        ``pe.train_both``, sampling with the module it trains: no sync)."""
+        ``pe.train_both``; ``draw_sync``: a dedicated drawer's own weight sync, else it
+        samples with the module it trains)."""
         cfg, pe = self.cfg, self.pe
         train_ranks, rollout_ranks = cfg.slab_sizes()
         lora = lambda block: (block or {}).get("lora") is not None  # noqa: E731
@@ -512,6 +579,7 @@ class PETrainer(StageTrainer):
                 stack=draw.get("stack"),
                 algorithm=draw.get("algorithm"),
                 ops=draw.get("ops"),
+                sync=draw_sync,
                 train_ranks=train_ranks,
                 rollout_ranks=rollout_ranks,
                 exports_lora=pe.train_both and lora(pe.diffusion.backend),

@@ -10,8 +10,10 @@ Who samples each track is pluggable: the *text sampler* is the trained policy's 
 pipeline (trainside: a sibling of the trainer roles, no weight copy) or a dedicated text
 engine sibling that holds its own copy of the policy (``SGLangLLMEngine``: the trainer syncs
 the policy's weights into it, ``unirl.trainer.pe``); the *image sampler* is the drawer's
-flow-matching pipeline (frozen, or trained beside it with ``pe.train_both``). Anything with
-``generate(req) -> RolloutResp`` and a ``track_name`` plugs in; this engine only composes.
+flow-matching pipeline (frozen, or trained beside it with ``pe.train_both``) or a dedicated
+diffusion engine sibling (``DedicatedEngine``: its own copy of the trained drawer, synced by
+the trainer). Anything with ``generate(req) -> RolloutResp`` plugs in; the track it answers
+is its ``track_name`` (an engine's: its ``pipeline.track_name``). This engine only composes.
 
 The driver authors everything random: the AR stage's ``TextRequest`` (seed ids) under the
 parent track's name and a :class:`DrawRequest` under the child's (each rewrite's ``k`` image
@@ -126,14 +128,29 @@ def clean_rewrite(text: str, max_chars: int) -> tuple[str, bool]:
     return stripped[:max_chars].rstrip(), True
 
 
+def sampler_track(sampler: Any) -> str:
+    """The track a sampler answers: its ``track_name`` (a pipeline, the SGLang text engine),
+    else its pipeline's (``DedicatedEngine``)."""
+    name = getattr(sampler, "track_name", None)
+    if name is None:
+        name = getattr(getattr(sampler, "pipeline", None), "track_name", None)
+    if name is None:
+        raise TypeError(
+            f"{type(sampler).__name__} names no track (track_name, or pipeline.track_name); "
+            "a composed engine's sampler must say which track its response holds"
+        )
+    return str(name)
+
+
 class ComposedEngine:
     """Prompt enhancer -> drawer on one worker: ``text_sampler`` rewrites each prompt,
     ``image_sampler`` (a flow-matching pipeline, frozen or trained) draws ``k`` images of each
     rewrite.
 
     ``text_sampler``: the policy's causal-LM pipeline (trainside) or a dedicated text engine
-    sibling (``SGLangLLMEngine``; it is woken, synced and put to sleep by the trainer's layout,
-    never by this engine). ``text_track`` / ``image_track`` (class attributes): the response's
+    sibling (``SGLangLLMEngine``); ``image_sampler``: the drawer's pipeline or a dedicated
+    diffusion engine sibling. A dedicated sampler is woken, synced and put to sleep by the
+    trainer's layout, never by this engine. ``text_track`` / ``image_track`` (class attributes): the response's
     track names, also the keys of the request's stage blocks. ``max_rewrite_chars``: the
     longest text the drawer is given. ``empty_rewrite``: ``original`` | ``drop`` (module
     docstring). ``resident``: as :class:`~unirl.rollout.engine.trainside.TrainsideEngine` (a
@@ -198,7 +215,7 @@ class ComposedEngine:
         """AR generate -> cleaned rewrites -> diffusion generate; tensors where the pipelines
         left them."""
         draw = req.params_for(self.image_track, DrawRequest)
-        text_name = getattr(self.text_sampler, "track_name", self.text_track)
+        text_name = sampler_track(self.text_sampler)
         text_req = dataclasses.replace(
             req, stage_params={text_name: req.params_for(self.text_track, TextRequest)}
         )
@@ -223,6 +240,7 @@ class ComposedEngine:
         parent = dataclasses.replace(parent, metadata=parent_meta)
 
         k = draw.images_per_rewrite
+        image_name = sampler_track(self.image_sampler)
         child_meta = [
             {**req.metadata[i], "rewrite": drawn[i], "parent_prompt": user_prompts[i]}
             for i in range(len(req))
@@ -234,7 +252,7 @@ class ComposedEngine:
             group_ids=parent_ids.clone(),  # a rewrite's k images are one group
             primitives={"text": Texts(texts=[t for t in drawn for _ in range(k)])},
             metadata=child_meta,
-            stage_params={self.image_sampler.track_name: draw.expand()},
+            stage_params={image_name: draw.expand()},
             sampling_params=draw.sampling_params,
             seed=req.seed,
             rollout_index=req.rollout_index,
@@ -242,7 +260,7 @@ class ComposedEngine:
         )
         t_compose = time.perf_counter() - t0
         image_resp = self.image_sampler.generate(child_req)
-        child = image_resp.tracks[self.image_sampler.track_name]
+        child = image_resp.tracks[image_name]
         status = child.status
         if self.empty_rewrite == "drop" and any(empty):
             dropped = torch.tensor(empty, dtype=torch.bool).repeat_interleave(k)
