@@ -336,29 +336,37 @@ def _updates(log: Path) -> list[dict[str, Any]]:
 def test_a_served_policy_trains_and_every_update_reaches_the_server(
     tmp_path: Path, ray_session, plain_config: None
 ) -> None:
-    """Full weights: a forced sync before rollout 0, then one after every update (interval
-    1). The server samples with exactly the trainer's weights (log-prob gap 0) and what it
-    received digests to what the trainer sent."""
+    """Full weights, eval at 0 and 3: the baseline eval pushes the trainer's weights, rollout
+    0 re-syncs (the engine held eval weights), then one sync after every update (interval 1),
+    and the last eval pushes again: 5 updates. The server samples with exactly the trainer's
+    weights (log-prob gap 0) and what it received digests to what the trainer sent."""
     from unirl.train_pe import run
 
     out, log = tmp_path / "full", tmp_path / "updates.jsonl"
-    assert run(_served_recipe(out, log, lora=False, rollouts=3)) == 0
+    data = _served_recipe(out, log, lora=False, rollouts=3)
+    data["eval_interval"] = 3
+    assert run(data) == 0
     rows, updates = _rows(out), _updates(log)
     assert [r["step"] for r in rows] == [0, 1, 2]
-    assert len(updates) == 3 and all(u["kind"] == "full" for u in updates)
+    assert len(updates) == 5 and all(u["kind"] == "full" for u in updates)
     from unirl.models.qwen3 import Qwen3Bundle
 
     names = sorted(n for n, _ in Qwen3Bundle(path="tiny", dtype="fp32").model.named_parameters())
     assert updates[0]["names"] == names  # every parameter of the policy, by its own name
-    for row, update in zip(rows, updates, strict=True):
+    assert updates[0]["digest"] == updates[1]["digest"]  # eval and rollout 0: same weights
+    assert [r["pe/sync/syncs_since_last_log"] for r in rows] == [2.0, 1.0, 1.0]
+    for row, update in zip(rows, updates[1:4], strict=True):  # each row: its last sync
         assert all(math.isfinite(v) for v in row.values() if isinstance(v, float)), row
-        assert row["pe/sync/count"] == row["step"] + 1
+        assert row["pe/sync/count"] == row["step"] + 2
         assert row["pe/sync/trainer_digest"] == row["pe/sync/engine_digest"] == update["digest"]
         assert row["pe/rollout/logp_gap"] < 1e-5  # sampled with the trainer's weights
         assert row["pe/reward/mean"] == pytest.approx(row["reward/mean"], abs=1e-6)
         assert "pe/advantage/std" in row and "advantage/std" not in row  # the drawer is frozen
-    assert updates[0]["digest"] != updates[2]["digest"]  # the policy moved
+    assert len({u["digest"] for u in updates[1:]}) == 4  # the policy moved at every update
     assert rows[0]["pe/train/param_checksum"] != rows[2]["pe/train/param_checksum"]
+    evals = [json.loads(x) for x in (out / "eval_metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 3]
+    assert all(math.isfinite(e["eval/reward/mean"]) for e in evals)
 
 
 @pytest.mark.slow
