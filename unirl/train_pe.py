@@ -18,12 +18,12 @@ def run(data: dict[str, Any]) -> int:
     drawer's) before any Ray work; then dry-run or train."""
     from unirl.config.dry_run import print_dry_run
     from unirl.config.validate import validate
-    from unirl.trainer.pe import (
+    from unirl.trainer.pe import run_pe
+    from unirl.trainer.pe_config import (
         check_pe_engine,
         check_pe_recipe,
         drawer_summary,
         plan_roles,
-        run_pe,
     )
 
     check_pe_engine(data)  # trainside ComposedEngine or a served policy, before anything else

@@ -12,7 +12,8 @@ import torch
 
 from unirl.config.run import RunConfig
 from unirl.rollout.engine.composed import ComposedEngine, DrawRequest, clean_rewrite
-from unirl.trainer.pe import IMAGE_TRACK, TEXT_TRACK, DrawerConfig, PEConfig, PETrainer
+from unirl.trainer.pe import PETrainer
+from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, DrawerConfig, PEConfig
 from unirl.types import (
     STATUS_DROPPED,
     ARSamplingParams,

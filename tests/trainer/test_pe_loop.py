@@ -26,7 +26,8 @@ import pytest
 import torch
 
 from unirl.config.run import AdvantageConfig, RunConfig
-from unirl.trainer.pe import IMAGE_TRACK, TEXT_TRACK, DrawerConfig, PEConfig, PETrainer
+from unirl.trainer.pe import PETrainer
+from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, DrawerConfig, PEConfig
 from unirl.types import STATUS_DROPPED, RolloutReq, RolloutResp, RolloutTrack, Texts
 
 EPS = 1e-4

@@ -28,14 +28,8 @@ from unirl.config.run import AdvantageConfig, RunConfig
 from unirl.distributed.weight_sync.checksum import digest, tensor_checksum
 from unirl.rollout.engine.composed import ComposedEngine, DrawRequest, clean_rewrite
 from unirl.rollout.engine.sglang_llm import SGLangLLMEngine
-from unirl.trainer.pe import (
-    IMAGE_TRACK,
-    TEXT_TRACK,
-    DrawerConfig,
-    DrawerInfo,
-    PEConfig,
-    PETrainer,
-)
+from unirl.trainer.pe import DrawerInfo, PETrainer
+from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, DrawerConfig, PEConfig
 from unirl.trainer.roles import RewardWorker
 from unirl.trainer.stage import order_stages
 from unirl.types import ARSamplingParams, DiffusionSamplingParams, RolloutTrack
