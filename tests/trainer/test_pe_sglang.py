@@ -6,7 +6,8 @@ them (lineage, what the server was sent, determinism per id), and one turn of th
 (the image reward reaches each rewrite by its mean, advantages per track in their own groups).
 Through Ray: the tiny PE recipe with ``rollout: SGLangLLMEngine`` on the served layout,
 colocated and separate, and with a trained drawer on its own dedicated engine (two tracks,
-two syncs); LoRA syncs to the server under UNIRL_SLOW=1. The fake records what each update
+two syncs); LoRA syncs to the server and the dedicated drawer on the separate
+layout under UNIRL_SLOW=1. The fake records what each update
 delivered, and its digest equals the trainer's."""
 
 from __future__ import annotations
@@ -435,3 +436,42 @@ def test_a_dedicated_drawer_syncs_its_own_track(
         assert row["sync/trainer_digest"] == row["sync/engine_digest"]
         assert row["sync/num_tensors"] > 0 and "train/loss" in row and "pe/train/loss" in row
     assert rows[0]["sync/trainer_digest"] != rows[1]["sync/trainer_digest"]  # the drawer moved
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("UNIRL_SLOW") != "1",
+    reason="slow (UNIRL_SLOW=1): one more Ray run (~20 s) on two workers; the colocated "
+    "dedicated drawer and the separate served policy each run above",
+)
+def test_a_dedicated_drawer_on_the_separate_layout(
+    tmp_path: Path, ray_session, plain_config: None
+) -> None:
+    """``layout=separate`` with a dedicated drawer: both stages train on the train slab, the
+    server and the drawer's engine sample on the rollout slab; each track's weights cross
+    through the object store, verified by read-back."""
+    from unirl.train_pe import run
+
+    out, log = tmp_path / "separate_dedicated", tmp_path / "updates.jsonl"
+    data = _served_recipe(out, log, lora=False, rollouts=2, recipe="pe/pe_tiny_train_both")
+    data.update(num_devices=2, layout="separate", train_fraction=0.5)
+    data["sync"]["transport"] = "object_store"
+    drawer = data["pe"]["diffusion"]
+    drawer["rollout"] = {
+        "_target_": "unirl.rollout.engine.dedicated.DedicatedEngine",
+        "_recursive_": False,
+        "bundle": dict(drawer["bundle"]),
+        "pipeline": dict(drawer["pipeline"]),
+    }
+    drawer["sync"] = {
+        "_target_": "unirl.distributed.weight_sync.LoraSync",
+        "transport": "object_store",
+    }
+    assert run(data) == 0
+    rows, updates = _rows(out), _updates(log)
+    assert len(updates) == 2
+    for row, update in zip(rows, updates, strict=True):
+        assert row["pe/sync/trainer_digest"] == row["pe/sync/engine_digest"] == update["digest"]
+        assert row["sync/count"] == row["pe/sync/count"] == row["step"] + 1
+        assert row["sync/trainer_digest"] == row["sync/engine_digest"]
+        assert "train/loss" in row and "pe/train/loss" in row
