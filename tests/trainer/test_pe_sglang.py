@@ -6,9 +6,9 @@ them (lineage, what the server was sent, determinism per id), and one turn of th
 (the image reward reaches each rewrite by its mean, advantages per track in their own groups).
 Through Ray: the tiny PE recipe with ``rollout: SGLangLLMEngine`` on the served layout,
 colocated and separate, and with a trained drawer on its own dedicated engine (two tracks,
-two syncs); LoRA syncs to the server and the dedicated drawer on the separate
-layout under UNIRL_SLOW=1. The fake records what each update
-delivered, and its digest equals the trainer's."""
+two syncs); LoRA syncs to the server and the dedicated drawer on the separate layout under
+UNIRL_SLOW=1. The fake records what each update delivered, and its digest equals the
+trainer's."""
 
 from __future__ import annotations
 
