@@ -14,7 +14,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra.utils import instantiate
 
 from unirl.config.require import ConfigError, require
@@ -25,9 +24,10 @@ from unirl.distributed.group import DevicePool, Handle, placement, remote
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.trainer.base import StageTrainer
 from unirl.trainer.dedicated import DedicatedLayout, plan_dedicated_roles
+from unirl.trainer.request import prompt_metadata, prompt_texts, rollout_ids, text_request
 from unirl.trainer.roles import RewardWorker, TrainOps
 from unirl.trainer.stage import Stage
-from unirl.types import ARSamplingParams, Images, RolloutReq, RolloutTrack, TextRequest, Texts
+from unirl.types import ARSamplingParams, Images, RolloutReq, RolloutTrack, Texts
 
 TRACK = "text"
 
@@ -227,33 +227,16 @@ class ARTrainer(StageTrainer):
         sample's draws follow from ``(seed, sample id)``)."""
         sampling = self.sampling
         spp = sampling.samples_per_prompt if mode == "train" else self.cfg.eval.samples_per_prompt
-        b = len(prompts)
-        n = b * spp
-        base = rollout_index * n if mode == "train" else 10**12 + rollout_index * n
-        sample_ids = torch.arange(base, base + n, dtype=torch.long)
-        group_base = rollout_index * b
-        primitives: dict[str, Any] = {
-            "text": Texts(texts=[ex.prompt for ex in prompts for _ in range(spp)])
-        }
+        sample_ids, group_ids = rollout_ids(len(prompts), spp, rollout_index, train=mode == "train")
+        primitives: dict[str, Any] = {"text": prompt_texts(prompts, spp)}
         if self.images is not None:  # each prompt's diagram, resized to the bundle's size
             primitives["image"] = Images(pixels=self.images.pixels(prompts, repeat=spp))
         return RolloutReq(
             sample_ids=sample_ids,
-            group_ids=torch.arange(group_base, group_base + b, dtype=torch.long).repeat_interleave(
-                spp
-            ),
+            group_ids=group_ids,
             primitives=primitives,
-            metadata=[dict(ex.metadata) for ex in prompts for _ in range(spp)],
-            stage_params={
-                TRACK: TextRequest(
-                    seed_ids=sample_ids.clone(),
-                    max_new_tokens=sampling.max_new_tokens,
-                    temperature=sampling.temperature_for(mode),
-                    top_p=sampling.top_p,
-                    top_k=sampling.top_k,
-                    stop=tuple(sampling.stop or ()),
-                )
-            },
+            metadata=prompt_metadata(prompts, spp),
+            stage_params={TRACK: text_request(sampling, sample_ids, mode)},
             sampling_params=sampling,
             seed=self.cfg.seed if mode == "train" else self.cfg.eval.seed,
             rollout_index=rollout_index,

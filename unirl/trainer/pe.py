@@ -57,16 +57,22 @@ from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.ar import ARTrainOps, response_metrics
 from unirl.trainer.base import StageTrainer
 from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, PEConfig, check_pe_engine
+from unirl.trainer.request import (
+    EVAL_ID_OFFSET,
+    prompt_metadata,
+    prompt_texts,
+    rollout_ids,
+    sde_indices,
+    text_request,
+)
 from unirl.trainer.roles import RewardWorker, TrainOps
-from unirl.trainer.stage import Stage
+from unirl.trainer.stage import Stage, kept_reward_stats
 from unirl.types import (
     STATUS_OK,
     ARSamplingParams,
     DiffusionSamplingParams,
     RolloutReq,
     RolloutTrack,
-    TextRequest,
-    Texts,
 )
 
 # -- roles ----------------------------------------------------------------------------------------
@@ -258,10 +264,8 @@ class PETrainer(StageTrainer):
         k = self.draw_sampling.samples_per_prompt
         b = len(prompts)
         n = b * spp
-        offset = 0 if train else 10**12
-        sample_ids = torch.arange(offset + rollout_index * n, offset + (rollout_index + 1) * n)
-        group_base = rollout_index * b
-        group_ids = torch.arange(group_base, group_base + b).repeat_interleave(spp)
+        sample_ids, group_ids = rollout_ids(b, spp, rollout_index, train=train)
+        offset = 0 if train else EVAL_ID_OFFSET
         image_ids = torch.arange(
             offset + rollout_index * n * k, offset + (rollout_index + 1) * n * k
         ).view(n, k)
@@ -274,30 +278,26 @@ class PETrainer(StageTrainer):
             if train
             else self.draw_sampling.eval_num_inference_steps
         )
-        if train and self.trains_sde_steps:
-            chosen = self.sde_steps.select(steps, seed=self.cfg.seed, rollout_index=rollout_index)
-            sde_indices = torch.tensor([list(chosen)] * n, dtype=torch.long)
-        else:
-            sde_indices = torch.zeros((n, 0), dtype=torch.long)
+        sde = sde_indices(
+            self.sde_steps,
+            steps,
+            seed=self.cfg.seed,
+            rollout_index=rollout_index,
+            n=n,
+            trains=train and self.trains_sde_steps,
+        )
         sampling = self.sampling
         return RolloutReq(
             sample_ids=sample_ids,
             group_ids=group_ids,
-            primitives={"text": Texts(texts=[ex.prompt for ex in prompts for _ in range(spp)])},
-            metadata=[dict(ex.metadata) for ex in prompts for _ in range(spp)],
+            primitives={"text": prompt_texts(prompts, spp)},
+            metadata=prompt_metadata(prompts, spp),
             stage_params={
-                TEXT_TRACK: TextRequest(
-                    seed_ids=sample_ids.clone(),
-                    max_new_tokens=sampling.max_new_tokens,
-                    temperature=sampling.temperature_for(mode),
-                    top_p=sampling.top_p,
-                    top_k=sampling.top_k,
-                    stop=tuple(sampling.stop or ()),
-                ),
+                TEXT_TRACK: text_request(sampling, sample_ids, mode),
                 IMAGE_TRACK: DrawRequest(
                     sample_ids=image_ids.clone(),
                     init_noise_ids=noise_ids.clone(),
-                    sde_indices=sde_indices,
+                    sde_indices=sde,
                     sigmas=sigmas,
                     init_noise_shape=tuple(self.latent_shape),
                     sampling_params=self.draw_sampling,
@@ -319,10 +319,8 @@ class PETrainer(StageTrainer):
         out = super().train_stage(stage, track, rollout_index)
         if stage.track == TEXT_TRACK:
             extra = {**response_metrics(track), **rewrite_metrics(track)}
-            assert track.rewards is not None and track.status is not None
-            kept = track.rewards.float()[track.kept]
-            extra["reward/mean"] = float(kept.mean()) if kept.numel() else math.nan
-            extra["reward/std"] = float(kept.std(unbiased=False)) if kept.numel() > 1 else 0.0
+            assert track.status is not None
+            extra.update(kept_reward_stats(track))
             extra["dropped_rewrites"] = float((track.status != STATUS_OK).sum())
             out.update({stage.key(k): v for k, v in extra.items()})
         return out

@@ -11,11 +11,11 @@ from typing import Any, Literal
 
 from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
-from unirl.config.typecheck import check_config_mapping
 from unirl.config.validate import check_block, locate, validate
 from unirl.models.common.pipeline import FlowMatchingPipeline
 from unirl.models.common_ar.pipeline import CausalLMPipeline
 from unirl.rollout.engine.composed import ComposedEngine
+from unirl.trainer.stage import check_child_stage_block
 from unirl.types import ARSamplingParams, DiffusionSamplingParams
 
 TEXT_TRACK = ComposedEngine.text_track
@@ -73,23 +73,20 @@ class PEConfig:
     @classmethod
     def of(cls, block: Any) -> PEConfig:
         """The typed ``pe`` block; one line naming the key when it is wrong."""
-        require(
-            isinstance(block, dict),
-            "unirl.train_pe needs a `pe` block (pe.diffusion: the drawer's bundle, pipeline "
-            "and sampling; pe.reduce, pe.train_both); see examples/pe/pe_tiny_trainside.yaml",
+        checked, drawer = check_child_stage_block(
+            block,
+            cls,
+            "pe",
+            child="diffusion",
+            child_cls=DrawerConfig,
+            components=("bundle", "pipeline", "sampling"),
+            owner="the drawer's",
+            missing="unirl.train_pe needs a `pe` block (pe.diffusion: the drawer's bundle, "
+            "pipeline and sampling; pe.reduce, pe.train_both); see "
+            "examples/pe/pe_tiny_trainside.yaml",
+            child_missing="pe.diffusion is missing: give the drawer's bundle, pipeline and "
+            "sampling blocks",
         )
-        checked = check_config_mapping(block, cls, "pe")
-        require(
-            isinstance(checked.get("diffusion"), dict),
-            "pe.diffusion is missing: give the drawer's bundle, pipeline and sampling blocks",
-        )
-        drawer = check_config_mapping(checked["diffusion"], DrawerConfig, "pe.diffusion")
-        for name in ("bundle", "pipeline", "sampling"):
-            value = drawer.get(name)
-            require(
-                isinstance(value, dict) and "_target_" in value,
-                f"pe.diffusion.{name} is missing: give the drawer's {name} block with its _target_",
-            )
         checked["diffusion"] = DrawerConfig(**drawer)
         return cls(**checked)
 

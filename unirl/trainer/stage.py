@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 import torch
 
+from unirl.config.require import require
+from unirl.config.typecheck import check_config_mapping
 from unirl.types import STATUS_DROPPED, RolloutTrack
 
 
@@ -100,6 +102,48 @@ def propagate_rewards(
     )
     rewards = torch.nan_to_num(rewards, nan=0.0)
     return replace(parent, rewards=rewards, component_rewards=components, status=status)
+
+
+def kept_reward_stats(track: RolloutTrack) -> dict[str, float]:
+    """``reward/mean`` and ``reward/std`` (population) over a track's kept samples: a parent
+    stage's rewards after :func:`propagate_rewards` (NaN mean, 0 std when too few are kept)."""
+    assert track.rewards is not None
+    kept = track.rewards.float()[track.kept]
+    return {
+        "reward/mean": float(kept.mean()) if kept.numel() else math.nan,
+        "reward/std": float(kept.std(unbiased=False)) if kept.numel() > 1 else 0.0,
+    }
+
+
+def check_child_stage_block(
+    block: Any,
+    cls: type,
+    where: str,
+    *,
+    child: str,
+    child_cls: type,
+    components: tuple[str, ...],
+    owner: str,
+    missing: str,
+    child_missing: str,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A composed recipe's block (``pe``, ``unified``) and its child stage's block inside it
+    (``pe.diffusion``, ``unified.image``), each checked against its dataclass's keys and types;
+    every name in ``components`` must be a block with a ``_target_``. ``missing`` /
+    ``child_missing``: the one line when the block / the child block is absent; a missing
+    component reads ``<where>.<child>.<name> is missing: give <owner> <name> block with its
+    _target_``. Returns ``(block, child block)``, checked."""
+    require(isinstance(block, dict), missing)
+    checked = check_config_mapping(block, cls, where)
+    require(isinstance(checked.get(child), dict), child_missing)
+    inner = check_config_mapping(checked[child], child_cls, f"{where}.{child}")
+    for name in components:
+        value = inner.get(name)
+        require(
+            isinstance(value, dict) and "_target_" in value,
+            f"{where}.{child}.{name} is missing: give {owner} {name} block with its _target_",
+        )
+    return checked, inner
 
 
 def order_stages(stages: list[Stage]) -> list[Stage]:

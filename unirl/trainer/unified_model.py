@@ -31,12 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra.utils import instantiate
 
 from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
-from unirl.config.typecheck import check_config_mapping
 from unirl.config.validate import check_block, declared, locate
 from unirl.distributed.group import DevicePool, placement, remote
 from unirl.models.unified.bundle import TransfusionBundle
@@ -53,15 +51,20 @@ from unirl.sde.sde_steps import AllSteps
 from unirl.train.unified_stack import UnifiedTrainStack
 from unirl.trainer.ar import response_metrics
 from unirl.trainer.base import StageTrainer, mean_over_ranks
+from unirl.trainer.request import (
+    prompt_metadata,
+    prompt_texts,
+    rollout_ids,
+    sde_indices,
+    text_request,
+)
 from unirl.trainer.roles import RewardWorker, TrainOps
-from unirl.trainer.stage import Stage
+from unirl.trainer.stage import Stage, check_child_stage_block, kept_reward_stats
 from unirl.types import (
     ARSamplingParams,
     DiffusionSamplingParams,
     RolloutReq,
     RolloutTrack,
-    TextRequest,
-    Texts,
 )
 
 
@@ -84,24 +87,20 @@ class UnifiedConfig:
 
     @classmethod
     def of(cls, block: Any) -> UnifiedConfig:
-        require(
-            isinstance(block, dict),
-            "unirl.train_unified_model needs a `unified` block (unified.image: the image "
-            "stage's pipeline, sampling and algorithm); see examples/unified_model/unified_tiny.yaml",
+        _, image = check_child_stage_block(
+            block,
+            cls,
+            "unified",
+            child="image",
+            child_cls=ImageStageConfig,
+            components=("pipeline", "sampling", "algorithm"),
+            owner="the image stage's",
+            missing="unirl.train_unified_model needs a `unified` block (unified.image: the "
+            "image stage's pipeline, sampling and algorithm); see "
+            "examples/unified_model/unified_tiny.yaml",
+            child_missing="unified.image is missing: give the image stage's pipeline, "
+            "sampling and algorithm",
         )
-        checked = check_config_mapping(block, cls, "unified")
-        require(
-            isinstance(checked.get("image"), dict),
-            "unified.image is missing: give the image stage's pipeline, sampling and algorithm",
-        )
-        image = check_config_mapping(checked["image"], ImageStageConfig, "unified.image")
-        for name in ("pipeline", "sampling", "algorithm"):
-            value = image.get(name)
-            require(
-                isinstance(value, dict) and "_target_" in value,
-                f"unified.image.{name} is missing: give the image stage's {name} block with "
-                "its _target_",
-            )
         return cls(image=ImageStageConfig(**image))
 
 
@@ -361,36 +360,28 @@ class UnifiedModelTrainer(StageTrainer):
         ids) and the :class:`ImageStageRequest` (x_T ids = sample ids, SDE steps, σ)."""
         train = mode == "train"
         spp = self.sampling.samples_per_prompt if train else self.cfg.eval.samples_per_prompt
-        b = len(prompts)
-        n = b * spp
-        offset = 0 if train else 10**12
-        sample_ids = torch.arange(offset + rollout_index * n, offset + (rollout_index + 1) * n)
-        group_ids = torch.arange(rollout_index * b, (rollout_index + 1) * b).repeat_interleave(spp)
+        sample_ids, group_ids = rollout_ids(len(prompts), spp, rollout_index, train=train)
         params = self.image_sampling
         steps = params.num_inference_steps if train else params.eval_num_inference_steps
-        if train:
-            chosen = self.sde_steps.select(steps, seed=self.cfg.seed, rollout_index=rollout_index)
-            sde_indices = torch.tensor([list(chosen)] * n, dtype=torch.long)
-        else:
-            sde_indices = torch.zeros((n, 0), dtype=torch.long)
+        sde = sde_indices(
+            self.sde_steps,
+            steps,
+            seed=self.cfg.seed,
+            rollout_index=rollout_index,
+            n=len(sample_ids),
+            trains=train,
+        )
         sampling = self.sampling
         return RolloutReq(
             sample_ids=sample_ids,
             group_ids=group_ids,
-            primitives={"text": Texts(texts=[ex.prompt for ex in prompts for _ in range(spp)])},
-            metadata=[dict(ex.metadata) for ex in prompts for _ in range(spp)],
+            primitives={"text": prompt_texts(prompts, spp)},
+            metadata=prompt_metadata(prompts, spp),
             stage_params={
-                TEXT_TRACK: TextRequest(
-                    seed_ids=sample_ids.clone(),
-                    max_new_tokens=sampling.max_new_tokens,
-                    temperature=sampling.temperature_for(mode),
-                    top_p=sampling.top_p,
-                    top_k=sampling.top_k,
-                    stop=tuple(sampling.stop or ()),
-                ),
+                TEXT_TRACK: text_request(sampling, sample_ids, mode),
                 IMAGE_TRACK: ImageStageRequest(
                     init_noise_ids=sample_ids.clone(),
-                    sde_indices=sde_indices,
+                    sde_indices=sde,
                     sigmas=self.schedules["train" if train else "eval"].clone(),
                     init_noise_shape=tuple(self.latent_shape),
                     sampling_params=params,
@@ -422,13 +413,7 @@ class UnifiedModelTrainer(StageTrainer):
             after = mean_over_ranks(s.algorithm.after_train(rollout_index))
             out.update({s.key(k): v for k, v in after.items()})
         text = held[TEXT_TRACK]
-        assert text.rewards is not None
-        kept = text.rewards.float()[text.kept]
-        extra = {
-            **response_metrics(text),
-            "reward/mean": float(kept.mean()) if kept.numel() else math.nan,
-            "reward/std": float(kept.std(unbiased=False)) if kept.numel() > 1 else 0.0,
-        }
+        extra = {**response_metrics(text), **kept_reward_stats(text)}
         out.update({f"{TEXT_TRACK}/{k}": v for k, v in extra.items()})
         return out
 
