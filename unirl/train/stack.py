@@ -132,7 +132,68 @@ class TrainStackConfig:
         require(self.max_nonfinite_in_row >= 1, "stack.max_nonfinite_in_row must be >= 1")
 
 
-class TrainStack:
+class OptimizerSteps:
+    """What every train stack keeps across optimizer steps, whatever it trains: the global step,
+    the non-finite counters (skip a step whose loss or gradient norm is not finite on some
+    rank; stop after ``max_nonfinite_in_row`` in a row), and their resume state. Subclasses
+    set ``backend`` and ``config`` (with ``max_nonfinite_in_row``)."""
+
+    backend: Any
+    config: Any
+
+    def __init__(self) -> None:
+        self.nonfinite_in_row = 0
+        self.nonfinite_total = 0
+        self.global_step = 0
+
+    def _step_scalars(
+        self, losses: list[Any], grad_norm: torch.Tensor
+    ) -> tuple[float, float, bool]:
+        """``(loss, grad_norm, finite on every rank)`` with a single host read: all ranks must
+        take (or skip) the optimizer step together."""
+        device = self.backend.device
+        parts = [torch.as_tensor(v, dtype=torch.float32).to(device).reshape(()) for v in losses]
+        loss = torch.stack(parts).sum() if parts else torch.zeros((), device=device)
+        norm = grad_norm.float().to(device).reshape(())
+        bad = (~(torch.isfinite(loss) & torch.isfinite(norm))).float()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(bad)
+        loss_v, norm_v, bad_v = torch.stack([loss, norm, bad]).tolist()
+        return loss_v, norm_v, bad_v == 0.0
+
+    def _take_step(
+        self, finite: bool, metrics: dict[str, float], *, loss: float, grad_norm: float, at: str
+    ) -> None:
+        """The optimizer step when ``finite``; otherwise drop the gradient, count the skip
+        (``metrics["nonfinite/skipped_step"]``; the caller reports ``nonfinite/count``) and
+        raise :class:`NonFiniteError` after ``max_nonfinite_in_row`` in a row. ``at``: where,
+        for the error (``rollout 3``)."""
+        if finite:
+            self.backend.optimizer_step()
+            self.nonfinite_in_row = 0
+            return
+        self.backend.zero_grad()
+        self.nonfinite_in_row += 1
+        self.nonfinite_total += 1
+        metrics["nonfinite/skipped_step"] = 1.0
+        if self.nonfinite_in_row >= self.config.max_nonfinite_in_row:
+            raise NonFiniteError(
+                f"{self.nonfinite_in_row} non-finite optimizer steps in a row (loss={loss}, "
+                f"grad_norm={grad_norm}) at global step {self.global_step}, {at}; lower the "
+                "learning rate, check rewards and precision"
+            )
+
+    @distributed(dispatch=Dispatch.RANK_ZERO)
+    def state(self) -> dict[str, int]:
+        return {"global_step": self.global_step, "nonfinite_total": self.nonfinite_total}
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def load_state(self, state: dict[str, int]) -> None:
+        self.global_step = int(state.get("global_step", 0))
+        self.nonfinite_total = int(state.get("nonfinite_total", 0))
+
+
+class TrainStack(OptimizerSteps):
     """Drives ``algorithm`` over a track with ``backend`` (an ``FSDPBackend``); its knobs are
     a :class:`TrainStackConfig` (the recipe's ``stack:`` keys, ``self.config``)."""
 
@@ -145,11 +206,9 @@ class TrainStack:
             f"{type(algorithm).__name__} does not support several updates per rollout; "
             "set stack.num_updates_per_batch=1",
         )
+        super().__init__()
         self.backend = backend
         self.algorithm = algorithm
-        self.nonfinite_in_row = 0
-        self.nonfinite_total = 0
-        self.global_step = 0
         algorithm.bind_backend(backend)
 
     def _order(self, n: int, rollout_index: int) -> torch.Tensor:
@@ -266,21 +325,14 @@ class TrainStack:
                 "nonfinite/count": float(self.nonfinite_total),
                 "micro_batches": float(len(batch)),
             }
-            if finite:
-                self.backend.optimizer_step()
-                self.nonfinite_in_row = 0
-            else:
-                self.backend.zero_grad()
-                self.nonfinite_in_row += 1
-                self.nonfinite_total += 1
-                metrics["nonfinite/count"] = float(self.nonfinite_total)
-                metrics["nonfinite/skipped_step"] = 1.0
-                if self.nonfinite_in_row >= cfg.max_nonfinite_in_row:
-                    raise NonFiniteError(
-                        f"{self.nonfinite_in_row} non-finite optimizer steps in a row (loss={loss}, "
-                        f"grad_norm={grad_norm}) at global step {self.global_step}, rollout {rollout_index}, "
-                        f"update {update}; lower the learning rate, check rewards and precision"
-                    )
+            self._take_step(
+                finite,
+                metrics,
+                loss=loss,
+                grad_norm=grad_norm,
+                at=f"rollout {rollout_index}, update {update}",
+            )
+            metrics["nonfinite/count"] = float(self.nonfinite_total)
             self.global_step += 1
             merged = (
                 {k: torch.cat([t[k] for t in terms]) for k in terms[0]}
@@ -314,27 +366,3 @@ class TrainStack:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(sharded)
         return float((replicated + sharded).sum())
-
-    def _step_scalars(
-        self, losses: list[Any], grad_norm: torch.Tensor
-    ) -> tuple[float, float, bool]:
-        """``(loss, grad_norm, finite on every rank)`` with a single host read: all ranks must
-        take (or skip) the optimizer step together."""
-        device = self.backend.device
-        parts = [torch.as_tensor(v, dtype=torch.float32).to(device).reshape(()) for v in losses]
-        loss = torch.stack(parts).sum() if parts else torch.zeros((), device=device)
-        norm = grad_norm.float().to(device).reshape(())
-        bad = (~(torch.isfinite(loss) & torch.isfinite(norm))).float()
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(bad)
-        loss_v, norm_v, bad_v = torch.stack([loss, norm, bad]).tolist()
-        return loss_v, norm_v, bad_v == 0.0
-
-    @distributed(dispatch=Dispatch.RANK_ZERO)
-    def state(self) -> dict[str, int]:
-        return {"global_step": self.global_step, "nonfinite_total": self.nonfinite_total}
-
-    @distributed(dispatch=Dispatch.BROADCAST)
-    def load_state(self, state: dict[str, int]) -> None:
-        self.global_step = int(state.get("global_step", 0))
-        self.nonfinite_total = int(state.get("nonfinite_total", 0))

@@ -32,7 +32,7 @@ from unirl.algorithms.base import StageAlgorithm
 from unirl.config.require import require
 from unirl.config.typecheck import PositiveFloat, PositiveInt
 from unirl.distributed.group.dispatch import Dispatch, distributed
-from unirl.train.stack import NonFiniteError, TrainStack, _logp_gap
+from unirl.train.stack import OptimizerSteps, TrainStack, _logp_gap
 from unirl.types import RolloutTrack
 from unirl.types.resident import RESIDENT, TRAIN_FIELDS, unpark
 
@@ -92,7 +92,7 @@ class UnifiedTrainStackConfig:
         return int(self.image.micro_batch_size)
 
 
-class UnifiedTrainStack:
+class UnifiedTrainStack(OptimizerSteps):
     """Drives ``text_algorithm`` (a token loss, e.g. GRPO) and ``image_algorithm`` (a
     flow-matching loss, e.g. Flow-GRPO) over the two tracks of one rollout with one
     ``backend`` (see the module docstring)."""
@@ -107,6 +107,7 @@ class UnifiedTrainStack:
         image_algorithm: StageAlgorithm,
         **knobs: Any,
     ) -> None:
+        super().__init__()
         self.config = config = self.config_class(**knobs)
         self.backend = backend
         self.algorithms = {"text": text_algorithm, "image": image_algorithm}
@@ -124,9 +125,6 @@ class UnifiedTrainStack:
             )
             for name in TRACKS
         }
-        self.nonfinite_in_row = 0
-        self.nonfinite_total = 0
-        self.global_step = 0
 
     def weight(self, name: str) -> float:
         return float(getattr(self.config, name).weight)
@@ -208,9 +206,8 @@ class UnifiedTrainStack:
         anchor_time = time.perf_counter() - t0
         t0 = time.perf_counter()
         losses, terms = self.backward(micro)
-        stack = self.stacks["text"]
         all_losses = losses["text"] + losses["image"]
-        loss, grad_norm, finite = stack._step_scalars(
+        loss, grad_norm, finite = self._step_scalars(
             all_losses, self.backend.grad_norm_clipped(self.config.max_grad_norm)
         )
         metrics: dict[str, float] = {
@@ -223,20 +220,9 @@ class UnifiedTrainStack:
             parts = [torch.as_tensor(v, dtype=torch.float32).reshape(()) for v in losses[name]]
             metrics[f"{name}/loss"] = float(torch.stack(parts).sum()) if parts else 0.0
             metrics[f"{name}/weight"] = self.weight(name)
-        if finite:
-            self.backend.optimizer_step()
-            self.nonfinite_in_row = 0
-        else:
-            self.backend.zero_grad()
-            self.nonfinite_in_row += 1
-            self.nonfinite_total += 1
-            metrics["nonfinite/skipped_step"] = 1.0
-            if self.nonfinite_in_row >= self.config.max_nonfinite_in_row:
-                raise NonFiniteError(
-                    f"{self.nonfinite_in_row} non-finite optimizer steps in a row (loss={loss}, "
-                    f"grad_norm={grad_norm}) at global step {self.global_step}, rollout "
-                    f"{rollout_index}; lower the learning rate, check rewards and precision"
-                )
+        self._take_step(
+            finite, metrics, loss=loss, grad_norm=grad_norm, at=f"rollout {rollout_index}"
+        )
         metrics["nonfinite/count"] = float(self.nonfinite_total)
         self.global_step += 1
         for name in TRACKS:
@@ -251,13 +237,4 @@ class UnifiedTrainStack:
         for key in keys.values():
             if key is not None:
                 RESIDENT.drop(key)
-        return {"steps": [metrics], "param_checksum": stack.param_checksum()}
-
-    @distributed(dispatch=Dispatch.RANK_ZERO)
-    def state(self) -> dict[str, int]:
-        return {"global_step": self.global_step, "nonfinite_total": self.nonfinite_total}
-
-    @distributed(dispatch=Dispatch.BROADCAST)
-    def load_state(self, state: dict[str, int]) -> None:
-        self.global_step = int(state.get("global_step", 0))
-        self.nonfinite_total = int(state.get("nonfinite_total", 0))
+        return {"steps": [metrics], "param_checksum": self.stacks["text"].param_checksum()}
