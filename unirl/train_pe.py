@@ -16,7 +16,7 @@ DEFAULT_RECIPE = "pe/pe_tiny_trainside"
 def run(data: dict[str, Any]) -> int:
     """Validate the composed recipe (the policy's blocks, then the ``pe`` block and the
     drawer's) before any Ray work; then dry-run or train."""
-    from unirl.config.dry_run import print_dry_run
+    from unirl.config.dry_run import print_dry_run, print_section
     from unirl.config.validate import validate
     from unirl.trainer.pe import run_pe
     from unirl.trainer.pe_config import (
@@ -31,9 +31,7 @@ def run(data: dict[str, Any]) -> int:
     pe, drawer_cfg, drawer_objs = check_pe_recipe(cfg, data, objs)
     if cfg.dry_run:
         print_dry_run(cfg, objs, plan_roles(cfg, pe))
-        print("[unirl] drawer (pe.diffusion):")
-        for key, value in drawer_summary(pe, drawer_cfg, drawer_objs).items():
-            print(f"  {key:<34} {value}")
+        print_section("drawer (pe.diffusion)", drawer_summary(pe, drawer_cfg, drawer_objs))
         return 0
     return run_pe(cfg, data, pe)
 

@@ -14,7 +14,7 @@ DEFAULT_RECIPE = "unified_model/unified_tiny"
 def run(data: dict[str, Any]) -> int:
     """Validate the composed recipe (the text stage's blocks, then the ``unified`` block and
     the image stage's) before any Ray work; then dry-run or train."""
-    from unirl.config.dry_run import print_dry_run
+    from unirl.config.dry_run import print_dry_run, print_section
     from unirl.config.validate import validate
     from unirl.trainer.unified_model import (
         check_trainable_here,
@@ -28,9 +28,9 @@ def run(data: dict[str, Any]) -> int:
     unified, sampling = check_unified_recipe(cfg, objs)
     if cfg.dry_run:
         print_dry_run(cfg, objs, plan_roles(cfg, unified))
-        print("[unirl] image stage (unified.image) and the joint loss:")
-        for key, value in image_summary(cfg, objs, sampling).items():
-            print(f"  {key:<34} {value}")
+        print_section(
+            "image stage (unified.image) and the joint loss", image_summary(cfg, objs, sampling)
+        )
         return 0
     check_trainable_here(cfg)
     return run_unified(cfg, data, unified)

@@ -59,3 +59,11 @@ def print_dry_run(cfg: RunConfig, objs: dict[str, Any], roles: list[tuple[str, s
     print("[unirl] batch geometry:")
     for k, v in batch_geometry(cfg, objs).items():
         print(f"  {k:<28} {v}")
+
+
+def print_section(title: str, rows: dict[str, Any]) -> None:
+    """One more block after :func:`print_dry_run`: ``[unirl] <title>:`` and a line per row
+    (a composed recipe's second stage: the PE drawer, the unified model's image stage)."""
+    print(f"[unirl] {title}:")
+    for key, value in rows.items():
+        print(f"  {key:<34} {value}")
