@@ -19,10 +19,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import subprocess
-import time
 from typing import Any
 
 import torch
+
+from unirl.rollout.engine.sglang_server import SGLangServerClient, wait_until_healthy
 
 EXTRA_HINT = "pip install 'unirl-mm[sglang]'"
 
@@ -65,28 +66,14 @@ def sha256_like_sglang(t: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-class SGLangHttpClient:
-    """Talks to one server at ``base_url`` (e.g. ``http://127.0.0.1:30000``)."""
+class SGLangHttpClient(SGLangServerClient):
+    """Talks to one diffusion server at ``base_url`` (e.g. ``http://127.0.0.1:30000``)."""
 
     def __init__(
         self, *, base_url: str, timeout_s: float = 600.0, api_key: str | None = None
     ) -> None:
         require_sglang()
-        import httpx
-
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.base_url = base_url.rstrip("/")
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
-
-    def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        resp = self.http.post(path, json=body)
-        try:
-            data = resp.json()
-        except ValueError:
-            data = {"success": False, "message": resp.text}
-        if resp.status_code >= 400:
-            raise RuntimeError(f"SGLang {path} -> HTTP {resp.status_code}: {data}")
-        return data
+        super().__init__(base_url=base_url, timeout_s=timeout_s, api_key=api_key)
 
     def health(self) -> bool:
         try:
@@ -128,19 +115,13 @@ class SGLangHttpClient:
                     "lora_alpha": lora_alpha,
                 }
             )
-        return self._post_json("/update_weights_from_tensor", body)
+        return self._post("/update_weights_from_tensor", body)
 
     def check_weights(self, target_module: str, expected_sha256: dict[str, str]) -> dict[str, Any]:
-        return self._post_json(
+        return self._post(
             "/update_weights_from_tensor_checker",
             {"target_module": target_module, "expected_named_tensors_sha256": expected_sha256},
         )
-
-    def release_memory(self) -> dict[str, Any]:
-        return self._post_json("/release_memory_occupation", {})
-
-    def resume_memory(self) -> dict[str, Any]:
-        return self._post_json("/resume_memory_occupation", {})
 
 
 def launch_server(
@@ -148,22 +129,13 @@ def launch_server(
 ) -> subprocess.Popen[bytes]:
     """``sglang serve --model-path ... --port ...`` as a child process; returns once /health answers."""
     require_sglang()
-    import httpx
-
     proc = subprocess.Popen(
         ["sglang", "serve", "--model-path", model_path, "--port", str(port), *args]
     )
-    deadline = time.monotonic() + startup_timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"sglang serve exited with code {proc.returncode} during startup (model {model_path})"
-            )
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(2.0)
-    proc.terminate()
-    raise TimeoutError(f"sglang serve did not answer /health within {startup_timeout_s:g} s")
+    return wait_until_healthy(
+        proc,
+        port=port,
+        startup_timeout_s=startup_timeout_s,
+        server="sglang serve",
+        model_path=model_path,
+    )

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from typing import Any
 
 import torch
+
+from unirl.rollout.engine.sglang_server import SGLangServerClient, wait_until_healthy
 
 INSTALL_HINT = "pip install 'unirl-mm[sglang]' (or sglang itself: pip install sglang)"
 
@@ -46,28 +47,17 @@ def require_sglang_runtime() -> Any:
     return sglang
 
 
-class SGLangTextClient:
-    """Talks to one server at ``base_url`` (e.g. ``http://127.0.0.1:30000``)."""
+class SGLangTextClient(SGLangServerClient):
+    """Talks to one language-model server at ``base_url`` (e.g. ``http://127.0.0.1:30000``);
+    an error keeps the first 500 characters of a non-JSON answer."""
+
+    error_text_chars = 500
 
     def __init__(
         self, *, base_url: str, timeout_s: float = 600.0, api_key: str | None = None
     ) -> None:
         require_sglang_runtime()
-        import httpx
-
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.base_url = base_url.rstrip("/")
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
-
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
-        resp = self.http.post(path, json=body)
-        try:
-            data = resp.json()
-        except ValueError:
-            data = {"success": False, "message": resp.text[:500]}
-        if resp.status_code >= 400:
-            raise RuntimeError(f"SGLang {path} -> HTTP {resp.status_code}: {data}")
-        return data
+        super().__init__(base_url=base_url, timeout_s=timeout_s, api_key=api_key)
 
     def generate(
         self,
@@ -117,12 +107,6 @@ class SGLangTextClient:
     def get_weights_by_name(self, name: str, truncate_size: int) -> Any:
         return self._post("/get_weights_by_name", {"name": name, "truncate_size": truncate_size})
 
-    def release_memory(self) -> dict[str, Any]:
-        return dict(self._post("/release_memory_occupation", {}))
-
-    def resume_memory(self) -> dict[str, Any]:
-        return dict(self._post("/resume_memory_occupation", {}))
-
 
 def launch_text_server(
     *, model_path: str, port: int, args: list[str], startup_timeout_s: float
@@ -130,24 +114,12 @@ def launch_text_server(
     """``python -m sglang.launch_server --model-path ... --port ...`` as a child process;
     returns once ``/health`` answers (a server that exits or stays silent is an error)."""
     require_sglang_runtime()
-    import httpx
-
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path]
     proc = subprocess.Popen([*command, "--host", "127.0.0.1", "--port", str(port), *args])
-    deadline = time.monotonic() + startup_timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"sglang.launch_server exited with code {proc.returncode} during startup "
-                f"(model {model_path})"
-            )
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(2.0)
-    proc.terminate()
-    raise TimeoutError(
-        f"sglang.launch_server did not answer /health within {startup_timeout_s:g} s"
+    return wait_until_healthy(
+        proc,
+        port=port,
+        startup_timeout_s=startup_timeout_s,
+        server="sglang.launch_server",
+        model_path=model_path,
     )

@@ -1,0 +1,84 @@
+"""The HTTP plumbing both SGLang adapters share: one server's client (JSON posts, an HTTP error
+mapped to one ``RuntimeError`` naming the route, sleep / wake) and the wait for a launched
+server's ``/health``.
+
+The diffusion adapter (``sglang/client.py``, ``sglang serve``) and the language-model adapter
+(``sglang_llm/client.py``, ``sglang.launch_server``) subclass :class:`SGLangServerClient` with
+their own routes and call :func:`wait_until_healthy` after starting their server. httpx is
+imported when a client is built or a server awaited, never at import.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from typing import Any, ClassVar
+
+
+class SGLangServerClient:
+    """Talks to one server at ``base_url`` (e.g. ``http://127.0.0.1:30000``), with a bearer
+    ``api_key`` when given. ``error_text_chars``: how much of a non-JSON answer's text the
+    error keeps (``None``: all of it)."""
+
+    error_text_chars: ClassVar[int | None] = None
+
+    def __init__(
+        self, *, base_url: str, timeout_s: float = 600.0, api_key: str | None = None
+    ) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.base_url = base_url.rstrip("/")
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        """The JSON answer of ``POST path``; an answer that is not JSON reads
+        ``{"success": False, "message": <text>}``; HTTP 4xx / 5xx raise ``RuntimeError``."""
+        resp = self.http.post(path, json=body)
+        try:
+            data = resp.json()
+        except ValueError:
+            data = {"success": False, "message": resp.text[: self.error_text_chars]}
+        if resp.status_code >= 400:
+            raise RuntimeError(f"SGLang {path} -> HTTP {resp.status_code}: {data}")
+        return data
+
+    def release_memory(self) -> dict[str, Any]:
+        """Sleep: the server frees its GPU memory (``/release_memory_occupation``)."""
+        return dict(self._post("/release_memory_occupation", {}))
+
+    def resume_memory(self) -> dict[str, Any]:
+        """Wake: the server takes its GPU memory back (``/resume_memory_occupation``)."""
+        return dict(self._post("/resume_memory_occupation", {}))
+
+
+def wait_until_healthy(
+    proc: subprocess.Popen[bytes],
+    *,
+    port: int,
+    startup_timeout_s: float,
+    server: str,
+    model_path: str,
+) -> subprocess.Popen[bytes]:
+    """``proc`` once ``http://127.0.0.1:<port>/health`` answers 200 (polled every 2 s). A
+    server that exits first raises ``RuntimeError``; one silent for ``startup_timeout_s`` is
+    terminated and raises ``TimeoutError``; ``server`` names it in both (``sglang serve``)."""
+    import httpx
+
+    deadline = time.monotonic() + startup_timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"{server} exited with code {proc.returncode} during startup (model {model_path})"
+            )
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(2.0)
+    proc.terminate()
+    raise TimeoutError(f"{server} did not answer /health within {startup_timeout_s:g} s")
+
+
+__all__ = ["SGLangServerClient", "wait_until_healthy"]
