@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from trainer_fakes import served_text_rollout
 
 from unirl.config import ConfigError
 from unirl.config.entry import compose_recipe
@@ -288,16 +289,7 @@ def test_text_loop_on_the_dedicated_colocated_layout(
         "llm/qwen3_tiny_grpo",
         [f"output_dir={out}", "num_rollouts=3", "eval_interval=0", "logging.gallery_interval=0"],
     )
-    data["rollout"] = {
-        "_target_": "unirl.rollout.engine.sglang_llm.SGLangLLMEngine",
-        "_recursive_": False,
-        "model_path": "tiny",
-        "bundle": dict(data["bundle"]),
-        "launch": False,
-        "dtype": "fp32",
-        "check_names": ["model.norm.weight"],
-        "client": FakeTextServer(),
-    }
+    data["rollout"] = served_text_rollout(data["bundle"], FakeTextServer())
     data["sync"] = {"_target_": "unirl.distributed.weight_sync.FullSync", "transport": "local"}
     assert run(data) == 0
     import json

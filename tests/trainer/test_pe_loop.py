@@ -18,12 +18,12 @@ runs, and the float32 results compare with ``==``.
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from trainer_fakes import DroppingReward, FixedEngine, IdleOps, QuietAlgorithm, RecordingStack
 
 from unirl.config.run import AdvantageConfig, RunConfig
 from unirl.trainer.pe import PETrainer
@@ -65,41 +65,7 @@ def _response() -> RolloutResp:
     return RolloutResp(tracks={TEXT_TRACK: parent, IMAGE_TRACK: child})
 
 
-class _Engine:
-    def generate(self, req: RolloutReq) -> RolloutResp:
-        return _response()
-
-
-class _Reward:
-    def score(self, track: RolloutTrack) -> RolloutTrack:
-        status = torch.zeros(len(track), dtype=torch.long)
-        status[7] = STATUS_DROPPED
-        return dataclasses.replace(track, rewards=torch.tensor(IMAGE_REWARDS), status=status)
-
-
-class _Stack:
-    """Records the track it is asked to train on (advantages attached)."""
-
-    def __init__(self) -> None:
-        self.seen: RolloutTrack | None = None
-
-    def train_track(self, track: RolloutTrack, rollout_index: int) -> list[dict[str, Any]]:
-        self.seen = track
-        return [{"steps": [{"loss": 0.0}], "param_checksum": 1.0}]
-
-
-class _Algorithm:
-    def after_train(self, rollout_index: int) -> list[dict[str, float]]:
-        return [{}]
-
-
-class _Ops:
-    def begin_sampling(self, mode: str) -> None: ...
-
-    def end_sampling(self) -> None: ...
-
-
-def _trainer(reduce: str, train_both: bool) -> tuple[PETrainer, _Stack, _Stack]:
+def _trainer(reduce: str, train_both: bool) -> tuple[PETrainer, RecordingStack, RecordingStack]:
     cfg = RunConfig(
         batch_size=2,
         advantage=AdvantageConfig(scope="group", std="group", eps=EPS, clip=5.0),
@@ -109,21 +75,23 @@ def _trainer(reduce: str, train_both: bool) -> tuple[PETrainer, _Stack, _Stack]:
     trainer = PETrainer.__new__(PETrainer)  # the loop only: no recipe, no Ray
     trainer.cfg = cfg
     trainer.pe = PEConfig(diffusion=drawer, reduce=reduce, train_both=train_both)  # type: ignore[arg-type]
-    trainer.rollout = _Engine()
+    trainer.rollout = FixedEngine(_response)
     trainer.data_source = SimpleNamespace(next_batch=lambda: ["a cat", "a dog"], epoch=0)
     trainer.build_request = lambda prompts, k, mode="train": RolloutReq(  # type: ignore[method-assign]
         sample_ids=torch.tensor([10, 11, 12, 13]),
         group_ids=torch.tensor([0, 0, 1, 1]),
         primitives={"text": Texts(texts=["a cat", "a cat", "a dog", "a dog"])},
     )
-    text_stack, image_stack = _Stack(), _Stack()
-    text = {"stack": text_stack, "algorithm": _Algorithm(), "ops": _Ops()}
+    text_stack, image_stack = RecordingStack(), RecordingStack()
+    text = {"stack": text_stack, "algorithm": QuietAlgorithm(), "ops": IdleOps()}
     draw: dict[str, Any] = {}
     if train_both:
-        draw = {"stack": image_stack, "algorithm": _Algorithm(), "ops": _Ops()}
+        draw = {"stack": image_stack, "algorithm": QuietAlgorithm(), "ops": IdleOps()}
     from unirl.trainer.stage import order_stages
 
-    trainer.stages = order_stages(trainer.make_stages(text, draw, _Reward()))
+    trainer.stages = order_stages(
+        trainer.make_stages(text, draw, DroppingReward(IMAGE_REWARDS, dropped=7))
+    )
     return trainer, text_stack, image_stack
 
 
@@ -194,13 +162,15 @@ def test_a_frozen_drawer_gets_no_advantages_and_is_not_trained() -> None:
 def test_a_rewrite_without_a_kept_image_is_dropped_from_the_policy_update() -> None:
     trainer, text_stack, _ = _trainer("max", train_both=False)
 
-    class _DropRewrite13(_Reward):
+    class _DropRewrite13(DroppingReward):
         def score(self, track: RolloutTrack) -> RolloutTrack:
             scored = super().score(track)
             scored.status[6] = STATUS_DROPPED  # both images of rewrite 13 now dropped
             return scored
 
-    trainer.stages[0].reward = _DropRewrite13()  # children first: the image stage
+    trainer.stages[0].reward = _DropRewrite13(
+        IMAGE_REWARDS, dropped=7
+    )  # children first: the image stage
     metrics = trainer.one_rollout(0)
     parent = text_stack.seen
     assert parent is not None

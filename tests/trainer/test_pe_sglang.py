@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 from test_ar_sglang_adapter import FakeTextServer
+from trainer_fakes import IdleOps, QuietAlgorithm, RecordingStack, served_text_rollout
 
 from unirl.config.entry import compose_recipe
 from unirl.config.run import AdvantageConfig, RunConfig
@@ -33,7 +34,7 @@ from unirl.trainer.pe import DrawerInfo, PETrainer
 from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, DrawerConfig, PEConfig
 from unirl.trainer.roles import RewardWorker
 from unirl.trainer.stage import order_stages
-from unirl.types import ARSamplingParams, DiffusionSamplingParams, RolloutTrack
+from unirl.types import ARSamplingParams, DiffusionSamplingParams
 
 PREFIX = "<think>\n\n</think>\n\n"
 POLICY = {
@@ -160,28 +161,6 @@ def test_the_composed_engine_samples_rewrites_on_the_server_and_draws_them() -> 
         engine.generate(req)
 
 
-class _Stack:
-    """Records the track it trains on (advantages attached)."""
-
-    def __init__(self) -> None:
-        self.seen: RolloutTrack | None = None
-
-    def train_track(self, track: RolloutTrack, rollout_index: int) -> list[dict[str, Any]]:
-        self.seen = track
-        return [{"steps": [{"loss": 0.0}], "param_checksum": 1.0}]
-
-
-class _Algorithm:
-    def after_train(self, rollout_index: int) -> list[dict[str, float]]:
-        return [{}]
-
-
-class _Ops:
-    def begin_sampling(self, mode: str) -> None: ...
-
-    def end_sampling(self) -> None: ...
-
-
 def _group_advantages(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     """``(r - mean) / (std + eps)`` per group, clipped to 5, in float64, as float32."""
     values = values.double()
@@ -204,8 +183,10 @@ def test_one_turn_of_the_loop_propagates_the_image_reward_and_scores_each_track(
             "backend": {"_target_": "unirl.reward.local.BrightnessTarget", "target": 0.8},
         }
     )
-    stacks = {TEXT_TRACK: _Stack(), IMAGE_TRACK: _Stack()}
-    roles = {t: {"stack": s, "algorithm": _Algorithm(), "ops": _Ops()} for t, s in stacks.items()}
+    stacks = {TEXT_TRACK: RecordingStack(), IMAGE_TRACK: RecordingStack()}
+    roles = {
+        t: {"stack": s, "algorithm": QuietAlgorithm(), "ops": IdleOps()} for t, s in stacks.items()
+    }
     trainer.stages = order_stages(
         trainer.make_stages(roles[TEXT_TRACK], roles[IMAGE_TRACK], reward)
     )
@@ -275,16 +256,7 @@ def _served_recipe(
             "logging.progress=off",
         ],
     )
-    data["rollout"] = {
-        "_target_": "unirl.rollout.engine.sglang_llm.SGLangLLMEngine",
-        "_recursive_": False,
-        "model_path": "tiny",
-        "bundle": dict(data["bundle"]),
-        "launch": False,
-        "dtype": "fp32",
-        "check_names": ["model.norm.weight"],
-        "client": RecordingTextServer(log=str(log)),
-    }
+    data["rollout"] = served_text_rollout(data["bundle"], RecordingTextServer(log=str(log)))
     data["pe"]["compose"] = {"max_rewrite_chars": 200, "empty_rewrite": "original"}
     data["sync"] = {"_target_": "unirl.distributed.weight_sync.FullSync", "transport": "local"}
     if lora:

@@ -11,11 +11,11 @@ advantages written out here compare with ``==``.
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
 import torch
+from trainer_fakes import DroppingReward, FixedEngine, IdleOps
 
 from unirl.config.run import AdvantageConfig, RunConfig
 from unirl.trainer.stage import order_stages
@@ -47,18 +47,6 @@ def _response() -> RolloutResp:
     return RolloutResp(tracks={"text": text, "image": image})
 
 
-class _Engine:
-    def generate(self, req: RolloutReq) -> RolloutResp:
-        return _response()
-
-
-class _Reward:
-    def score(self, track: RolloutTrack) -> RolloutTrack:
-        status = torch.zeros(len(track), dtype=torch.long)
-        status[3] = STATUS_DROPPED
-        return dataclasses.replace(track, rewards=torch.tensor([1.0, 3.0, 5.0, 9.0]), status=status)
-
-
 class _JointStack:
     def __init__(self) -> None:
         self.calls: list[tuple[RolloutTrack, RolloutTrack]] = []
@@ -77,12 +65,6 @@ class _Algorithm:
         return [{"kl/beta": 0.0}]
 
 
-class _Ops:
-    def begin_sampling(self, mode: str) -> None: ...
-
-    def end_sampling(self) -> None: ...
-
-
 def _adv(r: float, a: float, b: float) -> float:
     mean, std = (a + b) / 2, abs(a - b) / 2
     return (r - mean) / (std + EPS)
@@ -96,7 +78,7 @@ def test_image_rewards_reach_the_text_and_one_joint_step_trains_both() -> None:
     trainer = UnifiedModelTrainer.__new__(UnifiedModelTrainer)  # the loop only: no Ray
     trainer.cfg = cfg
     trainer._held = {}
-    trainer.rollout = _Engine()
+    trainer.rollout = FixedEngine(_response)
     trainer.data_source = SimpleNamespace(next_batch=lambda: ["a cat", "a dog"], epoch=0)
     trainer.build_request = lambda prompts, k, mode="train": RolloutReq(  # type: ignore[method-assign]
         sample_ids=IDS.clone(),
@@ -107,10 +89,10 @@ def test_image_rewards_reach_the_text_and_one_joint_step_trains_both() -> None:
     trainer.stages = order_stages(
         trainer.make_stages(
             stack=stack,
-            ops=_Ops(),
+            ops=IdleOps(),
             text_algorithm=text_alg,
             image_algorithm=image_alg,
-            reward=_Reward(),
+            reward=DroppingReward([1.0, 3.0, 5.0, 9.0], dropped=3),
         )
     )
     metrics = trainer.one_rollout(0)
