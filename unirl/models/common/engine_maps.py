@@ -132,6 +132,36 @@ class PackedLatentEngineMaps(EngineMaps):
         return latents
 
 
+class VideoEngineMaps(EngineMaps):
+    """Maps of a video family whose latents are the pipeline's ``[N, C, F, h, w]`` (Wan,
+    HunyuanVideo 1.5): vLLM-Omni takes the frame count and rate under ``frames_key`` /
+    ``fps_key`` (``fps_key = None`` drops the rate) and the CFG scale under ``guidance_key``;
+    latents cross both ways as they are, and pinned latents of another rank are refused."""
+
+    video: ClassVar[bool] = True
+    frames_key: ClassVar[str] = "num_frames"
+    fps_key: ClassVar[str | None] = "fps"
+    guidance_key: ClassVar[str] = "guidance_scale"
+
+    def vllm_omni_guidance(self, scale: float) -> dict[str, Any]:
+        return {self.guidance_key: scale}
+
+    def vllm_omni_video(self, num_frames: int, fps: float) -> dict[str, Any]:
+        """``{num_frames: n, fps: r}`` under ``frames_key`` / ``fps_key``."""
+        keys: dict[str, Any] = {self.frames_key: int(num_frames)}
+        if self.fps_key is not None:
+            keys[self.fps_key] = float(fps)
+        return keys
+
+    def to_engine_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """``[N, C, F, h, w]`` as is (the pipeline's layout); other ranks are refused."""
+        if latents.ndim != 5:
+            raise EngineMapError(
+                f"{self.family}: pinned latents must be [N, C, F, h, w], got {list(latents.shape)}"
+            )
+        return latents
+
+
 def _family_class(family: type | str) -> type:
     if isinstance(family, type):
         return family

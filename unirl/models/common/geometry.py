@@ -9,14 +9,21 @@ Two latent layouts cover the image families; a bundle mixes in the one it carrie
   ``[H/2f, W/2f, 4·C]`` (Qwen-Image, FLUX.2); reads ``vae_scale_factor``,
   ``packed_channels``.
 
+A video family (Wan, HunyuanVideo 1.5) mixes in :class:`VideoLatentGeometry`: a causal video
+VAE's ``[C, F, H/f, W/f]`` with ``F = (num_frames − 1)/t + 1`` (:func:`check_video_frames`);
+:func:`video_pixels` turns its decoded videos into the project's pixel layout.
+
 :func:`sigma_per_sample` is the σ check at the top of every ``predict_velocity``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sized
+from typing import Any, ClassVar
 
 import torch
+
+from unirl.config.require import ConfigError
 
 PATCH = 2  # the 2x2 packing of VAE latents into tokens (PackedLatentGeometry)
 
@@ -98,3 +105,65 @@ class PackedLatentGeometry:
         it."""
         grid_h, grid_w, _ = self.latent_shape(height, width)
         return grid_h * grid_w
+
+
+def check_video_frames(num_frames: int, temporal_factor: int, vae: str) -> None:
+    """``num_frames`` must be ``temporal_factor·k + 1``: a causal video VAE keeps the first
+    frame and groups the rest by ``temporal_factor``; ``vae`` names it in the error (``the Wan
+    VAE``), which offers the two nearest valid counts."""
+    if num_frames < 1 or (num_frames - 1) % temporal_factor:
+        k = max(0, (num_frames - 1) // temporal_factor)
+        raise ConfigError(
+            f"sampling.num_frames={num_frames} must be {temporal_factor}·k + 1 ({vae} keeps "
+            f"the first frame and groups the rest by {temporal_factor}); use "
+            f"{temporal_factor * k + 1} or {temporal_factor * (k + 1) + 1}"
+        )
+
+
+def video_pixels(video: torch.Tensor) -> torch.Tensor:
+    """A decoded ``video[B, 3, T, H, W]`` in [-1, 1] as ``pixels[B, T, 3, H, W]`` float32 in
+    [0, 1]."""
+    return (video.float().permute(0, 2, 1, 3, 4) / 2 + 0.5).clamp(0, 1)
+
+
+class VideoLatentGeometry:
+    """Latents are a causal video VAE's ``[C, F, H/f, W/f]`` (``f = spatial_factor``,
+    ``F = (num_frames − 1)/temporal_factor + 1``); the transformer cuts ``patch x patch``
+    spatial patches. Reads ``latent_channels``, ``spatial_factor``, ``temporal_factor``,
+    ``patch``; ``video_vae`` names the VAE in a frame-count error."""
+
+    latent_channels: int
+    spatial_factor: int
+    temporal_factor: int
+    patch: int
+    video_vae: ClassVar[str] = "the video VAE"
+
+    def latent_frames(self, num_frames: int) -> int:
+        """Latent frames of a ``num_frames`` video (``(num_frames - 1) / t + 1``)."""
+        check_video_frames(num_frames, self.temporal_factor, self.video_vae)
+        return (num_frames - 1) // self.temporal_factor + 1
+
+    def video_latent_shape(
+        self, num_frames: int, height: int, width: int
+    ) -> tuple[int, int, int, int]:
+        """``(C, F, H/f, W/f)``: the latent of a ``num_frames x height x width`` video (sizes
+        multiples of ``f · patch``)."""
+        f, p = self.spatial_factor, self.patch
+        require_latent_multiple(height, width, f * p, f"VAE factor {f} x {p}x{p} patches")
+        return (self.latent_channels, self.latent_frames(num_frames), height // f, width // f)
+
+    def latent_shape(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """The latent of one frame (``num_frames=1``); videos: :meth:`latent_shape_for`."""
+        return self.video_latent_shape(1, height, width)
+
+    def latent_shape_for(self, params: Any) -> tuple[int, int, int, int]:
+        """The latent of a request's sampling params (``num_frames``, ``height``, ``width``)."""
+        return self.video_latent_shape(
+            int(getattr(params, "num_frames", 1)), int(params.height), int(params.width)
+        )
+
+    def image_seq_len(self, height: int, width: int) -> int:
+        """Tokens of one latent frame (a video family's σ shift is static: nothing reads it
+        for σ)."""
+        _, _, h, w = self.latent_shape(height, width)
+        return (h // self.patch) * (w // self.patch)

@@ -16,12 +16,12 @@ preset keeps 384 (an embedding row count, nothing the speed depends on).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from unirl.models.common.arch import built_as
 
 # transformer/config.json of the 480p text-to-video release (its task_type is "i2v": one
 # checkpoint takes image conditioning too; text-to-video passes it as zeros)
@@ -161,21 +161,6 @@ def count_params(spec: HunyuanVideo15ArchSpec) -> dict[str, int]:
         }
 
 
-@contextlib.contextmanager
-def _built_as(seed: int, device: torch.device, dtype: torch.dtype) -> Iterator[None]:
-    """Seeded construction directly on ``device`` in ``dtype``; global RNG and default dtype
-    restored afterwards."""
-    previous = torch.get_default_dtype()
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        torch.set_default_dtype(dtype)
-        try:
-            with torch.device(device):
-                yield
-        finally:
-            torch.set_default_dtype(previous)
-
-
 def build_arch_modules(
     spec: HunyuanVideo15ArchSpec,
     *,
@@ -200,12 +185,12 @@ def build_arch_modules(
         "tokenizer_2": build_glyph_tokenizer(),
         "scheduler_config": dict(spec.scheduler),
     }
-    with _built_as(seed, device, dtype):
+    with built_as(seed, device, dtype):
         parts["transformer"] = _build_transformer(spec.transformer).eval()
-    with _built_as(seed + 1, device, vae_dtype):
+    with built_as(seed + 1, device, vae_dtype):
         parts["vae"] = AutoencoderKLHunyuanVideo15(**spec.vae).eval()
-    with _built_as(seed + 2, device, text_encoder_dtype):
+    with built_as(seed + 2, device, text_encoder_dtype):
         parts["text_encoder"] = _build_text_encoder(spec).eval()
-    with _built_as(seed + 3, device, text_encoder_dtype):
+    with built_as(seed + 3, device, text_encoder_dtype):
         parts["text_encoder_2"] = _build_glyph_encoder(spec).eval()
     return parts

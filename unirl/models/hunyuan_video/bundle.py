@@ -22,10 +22,15 @@ import torch
 from unirl.config.require import require
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
 from unirl.models.common.engine_maps import EngineMaps
+from unirl.models.common.geometry import VideoLatentGeometry, sigma_per_sample, video_pixels
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.hunyuan_video.arch import HunyuanVideo15ArchSpec, build_arch_modules
 from unirl.models.hunyuan_video.conditions import HunyuanVideo15Conditions
-from unirl.models.hunyuan_video.config import HunyuanVideo15BundleConfig, check_num_frames
+from unirl.models.hunyuan_video.config import (
+    HUNYUAN_VIDEO_VAE,
+    HunyuanVideo15BundleConfig,
+    check_num_frames,
+)
 from unirl.models.hunyuan_video.engine_maps import HunyuanVideo15EngineMaps
 from unirl.models.hunyuan_video.presets import (
     architecture_configs,
@@ -36,7 +41,7 @@ from unirl.models.hunyuan_video.presets import (
 from unirl.models.hunyuan_video.text_encode import encode_glyph_prompts, encode_mllm_prompts
 
 
-class HunyuanVideo15Bundle(FlowMatchingBundle):
+class HunyuanVideo15Bundle(VideoLatentGeometry, FlowMatchingBundle):
     """HunyuanVideo 1.5 (text-to-video) weights for rollout and training.
 
     Keyword arguments are the fields of :class:`HunyuanVideo15BundleConfig` (a recipe block
@@ -49,6 +54,7 @@ class HunyuanVideo15Bundle(FlowMatchingBundle):
     frozen_module_names: ClassVar[tuple[str, ...]] = ("text_encoder", "text_encoder_2", "vae")
     # vLLM-Omni's dialect of this family (engine_maps.py)
     engine_maps: ClassVar[EngineMaps | None] = HunyuanVideo15EngineMaps()
+    video_vae: ClassVar[str] = HUNYUAN_VIDEO_VAE
     block_class_names: ClassVar[tuple[str, ...]] = ("HunyuanVideo15TransformerBlock",)
     # both streams' attention projections of every dual-stream block (the token refiner's
     # self-attention shares the to_q / to_k / to_v / to_out.0 names and is adapted too)
@@ -201,15 +207,7 @@ class HunyuanVideo15Bundle(FlowMatchingBundle):
         out when all are zero).
         """
         b = latents.shape[0]
-        if len(conditions) != b:
-            raise ValueError(f"predict_velocity: {b} latents but {len(conditions)} condition rows")
-        sigma_t = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1)
-        if sigma_t.numel() == 1:
-            sigma_t = sigma_t.expand(b)
-        elif sigma_t.numel() != b:
-            raise ValueError(
-                f"predict_velocity: sigma has {sigma_t.numel()} values for {b} latents"
-            )
+        sigma_t = sigma_per_sample(sigma, latents, conditions, device=latents.device)
         x = latents.to(self.device, self.dtype)
         _, c, f, h, w = x.shape
         hidden = torch.cat([x, x.new_zeros(b, c + 1, f, h, w)], dim=1)
@@ -230,44 +228,6 @@ class HunyuanVideo15Bundle(FlowMatchingBundle):
 
     # -- geometry and decode ------------------------------------------------------------------
 
-    def latent_frames(self, num_frames: int) -> int:
-        """Latent frames of a ``num_frames`` video (``(num_frames - 1) / 4 + 1``)."""
-        check_num_frames(num_frames, self.temporal_factor)
-        return (num_frames - 1) // self.temporal_factor + 1
-
-    def video_latent_shape(
-        self, num_frames: int, height: int, width: int
-    ) -> tuple[int, int, int, int]:
-        """``(C, F, H/16, W/16)``: the latent of a ``num_frames x height x width`` video."""
-        multiple = self.spatial_factor * self.patch
-        if height % multiple or width % multiple or height <= 0 or width <= 0:
-            raise ValueError(
-                f"sampling.height={height} and sampling.width={width} must be positive multiples "
-                f"of {multiple} (VAE factor {self.spatial_factor} x {self.patch}x{self.patch} "
-                "patches)"
-            )
-        return (
-            self.latent_channels,
-            self.latent_frames(num_frames),
-            height // self.spatial_factor,
-            width // self.spatial_factor,
-        )
-
-    def latent_shape(self, height: int, width: int) -> tuple[int, int, int, int]:
-        """The latent of one frame (``num_frames=1``); videos: :meth:`latent_shape_for`."""
-        return self.video_latent_shape(1, height, width)
-
-    def latent_shape_for(self, params: Any) -> tuple[int, int, int, int]:
-        """The latent of a request's sampling params (``num_frames``, ``height``, ``width``)."""
-        return self.video_latent_shape(
-            int(getattr(params, "num_frames", 1)), int(params.height), int(params.width)
-        )
-
-    def image_seq_len(self, height: int, width: int) -> int:
-        """Tokens of one latent frame (the σ shift is static: nothing reads it for σ)."""
-        _, _, h, w = self.latent_shape(height, width)
-        return (h // self.patch) * (w // self.patch)
-
     def decode_chunk(self, latents: torch.Tensor) -> torch.Tensor:
         """Un-scales as the pipeline does (``z / scaling_factor`` in the VAE's dtype) and decodes
         one video per VAE call (the decoder's causal mid attention builds a mask that only
@@ -275,4 +235,4 @@ class HunyuanVideo15Bundle(FlowMatchingBundle):
         z = latents.to(self.device, self.vae_dtype) / self.scaling_factor
         videos = [self.vae.decode(row[None], return_dict=False)[0] for row in z]
         video = torch.cat(videos)  # [B, 3, T, H, W] in [-1, 1]
-        return (video.float().permute(0, 2, 1, 3, 4) / 2 + 0.5).clamp(0, 1)
+        return video_pixels(video)

@@ -6,13 +6,15 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from unirl.config import require
-from unirl.config.require import ConfigError
 from unirl.config.typecheck import NonNegativeInt, PositiveInt
 from unirl.models.common.bundle import FlowMatchingBundleConfig
+from unirl.models.common.geometry import check_video_frames
 
 # The pipeline's count of SigLIP image tokens (``vision_num_semantic_tokens``): a text-to-video
 # forward carries that many zero, masked-out image slots.
 PIPELINE_IMAGE_TOKENS = 729
+
+HUNYUAN_VIDEO_VAE = "the HunyuanVideo 1.5 VAE"  # named in a frame-count error
 
 
 @dataclass(kw_only=True)
@@ -64,10 +66,4 @@ class HunyuanVideo15BundleConfig(FlowMatchingBundleConfig):
 
 def check_num_frames(num_frames: int, temporal_factor: int) -> None:
     """``num_frames`` must be ``temporal_factor·k + 1`` (the causal VAE's frame grouping)."""
-    if num_frames < 1 or (num_frames - 1) % temporal_factor:
-        k = max(0, (num_frames - 1) // temporal_factor)
-        raise ConfigError(
-            f"sampling.num_frames={num_frames} must be {temporal_factor}·k + 1 (the HunyuanVideo "
-            f"1.5 VAE keeps the first frame and groups the rest by {temporal_factor}); use "
-            f"{temporal_factor * k + 1} or {temporal_factor * (k + 1) + 1}"
-        )
+    check_video_frames(num_frames, temporal_factor, HUNYUAN_VIDEO_VAE)

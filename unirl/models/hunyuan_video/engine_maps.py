@@ -23,20 +23,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from unirl.models.common.engine_maps import Engine, EngineMapError, EngineMaps
+from unirl.models.common.engine_maps import Engine, EngineMapError, VideoEngineMaps
 from unirl.models.hunyuan_video.conditions import HunyuanVideo15Conditions
 from unirl.types import Conditions
 
 
-class HunyuanVideo15EngineMaps(EngineMaps):
+class HunyuanVideo15EngineMaps(VideoEngineMaps):
     """vLLM-Omni prompt kwargs, CFG and frame keys, and the latent layout of HunyuanVideo 1.5."""
 
     family: ClassVar[str] = "unirl.models.hunyuan_video.HunyuanVideo15Bundle"
     engines: ClassVar[tuple[Engine, ...]] = ("vllm_omni",)
-    video: ClassVar[bool] = True
-    frames_key: ClassVar[str] = "num_frames"
-    fps_key: ClassVar[str | None] = "fps"
-    guidance_key: ClassVar[str] = "guidance_scale"
 
     def vllm_omni_prompt(self, conditions: Conditions, row: int) -> dict[str, Any]:
         """``prompt_embeds`` / ``negative_prompt_embeds`` ``[1, L, D]`` of row ``row`` and, under
@@ -64,21 +60,3 @@ class HunyuanVideo15EngineMaps(EngineMaps):
                 "negative_prompt_embeds_mask_2": rows(c.negative_glyph_mask),
             },
         }
-
-    def vllm_omni_guidance(self, scale: float) -> dict[str, Any]:
-        return {self.guidance_key: scale}
-
-    def vllm_omni_video(self, num_frames: int, fps: float) -> dict[str, Any]:
-        """``{num_frames: n, fps: r}`` under ``frames_key`` / ``fps_key``."""
-        keys: dict[str, Any] = {self.frames_key: int(num_frames)}
-        if self.fps_key is not None:
-            keys[self.fps_key] = float(fps)
-        return keys
-
-    def to_engine_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        """``[N, C, F, h, w]`` as is (the pipeline's layout); other ranks are refused."""
-        if latents.ndim != 5:
-            raise EngineMapError(
-                f"{self.family}: pinned latents must be [N, C, F, h, w], got {list(latents.shape)}"
-            )
-        return latents

@@ -16,12 +16,12 @@ Both use flow shift 3.0 (the released 480p setting).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from unirl.models.common.arch import built_as
 
 
 def _transformer(
@@ -154,21 +154,6 @@ def count_params(spec: WanArchSpec) -> dict[str, int]:
     return counts
 
 
-@contextlib.contextmanager
-def _built_as(seed: int, device: torch.device, dtype: torch.dtype) -> Iterator[None]:
-    """Seeded construction directly on ``device`` in ``dtype``; global RNG and default dtype
-    restored afterwards."""
-    previous = torch.get_default_dtype()
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        torch.set_default_dtype(dtype)
-        try:
-            with torch.device(device):
-                yield
-        finally:
-            torch.set_default_dtype(previous)
-
-
 def build_arch_modules(
     spec: WanArchSpec,
     *,
@@ -192,13 +177,13 @@ def build_arch_modules(
         "image_encoder": None,
         "image_processor": None,
     }
-    with _built_as(seed, device, dtype):
+    with built_as(seed, device, dtype):
         parts["transformer"] = _build_transformer(spec.transformer).eval()
     if spec.transformer_2 is not None:
-        with _built_as(seed + 4, device, dtype):
+        with built_as(seed + 4, device, dtype):
             parts["transformer_2"] = _build_transformer(spec.transformer_2).eval()
-    with _built_as(seed + 1, device, vae_dtype):
+    with built_as(seed + 1, device, vae_dtype):
         parts["vae"] = AutoencoderKLWan(**spec.vae).eval()
-    with _built_as(seed + 2, device, text_encoder_dtype):
+    with built_as(seed + 2, device, text_encoder_dtype):
         parts["text_encoder"] = _build_text_encoder(spec).eval()
     return parts

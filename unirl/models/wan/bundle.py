@@ -28,11 +28,13 @@ import torch
 from unirl.config.require import ConfigError, require
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
 from unirl.models.common.engine_maps import EngineMaps
+from unirl.models.common.geometry import VideoLatentGeometry, sigma_per_sample, video_pixels
 from unirl.models.common.presets import ModelSourceError
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.wan.arch import WanArchSpec, build_arch_modules
 from unirl.models.wan.conditions import WanConditions
 from unirl.models.wan.config import (
+    WAN_VAE,
     WanBundleConfig,
     check_expert_choice,
     check_num_frames,
@@ -57,7 +59,7 @@ from unirl.models.wan.text_encode import (
 PATCH = 2  # the transformer's spatial patch (its temporal patch is 1)
 
 
-class WanBundle(FlowMatchingBundle):
+class WanBundle(VideoLatentGeometry, FlowMatchingBundle):
     """Wan 2.1 / 2.2 weights for rollout and training.
 
     Keyword arguments are the fields of :class:`WanBundleConfig` (a recipe block
@@ -74,6 +76,8 @@ class WanBundle(FlowMatchingBundle):
     lora_default_targets: ClassVar[tuple[str, ...]] = ("to_q", "to_k", "to_v", "to_out.0")
     # vLLM-Omni's dialect of this family (engine_maps.py; text-to-video)
     engine_maps: ClassVar[EngineMaps | None] = WanEngineMaps()
+    video_vae: ClassVar[str] = WAN_VAE
+    patch = PATCH  # VideoLatentGeometry's spatial patch
     # I2V models attach a first frame per row; a text-to-video model refuses it in one line
     takes_references: ClassVar[bool] = True
 
@@ -400,13 +404,7 @@ class WanBundle(FlowMatchingBundle):
                 f"bundle.path={self.config.path!r} is an image-to-video model: every prompt "
                 "needs a first frame (a prompt file with 'media' references)"
             )
-        sigma_t = torch.as_tensor(sigma, dtype=torch.float32, device=latents.device).reshape(-1)
-        if sigma_t.numel() == 1:
-            sigma_t = sigma_t.expand(b)
-        elif sigma_t.numel() != b:
-            raise ValueError(
-                f"predict_velocity: sigma has {sigma_t.numel()} values for {b} latents"
-            )
+        sigma_t = sigma_per_sample(sigma, latents, conditions, device=latents.device)
         timestep = (sigma_t * self.num_train_timesteps).to(self.device)
         high = self.expert_of(timestep)
         if bool(high.all()) or not bool(high.any()):
@@ -466,43 +464,6 @@ class WanBundle(FlowMatchingBundle):
 
     # -- geometry and decode ------------------------------------------------------------------
 
-    def latent_frames(self, num_frames: int) -> int:
-        """Latent frames of a ``num_frames`` video (``(num_frames - 1) / 4 + 1``)."""
-        check_num_frames(num_frames, self.temporal_factor)
-        return (num_frames - 1) // self.temporal_factor + 1
-
-    def video_latent_shape(
-        self, num_frames: int, height: int, width: int
-    ) -> tuple[int, int, int, int]:
-        """``(C, F, H/8, W/8)``: the latent of a ``num_frames x height x width`` video."""
-        multiple = self.spatial_factor * PATCH
-        if height % multiple or width % multiple or height <= 0 or width <= 0:
-            raise ValueError(
-                f"sampling.height={height} and sampling.width={width} must be positive multiples "
-                f"of {multiple} (VAE factor {self.spatial_factor} x {PATCH}x{PATCH} patches)"
-            )
-        return (
-            self.latent_channels,
-            self.latent_frames(num_frames),
-            height // self.spatial_factor,
-            width // self.spatial_factor,
-        )
-
-    def latent_shape(self, height: int, width: int) -> tuple[int, int, int, int]:
-        """The latent of one frame (``num_frames=1``); videos: :meth:`latent_shape_for`."""
-        return self.video_latent_shape(1, height, width)
-
-    def latent_shape_for(self, params: Any) -> tuple[int, int, int, int]:
-        """The latent of a request's sampling params (``num_frames``, ``height``, ``width``)."""
-        return self.video_latent_shape(
-            int(getattr(params, "num_frames", 1)), int(params.height), int(params.width)
-        )
-
-    def image_seq_len(self, height: int, width: int) -> int:
-        """Tokens of one latent frame (Wan's σ shift is static: nothing reads it for σ)."""
-        _, _, h, w = self.latent_shape(height, width)
-        return (h // PATCH) * (w // PATCH)
-
     def decode_chunk(self, latents: torch.Tensor) -> torch.Tensor:
         """Un-normalises as diffusers does (``z / (1/std) + mean`` in the VAE's dtype) and decodes
         every frame; ``pixels[B, T, 3, H, W]`` float32 in [0, 1]."""
@@ -510,4 +471,4 @@ class WanBundle(FlowMatchingBundle):
         inv_std = 1.0 / self._latents_std.to(z.device, torch.float32)
         z = z / inv_std.to(z.dtype) + self._latents_mean.to(z.device, z.dtype)
         video = self.vae.decode(z, return_dict=False)[0]  # [B, 3, T, H, W] in [-1, 1]
-        return (video.float().permute(0, 2, 1, 3, 4) / 2 + 0.5).clamp(0, 1)
+        return video_pixels(video)

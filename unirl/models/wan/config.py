@@ -6,13 +6,15 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from unirl.config import require
-from unirl.config.require import ConfigError
 from unirl.config.typecheck import PositiveInt
 from unirl.models.common.bundle import FlowMatchingBundleConfig
+from unirl.models.common.geometry import check_video_frames
 
 # which experts of a two-expert (Wan 2.2) model train
 TrainExperts = Literal["both", "high", "low"]
 TRAIN_EXPERTS: tuple[str, ...] = ("both", "high", "low")
+
+WAN_VAE = "the Wan VAE"  # named in a frame-count error
 
 
 @dataclass(kw_only=True)
@@ -97,13 +99,7 @@ def check_text_tokens(takes_image_tokens: bool, max_sequence_length: int) -> Non
 
 def check_num_frames(num_frames: int, temporal_factor: int) -> None:
     """``num_frames`` must be ``temporal_factor·k + 1`` (the causal VAE's frame grouping)."""
-    if num_frames < 1 or (num_frames - 1) % temporal_factor:
-        k = max(0, (num_frames - 1) // temporal_factor)
-        raise ConfigError(
-            f"sampling.num_frames={num_frames} must be {temporal_factor}·k + 1 (the Wan VAE keeps "
-            f"the first frame and groups the rest by {temporal_factor}); use "
-            f"{temporal_factor * k + 1} or {temporal_factor * (k + 1) + 1}"
-        )
+    check_video_frames(num_frames, temporal_factor, WAN_VAE)
 
 
 def check_expert_choice(two_experts: bool, train_experts: str, boundary_ratio: Any) -> None:

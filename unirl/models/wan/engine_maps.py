@@ -18,22 +18,16 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import torch
-
-from unirl.models.common.engine_maps import Engine, EngineMapError, EngineMaps
+from unirl.models.common.engine_maps import Engine, EngineMapError, VideoEngineMaps
 from unirl.models.wan.conditions import WanConditions
 from unirl.types import Conditions
 
 
-class WanEngineMaps(EngineMaps):
+class WanEngineMaps(VideoEngineMaps):
     """vLLM-Omni prompt kwargs, CFG and frame keys, and the latent layout of Wan T2V."""
 
     family: ClassVar[str] = "unirl.models.wan.WanBundle"
     engines: ClassVar[tuple[Engine, ...]] = ("vllm_omni",)
-    video: ClassVar[bool] = True
-    frames_key: ClassVar[str] = "num_frames"
-    fps_key: ClassVar[str | None] = "fps"
-    guidance_key: ClassVar[str] = "guidance_scale"
 
     def vllm_omni_prompt(self, conditions: Conditions, row: int) -> dict[str, Any]:
         """``prompt_embeds`` / ``negative_prompt_embeds`` ``[1, L, D]`` of row ``row``."""
@@ -50,21 +44,3 @@ class WanEngineMaps(EngineMaps):
             "prompt_embeds": conditions.prompt_embeds[one],
             "negative_prompt_embeds": None if neg is None else neg[one],
         }
-
-    def vllm_omni_guidance(self, scale: float) -> dict[str, Any]:
-        return {self.guidance_key: scale}
-
-    def vllm_omni_video(self, num_frames: int, fps: float) -> dict[str, Any]:
-        """``{num_frames: n, fps: r}`` under ``frames_key`` / ``fps_key``."""
-        keys: dict[str, Any] = {self.frames_key: int(num_frames)}
-        if self.fps_key is not None:
-            keys[self.fps_key] = float(fps)
-        return keys
-
-    def to_engine_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        """``[N, C, F, h, w]`` as is (the pipeline's layout); other ranks are refused."""
-        if latents.ndim != 5:
-            raise EngineMapError(
-                f"{self.family}: pinned latents must be [N, C, F, h, w], got {list(latents.shape)}"
-            )
-        return latents
