@@ -31,6 +31,7 @@ forward; the caller checks that the policy is still the one that computed it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -105,6 +106,40 @@ def require_paired(guidance: str, conditions: Conditions) -> PairedConditions:
     return conditions
 
 
+def guided_branches(
+    family: VelocityModel,
+    latents: torch.Tensor,
+    sigma: torch.Tensor,
+    *,
+    halves: Callable[[], tuple[Any, Any]],
+    both: Any,
+    uncond_first: bool,
+    cfg_gradient: CFGGradient,
+    v_uncond: torch.Tensor | None,
+    uncond_out: list[torch.Tensor] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(v_c, v_u)`` fp32 of a guided step whose two branches can run as one forward: ``both``
+    holds 2·N rows (unconditional first when ``uncond_first``), ``halves()`` the
+    ``(cond, uncond)`` rows apart. ``cond_only`` or a reused ``v_uncond``: the conditional
+    forward alone carries a gradient (the unconditional one runs under ``torch.no_grad()``
+    or is the rollout's, detached); ``both``: the one batched forward. The unconditional
+    velocity is appended to ``uncond_out`` when given."""
+    if cfg_gradient == "cond_only" or v_uncond is not None:
+        cond, uncond = halves()
+        if v_uncond is None:
+            with torch.no_grad():
+                v_uncond = family.predict_velocity(latents, sigma, uncond)
+        v_u = v_uncond.detach().float()
+        v_c = family.predict_velocity(latents, sigma, cond).float()
+    else:
+        v = family.predict_velocity(torch.cat([latents, latents]), torch.cat([sigma, sigma]), both)
+        first, second = v.float().chunk(2)
+        v_u, v_c = (first, second) if uncond_first else (second, first)
+    if uncond_out is not None:
+        uncond_out.append(v_u.detach())
+    return v_c, v_u
+
+
 @dataclass(frozen=True)
 class BatchedCFG:
     """``[uncond; cond]`` (2·N rows, built by ``family.cfg_conditions``) in one forward."""
@@ -126,21 +161,23 @@ class BatchedCFG:
     ) -> torch.Tensor:
         if not guided(scale):
             return family.predict_velocity(latents, sigma, fwd_conditions).float()
-        if cfg_gradient == "cond_only" or v_uncond is not None:
-            n = latents.shape[0]
+        n = latents.shape[0]
+
+        def halves() -> tuple[Any, Any]:
             uncond, cond = fwd_conditions.split([n, n])
-            if v_uncond is None:
-                with torch.no_grad():
-                    v_uncond = family.predict_velocity(latents, sigma, uncond)
-            v_u = v_uncond.detach().float()
-            v_c = family.predict_velocity(latents, sigma, cond).float()
-        else:
-            v = family.predict_velocity(
-                torch.cat([latents, latents]), torch.cat([sigma, sigma]), fwd_conditions
-            )
-            v_u, v_c = v.float().chunk(2)
-        if uncond_out is not None:
-            uncond_out.append(v_u.detach())
+            return cond, uncond
+
+        v_c, v_u = guided_branches(
+            family,
+            latents,
+            sigma,
+            halves=halves,
+            both=fwd_conditions,
+            uncond_first=True,
+            cfg_gradient=cfg_gradient,
+            v_uncond=v_uncond,
+            uncond_out=uncond_out,
+        )
         return v_u + scale * (v_c - v_u)
 
 

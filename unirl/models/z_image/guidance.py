@@ -17,7 +17,8 @@ the pipeline's bit for bit: **diffusers' ``guidance_scale`` is ``s − 1``** (it
   whose rows sit at different steps, truncated rows take ``v_c`` of the guided forward.
 
 Everything else (``cfg_gradient``, a reused ``v_uncond``, ``uncond_out``) follows
-:class:`unirl.models.common.guidance.Guidance`.
+:class:`unirl.models.common.guidance.Guidance`, through the same ``guided_branches`` as
+``BatchedCFG`` (only the row order of the batched forward differs).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from unirl.models.common.guidance import (
     CFGGradient,
     VelocityModel,
     guided,
+    guided_branches,
     positive_rows,
     require_paired,
 )
@@ -110,20 +112,17 @@ class ZImageCFG:
             if uncond_out is not None:  # a defined value for the record (never combined)
                 uncond_out.append(torch.zeros_like(v_c))
             return v_c
-        if v_uncond is not None:
-            v_u = v_uncond.detach().float()
-            v_c = family.predict_velocity(latents, sigma, inputs.cond).float()
-        elif cfg_gradient == "cond_only":
-            with torch.no_grad():
-                v_u = family.predict_velocity(latents, sigma, inputs.uncond).float()
-            v_c = family.predict_velocity(latents, sigma, inputs.cond).float()
-        else:
-            v = family.predict_velocity(
-                torch.cat([latents, latents]), torch.cat([sigma, sigma]), inputs.both
-            )
-            v_c, v_u = v.float().chunk(2)
-        if uncond_out is not None:
-            uncond_out.append(v_u.detach())
+        v_c, v_u = guided_branches(
+            family,
+            latents,
+            sigma,
+            halves=lambda: (inputs.cond, inputs.uncond),
+            both=inputs.both,
+            uncond_first=False,  # the pipeline's [cond; uncond]
+            cfg_gradient=cfg_gradient,
+            v_uncond=v_uncond,
+            uncond_out=uncond_out,
+        )
         if rows is None:
             return self.combine(v_c, v_u, scale)
         keep = _rows_view(rows, v_c)  # mixed rows (replay): truncated ones are v_c exactly
