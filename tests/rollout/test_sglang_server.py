@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from unirl.rollout.engine import sglang_server
-from unirl.rollout.engine.sglang_server import SGLangServerClient, wait_until_healthy
+from unirl.rollout.engine.sglang_server import ServerSleep, SGLangServerClient, wait_until_healthy
 
 
 def client_answering(handler: Any, cls: type[SGLangServerClient] = SGLangServerClient) -> Any:
@@ -86,3 +86,33 @@ def test_wait_until_healthy(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(TimeoutError, match=r"^srv did not answer /health within 0 s$"):
         wait_until_healthy(proc, port=7, startup_timeout_s=0, server="srv", model_path="m")  # type: ignore[arg-type]
     assert proc.terminated
+
+
+class _Memory:
+    def __init__(self, reply: dict[str, Any]) -> None:
+        self.reply = reply
+
+    def release_memory(self) -> dict[str, Any]:
+        return self.reply
+
+    def resume_memory(self) -> dict[str, Any]:
+        return self.reply
+
+
+def test_server_sleep_reads_success_and_what_an_unsaid_one_means() -> None:
+    class Strict(ServerSleep):
+        def __init__(self, reply: dict[str, Any]) -> None:
+            self.client, self.asleep = _Memory(reply), False
+
+    class Lenient(Strict):
+        success_if_unsaid = True
+
+    engine = Strict({"success": True})
+    assert engine.sleep() == {"success": True} and engine.asleep
+    assert engine.wake_up() == {"success": True} and not engine.asleep
+    with pytest.raises(RuntimeError, match=r"^sglang release_memory_occupation failed: \{\}$"):
+        Strict({}).sleep()
+    with pytest.raises(RuntimeError, match="resume_memory_occupation failed"):
+        Lenient({"success": False}).wake_up()
+    lenient = Lenient({})
+    assert lenient.sleep() == {} and lenient.asleep

@@ -4,7 +4,8 @@ server's ``/health``.
 
 The diffusion adapter (``sglang/client.py``, ``sglang serve``) and the language-model adapter
 (``sglang_llm/client.py``, ``sglang.launch_server``) subclass :class:`SGLangServerClient` with
-their own routes and call :func:`wait_until_healthy` after starting their server. httpx is
+their own routes and call :func:`wait_until_healthy` after starting their server; both
+engines take ``sleep`` / ``wake_up`` from :class:`ServerSleep`. httpx is
 imported when a client is built or a server awaited, never at import.
 """
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 import subprocess
 import time
 from typing import Any, ClassVar
+
+from unirl.distributed.group.dispatch import Dispatch, distributed
 
 
 class SGLangServerClient:
@@ -81,4 +84,32 @@ def wait_until_healthy(
     raise TimeoutError(f"{server} did not answer /health within {startup_timeout_s:g} s")
 
 
-__all__ = ["SGLangServerClient", "wait_until_healthy"]
+class ServerSleep:
+    """``sleep`` / ``wake_up`` of an engine whose SGLang server holds the weights (``client``:
+    an :class:`SGLangServerClient`; ``asleep`` tracks it). A reply whose ``success`` is false
+    raises naming the route; ``success_if_unsaid``: how a reply without the key reads (the
+    language-model server's memory routes may omit it)."""
+
+    client: Any
+    asleep: bool
+    success_if_unsaid: ClassVar[bool] = False
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def sleep(self) -> dict[str, Any]:
+        """Release the server's GPU memory (``/release_memory_occupation``)."""
+        out = self.client.release_memory()
+        if not out.get("success", self.success_if_unsaid):
+            raise RuntimeError(f"sglang release_memory_occupation failed: {out}")
+        self.asleep = True
+        return out
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def wake_up(self) -> dict[str, Any]:
+        out = self.client.resume_memory()
+        if not out.get("success", self.success_if_unsaid):
+            raise RuntimeError(f"sglang resume_memory_occupation failed: {out}")
+        self.asleep = False
+        return out
+
+
+__all__ = ["SGLangServerClient", "ServerSleep", "wait_until_healthy"]

@@ -33,6 +33,7 @@ from unirl.rollout.engine.dedicated.trajectory import (
     segment_from_trajectory,
 )
 from unirl.rollout.engine.sglang.client import sha256_like_sglang
+from unirl.rollout.engine.sglang_server import ServerSleep
 from unirl.types import (
     DiffusionRequest,
     Images,
@@ -43,7 +44,7 @@ from unirl.types import (
 )
 
 
-class SGLangEngine(WeightReceiver):
+class SGLangEngine(ServerSleep, WeightReceiver):
     """Rollout through SGLang's diffusion engine (``sglang.multimodal_gen``).
 
     ``model_path``: what the server loads. ``family``: the bundle class of that model (the
@@ -198,23 +199,6 @@ class SGLangEngine(WeightReceiver):
             return self.maps.sglang_conditions(envs)
         except EngineMapError as exc:
             raise EngineContractError(f"sglang: {exc}") from exc
-
-    @distributed(dispatch=Dispatch.BROADCAST)
-    def sleep(self) -> dict[str, Any]:
-        """Release the server's GPU memory (``/release_memory_occupation``)."""
-        out = self.client.release_memory()
-        if not out.get("success", False):
-            raise RuntimeError(f"sglang release_memory_occupation failed: {out}")
-        self.asleep = True
-        return out
-
-    @distributed(dispatch=Dispatch.BROADCAST)
-    def wake_up(self) -> dict[str, Any]:
-        out = self.client.resume_memory()
-        if not out.get("success", False):
-            raise RuntimeError(f"sglang resume_memory_occupation failed: {out}")
-        self.asleep = False
-        return out
 
     # -- weight sync: the server holds the weights ------------------------------------------------
 

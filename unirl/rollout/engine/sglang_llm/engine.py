@@ -33,6 +33,7 @@ from unirl.distributed.weight_sync.receiver import WeightReceiver
 from unirl.models.common_ar.generate import LENGTH, STOP, Completion
 from unirl.models.common_ar.track import text_track
 from unirl.rollout.engine.dedicated.engine import plain_block
+from unirl.rollout.engine.sglang_server import ServerSleep
 from unirl.types import RolloutReq, RolloutResp, TextRequest, noise_seed
 
 
@@ -68,7 +69,7 @@ def _family(block: Any) -> Any:
     return family
 
 
-class SGLangLLMEngine(WeightReceiver):
+class SGLangLLMEngine(ServerSleep, WeightReceiver):
     """Rollout through SGLang's language-model server.
 
     ``model_path``: what the server loads (the bundle's path; a hub id or a folder).
@@ -85,6 +86,7 @@ class SGLangLLMEngine(WeightReceiver):
     """
 
     engine_kind = "sglang"
+    success_if_unsaid = True  # its memory routes may answer without a `success` key
 
     @classmethod
     def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
@@ -256,23 +258,6 @@ class SGLangLLMEngine(WeightReceiver):
     def fetch_decoded(self, track: Any) -> Any:
         """Nothing is parked here: the track came back whole."""
         return track
-
-    @distributed(dispatch=Dispatch.BROADCAST)
-    def sleep(self) -> dict[str, Any]:
-        """Release the server's GPU memory (``/release_memory_occupation``)."""
-        out = self.client.release_memory()
-        if not out.get("success", True):
-            raise RuntimeError(f"sglang release_memory_occupation failed: {out}")
-        self.asleep = True
-        return out
-
-    @distributed(dispatch=Dispatch.BROADCAST)
-    def wake_up(self) -> dict[str, Any]:
-        out = self.client.resume_memory()
-        if not out.get("success", True):
-            raise RuntimeError(f"sglang resume_memory_occupation failed: {out}")
-        self.asleep = False
-        return out
 
     # -- weight sync: the server holds the weights ------------------------------------------------
 
