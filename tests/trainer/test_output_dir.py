@@ -40,7 +40,7 @@ def test_fresh_run_into_a_run_folder_is_refused_unless_resume_or_overwrite(tmp_p
 
 def test_clear_run_removes_what_an_earlier_run_left(tmp_path: Path) -> None:
     out = OutputDir(tmp_path / "run")
-    for folder in ("checkpoints/step_000004", "samples", "lora", "eval"):
+    for folder in ("checkpoints/step_000004", "samples", "lora", "lora_ema", "eval"):
         (out.root / folder).mkdir(parents=True)
     for name in ("metrics.jsonl", "metrics.csv", "eval_metrics.jsonl", "config.yaml"):
         (out.root / name).write_text("x")
@@ -51,6 +51,7 @@ def test_clear_run_removes_what_an_earlier_run_left(tmp_path: Path) -> None:
             "samples/",
             "eval/",
             "lora/",
+            "lora_ema/",  # else tools.export (EMA by default) exports the earlier run's EMA
             "metrics.jsonl",
             "metrics.csv",
             "eval_metrics.jsonl",

@@ -65,10 +65,11 @@ class OutputDir:
 
     def clear_run(self) -> list[str]:
         """Remove what an earlier run left (``overwrite=true``): checkpoints, galleries, the
-        exported adapter, the metrics files, the curves and the report. Returns the names
-        removed."""
+        exported adapters (``lora/`` and ``lora_ema/``: a new run without EMA must not leave
+        the old EMA for ``tools.export`` to pick), the metrics files, the curves and the
+        report. Returns the names removed."""
         removed = []
-        for name in ("checkpoints", "samples", "eval", "curves", "lora", "tensorboard"):
+        for name in ("checkpoints", "samples", "eval", "curves", "lora", "lora_ema", "tensorboard"):
             if (self.root / name).is_dir():
                 shutil.rmtree(self.root / name)
                 removed.append(name + "/")
