@@ -90,7 +90,7 @@ def test_adapter_export_picks_ema_by_default_and_raw_on_request(tmp_path: Path) 
     ("args", "message"),
     [
         (["--checkpoint", "step_000007"], "--checkpoint step_000007: no such folder"),
-        (["--checkpoint", "latest"], "holds no checkpoint"),
+        (["--checkpoint", "latest"], "holds no complete checkpoint"),
         (["--weights", "ema", "--stage", "pe"], "lora_ema/pe does not exist"),
     ],
 )
@@ -103,6 +103,42 @@ def test_refusals_name_what_is_missing(
     assert main([str(run), "--out", str(tmp_path / "x"), *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("[unirl] error: ") and message in err and err.count("\n") == 1
+
+
+def test_latest_checkpoint_is_the_newest_complete_one(tmp_path: Path) -> None:
+    """``--checkpoint latest`` skips an incomplete checkpoint (no ``driver_state.json``) and the
+    ``step_<k>.tmp-<pid>`` leftover of an interrupted write, and orders by step number."""
+    run = tmp_path / "run"
+    for name, complete in [
+        ("step_000020", True),
+        ("step_000100", True),
+        ("step_000100.tmp-77", False),
+        ("step_000120", False),
+        ("step_000090", True),
+    ]:
+        folder = run / "checkpoints" / name
+        (folder / "export" / "lora").mkdir(parents=True)
+        (folder / "export" / "lora" / "pytorch_lora_weights.safetensors").write_text(name)
+        if complete:
+            (folder / "driver_state.json").write_text("{}")
+    assert main([str(run), "--out", str(tmp_path / "x"), "--checkpoint", "latest"]) == 0
+    assert (tmp_path / "x" / "pytorch_lora_weights.safetensors").read_text() == "step_000100"
+
+
+def test_adapter_export_names_its_base_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The tiny preset's base lives in unirl's cache: the adapter export says where, so plain
+    diffusers can load base + adapter."""
+    from unirl.models.sd3 import tiny_preset_path
+
+    run = _run_folder(tmp_path, ema=False)
+    assert main([str(run), "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert f"DiffusionPipeline.from_pretrained({str(tiny_preset_path())!r})" in out
+    OmegaConf.save({"bundle": {"path": "org/model"}}, run / "config.yaml")
+    assert main([str(run), "--out", str(tmp_path / "b")]) == 0
+    assert "from_pretrained('org/model'), then pipe.load_lora_weights(" in capsys.readouterr().out
 
 
 def test_an_arch_preset_base_is_refused_for_merging(

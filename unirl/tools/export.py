@@ -1,7 +1,7 @@
 """Export what a run trained, for diffusers with no project code.
 
     python -m unirl.tools.export RUN_DIR --out FOLDER [--checkpoint latest|step_000120]
-                                 [--weights ema|raw] [--merge] [--base PATH] [--stage TRACK]
+                                 [--weights auto|ema|raw] [--merge] [--base PATH] [--stage TRACK]
 
 Without ``--merge`` the LoRA adapter is copied (``pytorch_lora_weights.safetensors`` for
 ``pipe.load_lora_weights(FOLDER)``, plus the peft files). With ``--merge`` the adapter is fused
@@ -23,18 +23,28 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from unirl.config.require import ConfigError
+from unirl.trainer.output import CHECKPOINT_NAME, CHECKPOINT_PREFIX, DRIVER_STATE
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 
 
 def _checkpoint(run: Path, name: str | None) -> Path:
+    """The folder holding ``lora/`` and ``lora_ema/``: the run's own (``name`` None) or a
+    checkpoint's ``export/``. ``latest`` is the newest complete checkpoint (its
+    ``driver_state.json`` written), never the leftover of an interrupted write."""
     if name is None:
         return run
-    folders = sorted((run / "checkpoints").glob("step_*"))
+    folders = sorted(
+        (p for p in (run / "checkpoints").glob("step_*") if CHECKPOINT_NAME.fullmatch(p.name)),
+        key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]),
+    )
     if name == "latest":
-        if not folders:
-            raise ConfigError(f"--checkpoint latest: {run / 'checkpoints'} holds no checkpoint")
-        return folders[-1] / "export"
+        complete = [p for p in folders if (p / DRIVER_STATE).is_file()]
+        if not complete:
+            raise ConfigError(
+                f"--checkpoint latest: {run / 'checkpoints'} holds no complete checkpoint"
+            )
+        return complete[-1] / "export"
     folder = run / "checkpoints" / name
     if not folder.is_dir():
         found = ", ".join(f.name for f in folders) or "none"
@@ -99,6 +109,18 @@ def base_folder(run: Path, base: str | None) -> Path:
         ) from exc
 
 
+def base_hint(run: Path) -> str | None:
+    """What to pass to ``DiffusionPipeline.from_pretrained`` before loading the adapter: the
+    run's ``bundle.path``, or the folder a ``tiny`` preset was built in (under
+    ``~/.cache/unirl``, which a user cannot guess); ``None`` without a ``config.yaml``."""
+    if not (run / "config.yaml").is_file():
+        return None
+    path = str((OmegaConf.load(run / "config.yaml").get("bundle") or {}).get("path") or "")
+    if path.startswith("tiny"):
+        return str(base_folder(run, None))
+    return path or None
+
+
 def merge(base: Path, adapter: Path, out: Path) -> None:
     """Fuse ``adapter`` into ``base`` and write the pipeline to ``out`` (diffusers only)."""
     from diffusers import DiffusionPipeline
@@ -117,7 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", type=Path, help="the run's output_dir")
     parser.add_argument("--out", type=Path, required=True, help="the folder to write (new)")
     parser.add_argument("--checkpoint", help="latest or a step_XXXXXX folder (default: run end)")
-    parser.add_argument("--weights", choices=("auto", "ema", "raw"), default="auto")
+    parser.add_argument(
+        "--weights",
+        choices=("auto", "ema", "raw"),
+        default="auto",
+        help="ema: the EMA weights eval sampled with; raw: the optimizer's (default auto: ema "
+        "when the run kept an EMA, else raw)",
+    )
     parser.add_argument("--merge", action="store_true", help="fuse into the base model")
     parser.add_argument("--base", help="base model folder (default: the run's bundle.path)")
     parser.add_argument("--stage", help="the trained track, when several stages trained")
@@ -132,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.copytree(adapter, args.out, dirs_exist_ok=True)
             print(f"[unirl] adapter {adapter} -> {args.out} (pipe.load_lora_weights)")
+            base = None if args.stage else base_hint(args.run)
+            if base:
+                print(
+                    f"[unirl] its base model: DiffusionPipeline.from_pretrained({base!r}), "
+                    f"then pipe.load_lora_weights({str(args.out)!r})"
+                )
     except ConfigError as exc:
         print(f"[unirl] error: {exc}", file=sys.stderr)
         return 2
