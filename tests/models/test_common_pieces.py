@@ -364,3 +364,42 @@ def test_tiny_causal_decoder_shapes_time_upsamplers_only_for_video() -> None:
             temporal=False,
             centre_batch=(1, 1, 2, 2),
         )
+
+
+# -- progress (Hugging Face noise) ---------------------------------------------------------------
+
+
+def test_hf_warnings_off_restores_both_loggers_and_the_tiny_build_is_quiet() -> None:
+    """Inside the block transformers' and diffusers' loggers are at error, after it back where
+    they were; a new user's first run (a fresh process building the tiny SD3) prints no
+    torchvision warning for the SD3 pipeline's unused image processors."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    from unirl.models.common.progress import hf_warnings_off
+
+    before = (transformers_logging.get_verbosity(), diffusers_logging.get_verbosity())
+    with hf_warnings_off():
+        assert transformers_logging.get_verbosity() == transformers_logging.ERROR
+        assert diffusers_logging.get_verbosity() == diffusers_logging.ERROR
+    assert (transformers_logging.get_verbosity(), diffusers_logging.get_verbosity()) == before
+
+    repo = str(Path(__file__).resolve().parents[2])
+    code = (
+        "from unirl.models.sd3.tiny import TinySD3Spec, build_tiny_pipeline\n"
+        "build_tiny_pipeline(TinySD3Spec())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": repo},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "torchvision" not in done.stderr, done.stderr

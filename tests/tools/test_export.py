@@ -62,12 +62,17 @@ def _sample(tmp_path: Path, folder: Path, name: str, lora: Path | None = None) -
     return torch.load(target)
 
 
-def test_merged_export_loads_in_plain_diffusers_and_equals_the_adapter(tmp_path: Path) -> None:
+def test_merged_export_loads_in_plain_diffusers_and_equals_the_adapter(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     from unirl.models.sd3 import tiny_preset_path
 
     run = _run_folder(tmp_path, ema=True)
     out = tmp_path / "merged"
+    capfd.readouterr()
     assert main([str(run), "--out", str(out), "--merge"]) == 0
+    printed = capfd.readouterr()  # one line: no progress bars, no 'No LoRA keys' warnings
+    assert printed.err == "" and printed.out.count("\n") == 1, printed
     assert (out / "model_index.json").is_file()
     merged = _sample(tmp_path, out, "merged")
     adapter = _sample(tmp_path, tiny_preset_path(), "adapter", lora=run / "lora_ema")

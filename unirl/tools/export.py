@@ -122,14 +122,19 @@ def base_hint(run: Path) -> str | None:
 
 
 def merge(base: Path, adapter: Path, out: Path) -> None:
-    """Fuse ``adapter`` into ``base`` and write the pipeline to ``out`` (diffusers only)."""
-    from diffusers import DiffusionPipeline
+    """Fuse ``adapter`` into ``base`` and write the pipeline to ``out`` (diffusers only).
+    Quiet: no progress bars, and no warnings below error (the pipeline's import warns about
+    torchvision; a transformer-only LoRA, that the text encoders got no LoRA keys)."""
+    from unirl.models.common.progress import hf_progress_bars_disabled, hf_warnings_off
 
-    pipe = DiffusionPipeline.from_pretrained(base, local_files_only=True)
-    pipe.load_lora_weights(adapter)
-    pipe.fuse_lora()
-    pipe.unload_lora_weights()
-    pipe.save_pretrained(out)
+    with hf_progress_bars_disabled(), hf_warnings_off():
+        from diffusers import DiffusionPipeline
+
+        pipe = DiffusionPipeline.from_pretrained(base, local_files_only=True)
+        pipe.load_lora_weights(adapter)
+        pipe.fuse_lora()
+        pipe.unload_lora_weights()
+        pipe.save_pretrained(out)
 
 
 def main(argv: list[str] | None = None) -> int:

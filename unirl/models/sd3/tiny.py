@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from unirl.models.common.progress import hf_warnings_off
 from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
 from unirl.models.common.tiny_vae import TinyKLVAE
 
@@ -210,13 +211,11 @@ def scheduler_config(spec: TinySD3Spec) -> dict[str, Any]:
 
 def build_tiny_pipeline(spec: TinySD3Spec) -> Any:
     """The tiny stack as an in-memory ``StableDiffusion3Pipeline`` (fp32, CPU, seeded)."""
-    from diffusers import (
-        AutoencoderKL,
-        FlowMatchEulerDiscreteScheduler,
-        SD3Transformer2DModel,
-        StableDiffusion3Pipeline,
-    )
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
     from transformers import CLIPTextModelWithProjection, T5EncoderModel
+
+    with hf_warnings_off():  # the pipeline's import warns about torchvision, unrelated here
+        from diffusers import StableDiffusion3Pipeline
 
     tok_l, tok_g, tok_t5 = build_tiny_tokenizers(spec)
     bos, eos = tok_l.bos_token_id, tok_l.eos_token_id
