@@ -19,6 +19,7 @@ import importlib
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -78,10 +79,16 @@ def adapter_folder(run: Path, checkpoint: str | None, weights: str, stage: str |
     return folder
 
 
+def _bundle_block(run: Path) -> dict[str, Any]:
+    """The ``bundle`` block of the run's ``config.yaml`` ({} when it has none)."""
+    config = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))
+    bundle = config.get("bundle") if isinstance(config, dict) else None
+    return bundle if isinstance(bundle, dict) else {}
+
+
 def base_folder(run: Path, base: str | None) -> Path:
     """The diffusers folder of the base model: ``--base``, else the run's ``bundle.path``."""
-    config = OmegaConf.load(run / "config.yaml")
-    bundle = config.get("bundle") or {}
+    bundle = _bundle_block(run)
     path = str(base or bundle.get("path") or "")
     if not path:
         raise ConfigError(f"{run / 'config.yaml'} names no bundle.path; pass --base FOLDER")
@@ -115,7 +122,7 @@ def base_hint(run: Path) -> str | None:
     ``~/.cache/unirl``, which a user cannot guess); ``None`` without a ``config.yaml``."""
     if not (run / "config.yaml").is_file():
         return None
-    path = str((OmegaConf.load(run / "config.yaml").get("bundle") or {}).get("path") or "")
+    path = str(_bundle_block(run).get("path") or "")
     if path.startswith("tiny"):
         return str(base_folder(run, None))
     return path or None
