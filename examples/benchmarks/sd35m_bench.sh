@@ -17,6 +17,8 @@
 #     (default 8 for Flow-GRPO, 16 for Fast); ACKPT=true checkpoints each block's activations
 #   RECORD_UNCOND=false ... recomputes the unconditional velocity in training (no grad)
 #     instead of reusing the rollout's (pipeline.record_uncond, default true)
+#   GRAPH_TEXT=false ... runs the text encoders eagerly instead of from CUDA graphs
+#     (bundle.graph_text_encoders, default true here)
 #   COMPILE_VAE=false ... decodes with the eager VAE (default true, as the GPU recipes; the
 #     second-session figures in docs/performance.md had COMPILE_VAE=false FUSE=false)
 #
@@ -37,6 +39,7 @@ common=(
   "++backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}, data_parallel: ${DP:-replicate}, activation_checkpointing: ${ACKPT:-false}}"
   sampling.height="${SIZE:-512}" sampling.width="${SIZE:-512}"
   ++bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-bf16}" ++bundle.compile_vae="${COMPILE_VAE:-true}" ++bundle.fuse_projections="${FUSE:-true}"
+  ++bundle.graph_text_encoders="${GRAPH_TEXT:-true}"
   ++pipeline.record_uncond="${RECORD_UNCOND:-true}" logging.progress=off
 )
 if [[ "${ONLY:-}" != "fast" ]]; then

@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import inspect
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,6 +27,7 @@ import torch
 from unirl.config.precision import canonical_precision, parse_dtype
 from unirl.config.require import ConfigError, require
 from unirl.config.typecheck import PositiveInt
+from unirl.models.common.cuda_graph import GraphedFunction
 from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.guidance import BatchedCFG, Guidance
 from unirl.models.common.presets import ModelSourceError
@@ -239,6 +240,7 @@ class FlowMatchingBundle:
         )
         self.vae_dtype = parse_dtype(config.vae_dtype, "bundle.vae_dtype")
         self._negative_cache: dict[str, Conditions] = {}
+        self._graphs: dict[str, GraphedFunction] = {}
         self._offloaded = False
         self.load()
         for module in self._frozen_modules():
@@ -374,20 +376,33 @@ class FlowMatchingBundle:
         for module in self._frozen_modules():
             module.to(self.device)
         self._negative_cache.clear()
+        self._graphs.clear()
         self._offloaded = False
         return self
 
     def offload(self) -> None:
         """Park the frozen parts (text encoders, VAE) on CPU to free device memory."""
+        self._graphs.clear()  # they hold the device addresses of the weights that move
         for module in self._frozen_modules():
             module.to("cpu")
         self._offloaded = True
 
     def onload(self) -> None:
         """Bring the frozen parts back to the bundle's device."""
+        self._graphs.clear()
         for module in self._frozen_modules():
             module.to(self.device)
         self._offloaded = False
+
+    def graphed(
+        self, name: str, fn: Callable[..., tuple[torch.Tensor, ...]], switch: str
+    ) -> GraphedFunction:
+        """``fn`` replayed from CUDA graphs on the bundle's device (one per input signature),
+        kept under ``name`` until the modules move (``to`` / ``offload`` / ``onload`` drop
+        every graph). ``switch``: the recipe key that turns it off, for errors."""
+        if name not in self._graphs:
+            self._graphs[name] = GraphedFunction(fn, device=self.device, switch=switch)
+        return self._graphs[name]
 
     def _require_onloaded(self, what: str) -> None:
         if self._offloaded:

@@ -23,7 +23,7 @@ from unirl.models.sd3.conditions import SD3Conditions
 from unirl.models.sd3.config import SD3BundleConfig
 from unirl.models.sd3.engine_maps import SD3EngineMaps
 from unirl.models.sd3.presets import architecture_configs, resolve_model_source
-from unirl.models.sd3.text_encode import SD3TextStack, encode_sd3_prompts
+from unirl.models.sd3.text_encode import SD3TextStack, encode_sd3_prompts, sd3_encoder_states
 
 
 def _read_folder(folder: Path, bundle: SD3Bundle) -> dict[str, Any]:
@@ -110,6 +110,11 @@ class SD3Bundle(VAELatentGeometry, FlowMatchingBundle):
 
     def load(self) -> None:
         cfg = self.config
+        require(
+            not cfg.graph_text_encoders or self.device.type == "cuda",
+            f"bundle.graph_text_encoders=true needs a CUDA device; this bundle runs on "
+            f"{self.device}: set it false",
+        )
         self.source = resolve_model_source(cfg.path)
         parts = load_parts(
             self,
@@ -156,11 +161,20 @@ class SD3Bundle(VAELatentGeometry, FlowMatchingBundle):
         )
 
     def encode_unique(self, texts: list[str]) -> SD3Conditions:
+        stack = self._text_stack()
+        encoders = None
+        if self.config.graph_text_encoders:
+            encoders = self.graphed(
+                "text_encoders",
+                functools.partial(sd3_encoder_states, stack),
+                "bundle.graph_text_encoders",
+            )
         embeds, pooled = encode_sd3_prompts(
-            self._text_stack(),
+            stack,
             texts,
             max_sequence_length=self.config.max_sequence_length,
             t5_placeholder=self.config.t5_placeholder,
+            encoders=encoders,
         )
         return SD3Conditions(
             prompt_embeds=embeds.to(self.device), pooled_prompt_embeds=pooled.to(self.device)

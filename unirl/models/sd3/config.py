@@ -29,6 +29,10 @@ class SD3BundleConfig(FlowMatchingBundleConfig):
     ``fuse_projections`` computes each attention's q / k / v projections (and the LoRA ``A``
     of adapters on them) as one matmul (``unirl/models/sd3/attention.py``); the math is that
     of diffusers' processor, the summation order inside the matmul differs.
+    ``graph_text_encoders`` (CUDA only) replays the CLIP-L, CLIP-G and T5 forwards from one
+    CUDA graph per prompt count (captured on first use; tokenisation stays on the host):
+    over the one or two prompts of a rollout those forwards are launch-bound. The embeddings
+    are bit-identical to the eager ones (``tests/models/test_cuda_graph.py``, GPU).
     """
 
     preset_names: ClassVar[tuple[str, ...]] = ("tiny", "sd3.5-medium-arch")
@@ -37,6 +41,7 @@ class SD3BundleConfig(FlowMatchingBundleConfig):
     skip_t5: bool = False
     t5_placeholder: str = "zeros"
     fuse_projections: bool = True
+    graph_text_encoders: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -10,7 +10,7 @@ attention mask, exactly as diffusers does, so embeddings match it element for el
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,33 +33,38 @@ class SD3TextStack:
     clip_max_length: int = 77
 
 
-def clip_embeds(
-    tokenizer: Any, encoder: torch.nn.Module, texts: Sequence[str], max_length: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(hidden[N, 77, D], pooled[N, P])``: penultimate hidden states and projected pooled output."""
-    ids = tokenizer(
+def _token_ids(tokenizer: Any, texts: Sequence[str], max_length: int, **extra: Any) -> torch.Tensor:
+    """Token ids ``[N, max_length]`` padded to ``max_length`` with truncation, no mask (as
+    diffusers tokenises for SD3)."""
+    return tokenizer(
         list(texts),
         padding="max_length",
         max_length=max_length,
         truncation=True,
         return_tensors="pt",
+        **extra,
     ).input_ids
+
+
+def clip_states(encoder: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(hidden[N, 77, D], pooled[N, P])`` of token ids: penultimate hidden states and the
+    projected pooled output."""
     out = encoder(ids.to(module_device(encoder)), output_hidden_states=True)
     return out.hidden_states[-2], out[0]
+
+
+def clip_embeds(
+    tokenizer: Any, encoder: torch.nn.Module, texts: Sequence[str], max_length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(hidden[N, 77, D], pooled[N, P])``: penultimate hidden states and projected pooled output."""
+    return clip_states(encoder, _token_ids(tokenizer, texts, max_length))
 
 
 def t5_embeds(
     tokenizer: Any, encoder: torch.nn.Module, texts: Sequence[str], max_sequence_length: int
 ) -> torch.Tensor:
     """``hidden[N, max_sequence_length, D_t5]``: T5 encoder last hidden state."""
-    ids = tokenizer(
-        list(texts),
-        padding="max_length",
-        max_length=max_sequence_length,
-        truncation=True,
-        add_special_tokens=True,
-        return_tensors="pt",
-    ).input_ids
+    ids = _token_ids(tokenizer, texts, max_sequence_length, add_special_tokens=True)
     return encoder(ids.to(module_device(encoder)))[0]
 
 
@@ -89,6 +94,37 @@ def t5_placeholder_embeds(
     return torch.stack(rows).to(device=device, dtype=dtype)
 
 
+def sd3_token_ids(
+    stack: SD3TextStack, texts: Sequence[str], max_sequence_length: int
+) -> tuple[torch.Tensor, ...]:
+    """``(ids_l, ids_g[, ids_t5])``: the tokens each encoder of ``stack`` reads."""
+    ids = (
+        _token_ids(stack.tokenizer, texts, stack.clip_max_length),
+        _token_ids(stack.tokenizer_2, texts, stack.clip_max_length),
+    )
+    if stack.text_encoder_3 is None:
+        return ids
+    return (
+        *ids,
+        _token_ids(stack.tokenizer_3, texts, max_sequence_length, add_special_tokens=True),
+    )
+
+
+def sd3_encoder_states(stack: SD3TextStack, *ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``(clip[N, 77, D_l + D_g], pooled[N, P_l + P_g][, t5[N, L, D_t5]])`` of
+    :func:`sd3_token_ids`' tensors: the encoder forwards only (no host work, so one CUDA graph
+    can replay them)."""
+    hidden_l, pooled_l = clip_states(stack.text_encoder, ids[0])
+    hidden_g, pooled_g = clip_states(stack.text_encoder_2, ids[1])
+    clip_dtype = module_dtype(stack.text_encoder)
+    clip = torch.cat([hidden_l.to(clip_dtype), hidden_g.to(clip_dtype)], dim=-1)
+    pooled = torch.cat([pooled_l, pooled_g], dim=-1)
+    if stack.text_encoder_3 is None:
+        return clip, pooled
+    t5 = stack.text_encoder_3(ids[2].to(module_device(stack.text_encoder_3)))[0]
+    return clip, pooled, t5.to(module_dtype(stack.text_encoder_3))
+
+
 @torch.no_grad()
 def encode_sd3_prompts(
     stack: SD3TextStack,
@@ -96,32 +132,28 @@ def encode_sd3_prompts(
     *,
     max_sequence_length: int,
     t5_placeholder: str = "zeros",
+    encoders: Callable[..., tuple[torch.Tensor, ...]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(prompt_embeds[N, 77 + L, D_t5], pooled[N, D_l + D_g])`` for ``texts``, one row each.
 
     Dtypes follow diffusers: CLIP states in CLIP-L's dtype, T5 states in T5's dtype.
+    ``encoders``: what runs :func:`sd3_encoder_states` on the token ids (a
+    :class:`~unirl.models.common.cuda_graph.GraphedFunction` of it; default: eagerly).
     """
     if not texts:
         raise ValueError("encode_sd3_prompts: no texts to encode")
-    hidden_l, pooled_l = clip_embeds(
-        stack.tokenizer, stack.text_encoder, texts, stack.clip_max_length
-    )
-    hidden_g, pooled_g = clip_embeds(
-        stack.tokenizer_2, stack.text_encoder_2, texts, stack.clip_max_length
-    )
-    clip_dtype = module_dtype(stack.text_encoder)
-    clip = torch.cat([hidden_l.to(clip_dtype), hidden_g.to(clip_dtype)], dim=-1)
-
+    ids = sd3_token_ids(stack, texts, max_sequence_length)
+    states = encoders(*ids) if encoders is not None else sd3_encoder_states(stack, *ids)
+    clip, pooled = states[0], states[1]
     if stack.text_encoder_3 is not None:
-        t5 = t5_embeds(stack.tokenizer_3, stack.text_encoder_3, texts, max_sequence_length)
-        t5 = t5.to(module_dtype(stack.text_encoder_3))
+        t5 = states[2]
     else:
         t5 = t5_placeholder_embeds(
             texts,
             length=max_sequence_length,
             width=stack.joint_attention_dim,
             kind=t5_placeholder,
-            dtype=clip_dtype,
+            dtype=clip.dtype,
             device=clip.device,
         )
     if clip.shape[-1] > t5.shape[-1]:
@@ -130,5 +162,4 @@ def encode_sd3_prompts(
         )
     clip = torch.nn.functional.pad(clip, (0, t5.shape[-1] - clip.shape[-1]))
     prompt_embeds = torch.cat([clip, t5.to(clip.device)], dim=-2)
-    pooled = torch.cat([pooled_l, pooled_g], dim=-1)
     return prompt_embeds, pooled
