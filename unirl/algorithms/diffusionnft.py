@@ -103,6 +103,8 @@ class OldAdapterEMA:
       end=0.999, ramp_rollouts=133`` (its type 2, used for OCR), counted in optimizer steps
       there and in rollouts here.
     - ``warmup``: d = 0 for ``i < delay_rollouts``, then the constant ``end``.
+
+    ``kind`` picks one of the three.
     """
 
     kind: Literal["copy", "linear", "warmup"] = "linear"
@@ -214,6 +216,12 @@ class DiffusionNFT(StageAlgorithm):
     Guidance: the loss trains the *conditional* velocity only (the track's prompt rows, no
     CFG), as DiffusionNFT does — its models sample CFG-free (guidance 1). A rollout with
     guidance > 1 still works (x₀ then comes from CFG sampling) but is not the paper's setup.
+
+    ``beta``: β of the implicit policies v± (module docstring; the loss is scaled by c / β);
+    ``adv_clip_max``: c, the advantage at which the positive weight r saturates at 1;
+    ``t_min`` / ``t_max``: the range of ``timestep_sampling="uniform"``; ``ema``: how the old
+    adapter follows the trained one after each rollout (an :class:`OldAdapterEMA` block or
+    just its ``kind``).
 
     ``kl.beta > 0`` (``kl``: a :class:`~unirl.algorithms.kl.KLConfig`) adds
     ``β · mean ‖v_θ − v_ref‖²`` (v_ref: the base model, all adapters disabled, no gradient);

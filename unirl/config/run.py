@@ -109,9 +109,13 @@ class EvalConfig:
 
     prompts_path: str | None = None
     num_prompts: PositiveInt = 8
+    """How many eval prompts (the first of ``prompts_path``, or the held-out ones)."""
     samples_per_prompt: PositiveInt = 1
+    """Images (or videos) drawn per eval prompt."""
     seed: int = 1234
+    """Seed of the eval rollouts' initial noise, the same at every eval so evals compare."""
     use_ema: bool = True
+    """Sample the eval with the EMA weights when the backend keeps them (else the raw ones)."""
     at_start: bool = True
 
     def __post_init__(self) -> None:
@@ -124,11 +128,18 @@ class LoggingConfig:
     """Trackers and media. ``local`` (metrics.jsonl / metrics.csv) is always on."""
 
     trackers: list[str] = field(default_factory=lambda: ["local"])
+    """Where metrics go: any of ``local``, ``tensorboard``, ``wandb`` (``local`` is always on)."""
     wandb_project: str | None = None
+    """W&B project of the run (null: ``unirl``)."""
     wandb_run_name: str | None = None
+    """W&B run name (null: W&B picks one)."""
     gallery_interval: NonNegativeInt = 1
+    """Write a training contact sheet to ``samples/`` every this many rollouts (0: never)."""
     gallery_max_images: PositiveInt = 16
+    """Samples drawn on one contact sheet at most."""
     progress: Literal["auto", "on", "off"] = "auto"
+    """Console progress: ``on`` a bar, ``off`` one line per rollout, ``auto`` a bar only when
+    stdout and stderr are terminals (and ``CI`` is unset)."""
 
     def __post_init__(self) -> None:
         known = {"local", "tensorboard", "wandb"}

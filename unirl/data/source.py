@@ -20,7 +20,8 @@ class PromptFileSource:
     epoch, ``drop_last=True`` skips the leftover prompts (< one batch); ``drop_last=False``
     serves them topped up with the first prompts of the next epoch, so batches keep their
     size and every prompt is served once per epoch. ``state_dict()`` / ``load_state_dict()``
-    make the sequence resumable exactly.
+    make the sequence resumable exactly. ``path``: the prompt file (``.txt``: one prompt per
+    line; ``.jsonl`` / ``.json``: records with a ``prompt``). ``seed``: the shuffle's seed.
     """
 
     path: str

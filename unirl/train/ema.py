@@ -20,6 +20,7 @@ class EMAConfig:
     (``(s − start_step) % update_interval == 0``), ``ema ← decay·ema + (1 − decay)·θ``."""
 
     decay: float = 0.9
+    """The average's decay per update, in [0, 1): ``ema ← decay·ema + (1 − decay)·θ``."""
     update_interval: int = 1
     start_step: int = 0
 

@@ -37,11 +37,15 @@ class LoraConfig:
     """
 
     rank: PositiveInt = 32
+    """LoRA rank r (A is ``[r, d_in]``, B is ``[d_out, r]``)."""
     alpha: PositiveFloat = 64.0
+    """LoRA alpha: the update is scaled by ``alpha / rank``."""
     dropout: NonNegativeFloat = 0.0
+    """Dropout on the adapter's input, in [0, 1) (0 keeps the fused q / k / v path)."""
     targets: list[str] | None = None
     init_lora_weights: str | bool = "gaussian"
     adapter_name: str = "default"
+    """peft name of the trained adapter."""
     extra_adapters: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:

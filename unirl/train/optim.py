@@ -21,9 +21,13 @@ class OptimizerConfig:
     """AdamW (decoupled weight decay) hyper-parameters."""
 
     lr: PositiveFloat = 1e-4
+    """Peak learning rate (``lr_schedule`` multiplies it)."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's moment decay rates (beta1, beta2), each in [0, 1)."""
     eps: PositiveFloat = 1e-8
+    """AdamW's denominator epsilon."""
     weight_decay: NonNegativeFloat = 1e-4
+    """Decoupled weight decay (AdamW)."""
 
     def __post_init__(self) -> None:
         require(self.lr > 0, f"optimizer.lr must be > 0, got {self.lr}")
@@ -51,9 +55,13 @@ class LRScheduleConfig:
     """
 
     kind: str = "constant"
+    """``constant``, ``warmup_constant`` or ``cosine`` (formulas: ``LRScheduleConfig``)."""
     warmup_steps: int = 0
+    """Optimizer steps of the linear warm-up."""
     total_steps: int | None = None
+    """Optimizer steps the cosine decay spans (warm-up included)."""
     min_lr_ratio: float = 0.0
+    """The cosine's floor, as a fraction of ``optimizer.lr``."""
 
     def __post_init__(self) -> None:
         require(

@@ -35,6 +35,10 @@ class FSDPConfig:
     needs a sharded run (world > 1) on CUDA. ``compile`` compiles each block's forward with
     ``torch.compile`` (regional compilation: one graph per block class, shared by every block,
     used by rollout and training alike because trainside sampling runs the same module).
+    ``reshard_after_forward`` frees each block's gathered parameters after its forward (FSDP2's
+    default: less memory, a second all-gather for the backward); ``false`` keeps them until
+    the backward (with ``shard`` only). ``activation_checkpointing`` recomputes each block's
+    activations in the backward instead of keeping them (less memory, one more forward).
     ``shard_frozen=False`` keeps frozen parameters (a LoRA run's base model) whole on every
     rank and shards only the trainable ones: no all-gather of the base in any forward, at the
     cost of one full base copy per rank.

@@ -49,6 +49,8 @@ class FlowMatchingBundleConfig:
     puts cuDNN's fused attention first on Hopper and newer (then flash, memory-efficient,
     math) and leaves older cards to PyTorch; ``torch`` is PyTorch's own order; ``flash`` /
     ``efficient`` / ``cudnn`` / ``math`` pin one kernel. CPU always uses PyTorch's choice.
+    ``gradient_checkpointing`` recomputes the trainable module's activations in the backward
+    (diffusers' ``enable_gradient_checkpointing``).
     ``decode_chunk_size`` bounds how many latents one VAE decode call takes; ``compile_vae``
     compiles the VAE decoder with ``torch.compile`` (one graph per chunk shape).
     """

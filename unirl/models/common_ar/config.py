@@ -31,6 +31,9 @@ class CausalLMBundleConfig:
     response starts with (an assistant prefill): it ends the prompt tokens, is not trained,
     and is put back in front of the completion the reward reads. ``max_prompt_tokens``: a
     longer prompt is refused, naming it (never truncated silently).
+    ``gradient_checkpointing``: recompute each decoder layer's activations in the backward
+    (transformers' non-reentrant checkpointing). ``seed``: the random weights of an ``*-arch``
+    preset (ignored for real weights).
     """
 
     preset_names: ClassVar[tuple[str, ...]] = ("tiny",)
