@@ -68,6 +68,8 @@ class RewardBackend(ABC):
     ``score`` receives ``images[N, 3, H, W]`` float in [0, 1] (or ``None`` for scorers that
     need only text), ``prompts`` (``N`` strings) and ``metadata`` (``N`` dicts), and returns a
     :class:`ScoreResult` whose tensors live on CPU. Text tracks go through ``score_texts``.
+    ``name`` (on the backends that produce one component): that component's name, the key of
+    its score in the ``ScoreResult`` and of its ``reward/<name>`` metrics.
     """
 
     produces_total: ClassVar[bool] = False

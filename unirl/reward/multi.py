@@ -24,7 +24,8 @@ class WeightedRewardBackend(RewardBackend):
     its key; one with several (e.g. ``ImageStats``) as ``"<key>/<component>"``. ``weights``
     must name every exposed component (``0.0`` logs a component without rewarding it).
     ``normalize="batch_zscore"`` standardises each component over the batch,
-    ``(s - mean) / (std + eps)`` with population std over finite samples, before weighting;
+    ``(s - mean) / (std + eps)`` with population std over finite samples (``eps`` keeps a
+    constant component finite), before weighting;
     ``component_rewards`` keep the raw scores. A NaN in a component with a non-zero weight
     makes the total NaN; zero-weight components never enter the total.
     """

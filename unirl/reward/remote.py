@@ -68,6 +68,11 @@ class RemoteRewardBackend(RewardBackend):
     (:meth:`score_video`) go as their frames (``videos``: per sample a list of images in the
     same encoding) with ``fps``; the budget counts every frame, and the server hands the
     reward ``frames[n, T, 3, H, W]`` (its ``score_video``).
+
+    ``timeout_s``: seconds one HTTP request may take; ``backoff_s``: the first retry's wait
+    (doubling per retry). ``token``: the service's bearer token, or ``token_env``: the
+    environment variable holding it (read at each request; one of the two, or neither for an
+    open service). ``image_format``: ``png`` or ``jpeg``, at ``jpeg_quality`` (1-100).
     """
 
     url: str

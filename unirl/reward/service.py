@@ -37,6 +37,8 @@ class RewardService:
     ``status = 1`` (dropped); non-finite values in those groups are replaced by ``0.0`` so no
     NaN leaks into later reductions; ``reward/dropped_groups`` counts them. Consumers must mask
     by ``track.status``.
+    ``backend``: the reward backend block (one component, or a backend that combines several
+    into a total, such as ``WeightedRewardBackend``).
     ``guards`` are anti-hacking statistics (e.g. ``ImageStats``): logged as
     ``guard/<name>/mean``, never part of the reward.
     """

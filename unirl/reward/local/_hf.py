@@ -284,6 +284,7 @@ class PretrainedScorer(RewardBackend):
     :meth:`_score_batch` under ``torch.no_grad`` on ``device`` and returns ``Tensor[N]``
     float32 on CPU; non-finite values are reported per sample in ``errors``. ``device`` is a
     string field here (``"cpu"``, ``"cuda:0"``); :attr:`torch_device` is the ``torch.device``.
+    ``dtype``: the scorer's weight precision (``fp32``, ``bf16``, ``fp16``).
     """
 
     name: str

@@ -111,6 +111,8 @@ class CLIPSimilarityScorer(PretrainedScorer):
     ``model``: a local ``save_pretrained`` folder or a hub id of a transformers ``CLIPModel``;
     ``processor``: where the tokenizer and ``preprocessor_config.json`` live (default
     ``model``); ``resize``: ``shortest_crop`` (CLIPProcessor) or ``longest_pad`` (open_clip).
+    ``max_length``: the prompt's token limit (capped at the model's position limit; longer
+    prompts are truncated).
     """
 
     model: str

@@ -149,6 +149,8 @@ class EditJudge(PretrainedScorer, EditRewardBackend):
     ``p`` the next-token probabilities of the rating tokens renormalised over the range
     (:class:`RatingReader`; multi-token ratings such as Qwen's ``1``, ``0`` handled exactly),
     mapped to ``(E[r] - min_rating) / (max_rating - min_rating)`` when ``unit_scale``.
+    ``min_rating`` / ``max_rating``: the ends of the judge's integer rating scale.
+    ``question``: the instruction to the judge that follows the images and the edit request.
 
     ``path``: a hub id or a local folder holding the model, its tokenizer (with a chat
     template, or set ``chat_template``) and its image processor. ``max_pixels`` caps each

@@ -64,6 +64,10 @@ class ImageStats(RewardBackend):
 
     Use as ``RewardService.guards`` to spot reward hacking (images going black, collapsing to
     flat colour, or turning into noise) while a reward rises.
+
+    ``dark_threshold``: luminance below which a pixel counts as dark, in (0, 1];
+    ``entropy_bins``: levels per channel of the colour histogram (2-32); ``edge_threshold``:
+    Sobel gradient magnitude above which an interior pixel counts as an edge.
     """
 
     dark_threshold: float = 0.1

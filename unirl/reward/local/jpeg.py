@@ -54,7 +54,8 @@ def jpeg_size_kb(images: Tensor, quality: int = 95) -> list[float]:
 
 @dataclass(kw_only=True)
 class JpegCompressibility(RewardBackend):
-    """Reward ``-size_kb``: smaller JPEG files (smoother, simpler images) score higher."""
+    """Reward ``-size_kb``: smaller JPEG files (smoother, simpler images) score higher.
+    ``quality``: the JPEG encoder's quality, 1-100."""
 
     quality: int = 95
     name: str = "jpeg_compressibility"

@@ -14,7 +14,8 @@ from unirl.reward.base import RewardBackend, ScoreResult, as_scores, check_image
 
 @dataclass(kw_only=True)
 class BrightnessTarget(RewardBackend):
-    """Reward ``-|mean(pixels) - target|`` per image (mean over C·H·W); 0 is the best score."""
+    """Reward ``-|mean(pixels) - target|`` per image (mean over C·H·W); 0 is the best score.
+    ``target``: the brightness aimed at, in [0, 1]."""
 
     target: float = 0.8
     name: str = "brightness"

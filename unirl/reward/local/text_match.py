@@ -101,6 +101,9 @@ def _answers(meta: dict, key: str, index: int, source: str) -> list[str]:
 
 @dataclass(kw_only=True)
 class _TextMatch(TextRewardBackend):
+    """1.0 when the completion matches one of the sample's answers, else 0.0.
+    ``answer_key``: the metadata key holding the answer (a string or a list of them)."""
+
     answer_key: str = "answer"
     name: str = "match"
 
@@ -158,7 +161,8 @@ class BoxedMathAnswer(_TextMatch):
 
 @dataclass(kw_only=True)
 class MultipleChoice(_TextMatch):
-    """1.0 when the chosen letter (:func:`extract_choice`) equals the answer letter."""
+    """1.0 when the chosen letter (:func:`extract_choice`) equals the answer letter.
+    ``letters``: the option letters a choice may be (upper case)."""
 
     letters: str = "ABCDE"
     name: str = "multiple_choice"

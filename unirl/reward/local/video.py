@@ -40,8 +40,9 @@ def frame_indices(num_frames: int, stride: int) -> list[int]:
 @dataclass(kw_only=True)
 class PerFrame(RewardBackend):
     """``scorer`` (any image reward) on the frames ``0, frame_stride, …, T-1`` of each video,
-    then ``mean`` or ``min`` over those frames per component. A video with a failed frame
-    (NaN) fails as a whole, with that frame's error."""
+    then ``mean`` or ``min`` over those frames per component (``aggregate``). A video with a
+    failed frame (NaN) fails as a whole, with that frame's error. ``frame_stride``: score
+    every this many frames."""
 
     scorer: Any
     aggregate: str = "mean"
@@ -135,7 +136,8 @@ class TemporalConsistency(RewardBackend):
 class VideoPickScore(PickScore):
     """PickScore of a video: the CLIP image embeddings of frames ``0, frame_stride, …, T-1``
     are averaged and re-normalised (mean pooling over time), then
-    ``exp(logit_scale) · cos(pooled, E_txt(prompt))``. On images it is PickScore."""
+    ``exp(logit_scale) · cos(pooled, E_txt(prompt))``. On images it is PickScore.
+    ``frame_stride``: embed every this many frames."""
 
     name: str = "video_pickscore"
     frame_stride: PositiveInt = 1

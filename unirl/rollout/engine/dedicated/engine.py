@@ -102,7 +102,8 @@ class DedicatedEngine(WeightReceiver):
     ``dtype``: the copy's precision (default ``bf16`` on CUDA, ``fp32`` on CPU).
     ``device``: ``cpu`` | ``cuda`` | ``auto``. ``compile``: ``torch.compile`` the transformer.
     ``trainable_attr``: the bundle attribute weight syncs write into (default: the family's
-    first ``trainable_module_names`` entry, e.g. ``transformer``).
+    first ``trainable_module_names`` entry, e.g. ``transformer``). ``forward_batch_size``:
+    samples one denoise loop runs at once (sets the pipeline's; null keeps the pipeline's own).
     """
 
     engine_kind = "dedicated"

@@ -82,7 +82,10 @@ class SGLangLLMEngine(ServerSleep, WeightReceiver):
     ``check_names``: parameters read back after every full sync (the first ``check_values``
     of each). ``adapter_dir``: where LoRA syncs write the adapter folders the server loads
     (default: a temporary folder on this node). ``client``: a ready client (tests inject a
-    fake); when omitted, sglang must be installed.
+    fake); when omitted, sglang must be installed. ``track_name``: the response track the
+    completions fill (``text``; a prompt enhancer's policy track). ``request_timeout_s``: the
+    longest one generate request may take; ``startup_timeout_s``: how long a launched server
+    may take to answer ``/health``.
     """
 
     engine_kind = "sglang"

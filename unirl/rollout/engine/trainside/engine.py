@@ -22,7 +22,8 @@ class TrainsideEngine:
     media stay on this worker (``unirl.types.resident``) and the driver gets the track
     without them; the reward and train roles on the same rank pick them up by sample id, and
     the driver asks for the media only when it draws a gallery (:meth:`fetch_decoded`).
-    ``False`` ships everything through the driver on CPU.
+    ``False`` ships everything through the driver on CPU. ``forward_batch_size``: samples one
+    denoise loop runs at once (sets the pipeline's; null keeps the pipeline's own).
     """
 
     engine_kind = "trainside"

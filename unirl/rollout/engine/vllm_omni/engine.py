@@ -52,7 +52,8 @@ class VllmOmniEngine(WeightReceiver):
     ``omni_kwargs``: extra ``Omni(...)`` arguments. ``log_prob_attr``: the output attribute
     holding per-step log-probs (``null`` when the backend records none). ``dtype``: the
     server's weight dtype. ``backend``: a ready backend object (tests inject a fake); when
-    omitted, vllm-omni must be installed.
+    omitted, vllm-omni must be installed. ``storage_dtype``: the dtype the returned
+    trajectories are stored in (the segment the trainer replays).
     """
 
     engine_kind = "vllm_omni"
