@@ -113,7 +113,9 @@ class EvalConfig:
     samples_per_prompt: PositiveInt = 1
     """Images (or videos) drawn per eval prompt."""
     seed: int = 1234
-    """Seed of the eval rollouts' initial noise, the same at every eval so evals compare."""
+    """Seed of the eval rollouts' random draws (initial noise, token sampling) in place of the
+    top-level ``seed``; the draws also depend on the sample ids, which include the step the
+    eval runs at, so each eval draws afresh."""
     use_ema: bool = True
     """Sample the eval with the EMA weights when the backend keeps them (else the raw ones)."""
     at_start: bool = True

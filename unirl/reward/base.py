@@ -69,7 +69,8 @@ class RewardBackend(ABC):
     need only text), ``prompts`` (``N`` strings) and ``metadata`` (``N`` dicts), and returns a
     :class:`ScoreResult` whose tensors live on CPU. Text tracks go through ``score_texts``.
     ``name`` (on the backends that produce one component): that component's name, the key of
-    its score in the ``ScoreResult`` and of its ``reward/<name>`` metrics.
+    its score in the ``ScoreResult`` and of its metrics (``reward/<name>/mean`` as the
+    service's backend; inside a ``WeightedRewardBackend`` the component's key is used).
     """
 
     produces_total: ClassVar[bool] = False

@@ -69,10 +69,12 @@ class RemoteRewardBackend(RewardBackend):
     same encoding) with ``fps``; the budget counts every frame, and the server hands the
     reward ``frames[n, T, 3, H, W]`` (its ``score_video``).
 
-    ``timeout_s``: seconds one HTTP request may take; ``backoff_s``: the first retry's wait
-    (doubling per retry). ``token``: the service's bearer token, or ``token_env``: the
-    environment variable holding it (read at each request; one of the two, or neither for an
-    open service). ``image_format``: ``png`` or ``jpeg``, at ``jpeg_quality`` (1-100).
+    ``timeout_s``: httpx's timeout in seconds for each request (connect, read and write each;
+    it must exceed the server's own ``timeout_s`` for the reward); ``backoff_s``: the first
+    retry's wait (doubling per retry). ``token``: the service's bearer token, or
+    ``token_env``: the environment variable holding it (read at each request; one of the two,
+    or neither for an open service). ``image_format``: ``png`` or ``jpeg``, at
+    ``jpeg_quality`` (1-100).
     """
 
     url: str

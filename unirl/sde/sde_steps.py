@@ -125,15 +125,13 @@ class WindowSchedule(SDEStepSchedule):
 
     - fixed (default): w = ``start``.
     - ``progressive=True`` (MixGRPO): w = ``start + stride · (rollout_index // shift_interval)``,
-      held at ``max_start`` once it gets there: the window moves ``stride`` steps every
-      ``shift_interval`` rollouts.
-
-    ``stride``: steps the progressive window moves per shift; ``shift_interval``: rollouts
-    between shifts.
+      held at ``max_start`` once it gets there.
     - ``random=True`` (Flow-GRPO-Fast): w uniform in ``[start, max_start]``, seeded by
       (seed, rollout_index). Fast's "3-step window in the first half" of T = 10 is
       ``size=3, random=True, max_start=2``.
 
+    ``stride``: steps the progressive window moves per shift; ``shift_interval``: rollouts
+    between shifts (both read only with ``progressive=True``).
     ``max_start`` defaults to the last start that keeps the window inside the usable steps
     (``T − 1`` usable with ``exclude_last``, else ``T``).
     """

@@ -119,9 +119,10 @@ class FSDPBackend:
     ``transformer_2`` or ``experts``), else the first of its ``trainable_module_names``, else
     ``transformer``; an explicit value wins. ``lora=None`` trains every parameter.
     ``optimizer``: the AdamW block (null: its defaults); ``lr_schedule``: the multiplier on
-    ``optimizer.lr`` over optimizer steps (null: constant); ``ema``: an EMA of the trainable weights, which eval samples
-    with and export writes beside the raw ones (null: none); ``fsdp``: data parallelism,
-    sharding, compile and activation checkpointing (null: its defaults).
+    ``optimizer.lr`` over optimizer steps (null: constant); ``ema``: an EMA of the trainable
+    weights, which eval samples with and export writes beside the raw ones (null: none);
+    ``fsdp``: data parallelism, sharding, compile and activation checkpointing (null: its
+    defaults).
     ``device``: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (CUDA when visible).
     ``param_dtype`` is the storage dtype of frozen parameters (and, with LoRA, of floating
     buffers); trainable ones are always fp32. ``seed`` seeds the LoRA draw only.

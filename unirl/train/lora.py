@@ -41,7 +41,7 @@ class LoraConfig:
     alpha: PositiveFloat = 64.0
     """LoRA alpha: the update is scaled by ``alpha / rank``."""
     dropout: NonNegativeFloat = 0.0
-    """Dropout on the adapter's input, in [0, 1) (0 keeps the fused q / k / v path)."""
+    """Dropout probability on the adapter's input (peft's ``lora_dropout``), in [0, 1)."""
     targets: list[str] | None = None
     init_lora_weights: str | bool = "gaussian"
     adapter_name: str = "default"

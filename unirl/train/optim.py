@@ -59,7 +59,8 @@ class LRScheduleConfig:
     warmup_steps: int = 0
     """Optimizer steps of the linear warm-up."""
     total_steps: int | None = None
-    """Optimizer steps the cosine decay spans (warm-up included)."""
+    """Optimizer step at which the cosine reaches ``min_lr_ratio``, counted from 0 (warm-up
+    included); ``cosine`` only, where it must exceed ``warmup_steps``."""
     min_lr_ratio: float = 0.0
     """The cosine's floor, as a fraction of ``optimizer.lr``."""
 

@@ -21,24 +21,27 @@ class DiffusionSamplingParams:
     num_inference_steps: PositiveInt = 10
     """Denoising steps of a training rollout."""
     guidance_scale: NonNegativeFloat = 4.5
-    """Classifier-free guidance scale of training rollouts (1 or 0: no CFG, one forward per step)."""
+    """Classifier-free guidance scale of training rollouts (at most 1: no CFG, one forward per
+    step)."""
     height: PositiveInt = 512
-    """Image height in pixels (a multiple of the family's latent patch size)."""
+    """Image height in pixels (a multiple of the family's VAE factor × patch size)."""
     width: PositiveInt = 512
-    """Image width in pixels (a multiple of the family's latent patch size)."""
+    """Image width in pixels (a multiple of the family's VAE factor × patch size)."""
     eta: NonNegativeFloat = 0.7
     samples_per_prompt: PositiveInt = 8
     """Samples drawn per prompt: the group whose rewards give the group-relative advantages."""
     sde_steps: Any = None
     max_sequence_length: PositiveInt = 256
     """Text tokens per prompt; recipes pass it on to their bundle
-    (``bundle.max_sequence_length: ${sampling.max_sequence_length}``), the sampler does not read it."""
+    (``bundle.max_sequence_length: ${sampling.max_sequence_length}``); the sampler does not
+    read it."""
     negative_prompt: str = ""
-    """The unconditional (negative) text of CFG."""
+    """The unconditional (negative) text of CFG; engines pass it to the bundle on every guided
+    rollout, so it is used instead of ``bundle.negative_prompt``."""
     eval_num_inference_steps: PositiveInt = 40
     """Denoising steps of an eval rollout (ODE sampling)."""
     eval_guidance_scale: NonNegativeFloat | None = None
-    """CFG scale of eval rollouts (null: ``guidance_scale``; 0 disables CFG)."""
+    """CFG scale of eval rollouts (null: ``guidance_scale``; 1 or less, 0 included: no CFG)."""
     num_frames: PositiveInt = 1
     fps: PositiveFloat = 16.0
 

@@ -50,7 +50,7 @@ class FlowMatchingPipeline:
     memory; log-probs stay exact because kernels round before taking them).
     ``forward_batch_size`` bounds how many samples one denoise loop runs at once.
     ``record_means`` also stores each trained step's SDE mean (``segment.sde_means``: what
-    ``ratio_norm=grpo_guard`` needs with ``old_logp_source=rollout``).
+    FlowGRPO's ``ratio_norm=grpo_guard`` and FlowDPPO need with ``old_logp_source=rollout``).
     ``decode_chunk_size`` splits a rollout's latents into chunks of at most this many before
     the bundle's decode (which splits again by ``bundle.decode_chunk_size``); null: one chunk.
     ``record_uncond`` stores the unconditional velocity of every trained step of a guided

@@ -33,7 +33,7 @@ class CausalLMBundleConfig:
     longer prompt is refused, naming it (never truncated silently).
     ``gradient_checkpointing``: recompute each decoder layer's activations in the backward
     (transformers' non-reentrant checkpointing). ``seed``: the random weights of an ``*-arch``
-    preset (ignored for real weights).
+    preset (ignored for ``tiny``, folders and hub ids).
     """
 
     preset_names: ClassVar[tuple[str, ...]] = ("tiny",)

@@ -150,7 +150,8 @@ class EditJudge(PretrainedScorer, EditRewardBackend):
     (:class:`RatingReader`; multi-token ratings such as Qwen's ``1``, ``0`` handled exactly),
     mapped to ``(E[r] - min_rating) / (max_rating - min_rating)`` when ``unit_scale``.
     ``min_rating`` / ``max_rating``: the ends of the judge's integer rating scale.
-    ``question``: the instruction to the judge that follows the images and the edit request.
+    ``question``: the text after the two images, a format string with ``{instruction}`` (the
+    edit request, required) and ``{low}`` / ``{high}`` (the rating scale's ends).
 
     ``path``: a hub id or a local folder holding the model, its tokenizer (with a chat
     template, or set ``chat_template``) and its image processor. ``max_pixels`` caps each

@@ -97,8 +97,9 @@ class OCRScorer(RewardBackend):
     Recognised lines are concatenated. An engine exception scores ``0.0``, is reported in
     ``ScoreResult.errors`` and counted as ``<name>/failures``. Runs one image at a time
     on CPU (rapidocr) or on ``device`` (easyocr). ``engine``: ``rapidocr`` (ONNX, bundled
-    weights) or ``easyocr``; ``easyocr_model_dir``: the folder holding easyocr's weights (it
-    cannot download them offline); ``target_key``: the metadata key of the target text.
+    weights) or ``easyocr``; ``easyocr_model_dir``: the folder holding easyocr's weights
+    (required with ``easyocr``, which would otherwise download them); ``target_key``: the
+    metadata key of the target text (else the prompt's first quoted text).
     """
 
     engine: Literal["rapidocr", "easyocr"] = "rapidocr"

@@ -42,7 +42,7 @@ class PerFrame(RewardBackend):
     """``scorer`` (any image reward) on the frames ``0, frame_stride, …, T-1`` of each video,
     then ``mean`` or ``min`` over those frames per component (``aggregate``). A video with a
     failed frame (NaN) fails as a whole, with that frame's error. ``frame_stride``: score
-    every this many frames."""
+    every this many frames (the last frame always included)."""
 
     scorer: Any
     aggregate: str = "mean"
@@ -137,7 +137,7 @@ class VideoPickScore(PickScore):
     """PickScore of a video: the CLIP image embeddings of frames ``0, frame_stride, …, T-1``
     are averaged and re-normalised (mean pooling over time), then
     ``exp(logit_scale) · cos(pooled, E_txt(prompt))``. On images it is PickScore.
-    ``frame_stride``: embed every this many frames."""
+    ``frame_stride``: embed every this many frames (the last frame always included)."""
 
     name: str = "video_pickscore"
     frame_stride: PositiveInt = 1

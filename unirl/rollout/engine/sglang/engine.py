@@ -56,9 +56,10 @@ class SGLangEngine(ServerSleep, WeightReceiver):
     from its own generator; the segment keeps the engine's latents) or ``verify``.
     ``target_module``: the pipeline module weight syncs update. ``client``: a ready client
     object (tests inject a fake); when omitted, sglang must be installed.
-    ``request_timeout_s``: the longest one generate request may take; ``startup_timeout_s``:
-    how long a launched server may take to answer ``/health``. ``storage_dtype``: the dtype
-    the returned trajectories are stored in (the segment the trainer replays).
+    ``request_timeout_s``: the HTTP timeout (s) of each request to the server;
+    ``startup_timeout_s``: how long a launched server may take to answer ``/health``.
+    ``storage_dtype``: the dtype the returned trajectories are stored in (the segment the
+    trainer replays).
     """
 
     engine_kind = "sglang"

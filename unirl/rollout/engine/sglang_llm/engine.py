@@ -84,8 +84,8 @@ class SGLangLLMEngine(ServerSleep, WeightReceiver):
     (default: a temporary folder on this node). ``client``: a ready client (tests inject a
     fake); when omitted, sglang must be installed. ``track_name``: the response track the
     completions fill (``text``; a prompt enhancer's policy track). ``request_timeout_s``: the
-    longest one generate request may take; ``startup_timeout_s``: how long a launched server
-    may take to answer ``/health``.
+    HTTP timeout (s) of each request to the server; ``startup_timeout_s``: how long a
+    launched server may take to answer ``/health``.
     """
 
     engine_kind = "sglang"
