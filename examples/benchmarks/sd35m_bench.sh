@@ -19,6 +19,8 @@
 #     instead of reusing the rollout's (pipeline.record_uncond, default true)
 #   GRAPH_TEXT=false ... runs the text encoders eagerly instead of from CUDA graphs
 #     (bundle.graph_text_encoders, default true here)
+#   PROFILE=1 ... also profiles one more rollout per shape (bench --profile): traces and the
+#     device-idle summary in OUT_DIR/profile_<shape>_<mode>
 #   COMPILE_VAE=false ... decodes with the eager VAE (default true, as the GPU recipes; the
 #     second-session figures in docs/performance.md had COMPILE_VAE=false FUSE=false)
 #
@@ -45,11 +47,13 @@ common=(
 if [[ "${ONLY:-}" != "fast" ]]; then
 python -m unirl.tools.bench --config-name=diffusion/sd3_trainside "${common[@]}" \
   --json "${out}/flowgrpo_${mode}${TAG:-}.json" output_dir="${out}/flowgrpo_${mode}${TAG:-}" \
+  ${PROFILE:+--profile "${out}/profile_flowgrpo_${mode}${TAG:-}"} \
   batch_size="${NUM_DEVICES:-1}" sampling.samples_per_prompt=8 stack.micro_batch_size="${MICRO:-8}" \
   pipeline.forward_batch_size=8
 fi
 [[ "${ONLY:-}" == "flowgrpo" ]] && exit 0
 python -m unirl.tools.bench --config-name=diffusion/sd3_fast "${common[@]}" \
   --json "${out}/fast_${mode}${TAG:-}.json" output_dir="${out}/fast_${mode}${TAG:-}" \
+  ${PROFILE:+--profile "${out}/profile_fast_${mode}${TAG:-}"} \
   batch_size="$((2 * ${NUM_DEVICES:-1}))" sampling.samples_per_prompt=8 stack.micro_batch_size="${MICRO:-16}" \
   pipeline.forward_batch_size=16 algorithm.kl.beta=0.0

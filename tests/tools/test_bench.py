@@ -44,6 +44,8 @@ def test_bench_cli_on_tiny_cpu(tmp_path: Path) -> None:
         "2",
         "--json",
         str(ARTIFACT),
+        "--profile",
+        str(tmp_path / "profile"),
         f"output_dir={tmp_path / 'bench'}",
     ]
     env = {**os.environ, "RAY_ADDRESS": ""}
@@ -66,6 +68,18 @@ def test_bench_cli_on_tiny_cpu(tmp_path: Path) -> None:
     assert 0 < flops["rollout_transformer"] < flops["rollout_total"]
     assert flops["train_total"] > 0 and flops["samples"] == 8
     assert data["peak_memory_gib"] == [0.0]  # CPU
+    # --profile: one more rollout under torch.profiler; the worker's trace and its summary
+    (worker,) = data["profile"]["workers"]
+    assert (tmp_path / "profile" / "trace_rank0.json.gz").stat().st_size > 0
+    assert json.loads((tmp_path / "profile" / "summary.json").read_text()) == data["profile"]
+    ranges = worker["ranges"]
+    for phase in ("text_encode", "denoise", "decode", "reward", "train/prepare"):
+        assert ranges[f"unirl/{phase}"]["calls"] == 1, phase
+    slots = ranges["unirl/train/backward"]["calls"]  # one per trained step of each micro-batch
+    assert slots > 0 and ranges["unirl/train/policy_forward"]["calls"] == slots
+    assert "unirl/train/reference" not in ranges  # the recipe's KL is off (beta 0)
+    assert ranges["unirl/train/optimizer_step"]["calls"] == 1
+    assert worker["device_events"] == 0 and worker["gpu_busy_ms"] == 0.0  # CPU
     print(f"bench JSON kept at {ARTIFACT}: {data['samples_per_s']:.2f} samples/s")
 
 

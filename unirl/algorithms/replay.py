@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from unirl.algorithms.base import StageAlgorithm, StepResult
 from unirl.config.require import require
@@ -182,15 +183,19 @@ def replay_slot_losses(
     kls: list[torch.Tensor] = []
     reuse = reuses_uncond(algorithm, segment)  # one optimizer step never happens mid-batch
     for k in range(num_steps):
-        ref = (
-            reference_step(algorithm, algorithm.pipeline, conditions, segment, k)
-            if kl.enabled
-            else None
-        )
-        record = algorithm.pipeline.replay(
-            conditions, segment, k, cfg_gradient=algorithm.cfg_gradient, reuse_uncond=bool(reuse)
-        )
-        loss, terms = policy_terms(k, record)
+        ref = None
+        if kl.enabled:
+            with record_function("unirl/train/reference"):
+                ref = reference_step(algorithm, algorithm.pipeline, conditions, segment, k)
+        with record_function("unirl/train/policy_forward"):
+            record = algorithm.pipeline.replay(
+                conditions,
+                segment,
+                k,
+                cfg_gradient=algorithm.cfg_gradient,
+                reuse_uncond=bool(reuse),
+            )
+            loss, terms = policy_terms(k, record)
         if reuse is not None:
             terms = {**terms, "uncond_reused": torch.tensor([float(reuse)])}
         if ref is not None:
@@ -200,7 +205,8 @@ def replay_slot_losses(
             loss = loss + kl.beta * step.mean()
             kls.append(step.detach())
             kl.observe(step)
-        (loss * (loss_scale / num_steps)).backward()
+        with record_function("unirl/train/backward"):
+            (loss * (loss_scale / num_steps)).backward()
         total = total + loss.detach() / num_steps
         for name, value in terms.items():
             parts.setdefault(name, []).append(value)

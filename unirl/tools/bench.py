@@ -19,7 +19,12 @@ through ``ARTrainer``, every other recipe through ``DiffusionTrainer``.
   the fraction of completions cut at ``max_new_tokens``.
 
 Options (our own; every other argument goes to Hydra): ``--warmup N`` (1), ``--iters N`` (3),
-``--json PATH`` (``<output_dir>/bench.json``), ``--peak-tflops X``, ``--no-flops``.
+``--json PATH`` (``<output_dir>/bench.json``), ``--peak-tflops X``, ``--no-flops``,
+``--profile DIR``: after the timed rollouts, one more under ``torch.profiler`` on every
+worker, whose Chrome traces (``DIR/trace_rank<r>.json.gz``) and summaries (the device's busy
+fraction, time per ``unirl/...`` range, the longest device-idle gaps and what launched the
+work that ended each; ``unirl.logging.trace``) land in ``DIR`` and in the JSON under
+``profile`` (not timed: the profiler slows the CPU side).
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ def _parse_own_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--json", type=str, default=None)
     parser.add_argument("--peak-tflops", type=float, default=None)
     parser.add_argument("--no-flops", action="store_true")
+    parser.add_argument("--profile", type=str, default=None)
     return parser.parse_known_args(argv)
 
 
@@ -275,6 +281,14 @@ def run(data: dict[str, Any]) -> int:
 
     def after_loop(trainer: Any, ops: Any) -> None:
         memory = ops.device_stats()
+        if opts.profile:
+            ops.start_profile()
+            t0 = time.perf_counter()
+            trainer.one_rollout(cfg.num_rollouts + 1)
+            profiled_s = time.perf_counter() - t0
+            summaries = ops.stop_profile(opts.profile)
+            results["profile"] = {"rollout_s": profiled_s, "workers": summaries}
+            Path(opts.profile, "summary.json").write_text(json.dumps(results["profile"], indent=2))
         flops = None
         if not opts.no_flops:
             prompts = trainer.data_source.next_batch()
@@ -307,6 +321,8 @@ def run(data: dict[str, Any]) -> int:
     )
     summary["recipe_overrides"] = _REST
     summary["flop_count_s"] = results.get("flop_count_s")
+    if "profile" in results:
+        summary["profile"] = results["profile"]
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from unirl.config.require import require
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import Images, RolloutReq, RolloutTrack
 from unirl.types.resident import unpark
@@ -29,7 +30,8 @@ class RewardWorker:
         """The shard with ``rewards``, ``component_rewards`` and ``status`` attached; guard and
         failure metrics ride along in ``metadata[0]['_reward_metrics']`` of the first sample.
         Media the trainside engine parked on this worker are read here, not shipped."""
-        scored, metrics = self.service.score_track(unpark(track, ("decoded",)))
+        with torch.profiler.record_function("unirl/reward"):
+            scored, metrics = self.service.score_track(unpark(track, ("decoded",)))
         meta = [dict(m) for m in scored.metadata]
         meta[0]["_reward_metrics"] = metrics
         return dataclasses.replace(scored, metadata=meta, decoded=None)  # the driver has them
@@ -63,6 +65,7 @@ class TrainOps:
         self.algorithm = algorithm
         self._eval_ctx: contextlib.ExitStack | None = None
         self._sampling_ctx: contextlib.ExitStack | None = None
+        self._profiler: Any = None
 
     @distributed(dispatch=Dispatch.BROADCAST)
     def begin_sampling(self, mode: str) -> str | None:
@@ -146,6 +149,47 @@ class TrainOps:
             "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
             "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
         }
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def start_profile(self) -> None:
+        """Start ``torch.profiler`` on this worker (CPU ops, and CUDA kernels on a GPU) until
+        :meth:`stop_profile`."""
+        from torch.profiler import ProfilerActivity, profile
+
+        require(self._profiler is None, "a profile is already running on this worker")
+        activities = [ProfilerActivity.CPU]
+        if self.backend.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        self._profiler = profile(activities=activities)
+        self._profiler.__enter__()
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def stop_profile(self, directory: str) -> dict[str, Any]:
+        """Stop the profile; write ``trace_rank<r>.json.gz`` (Chrome trace) under
+        ``directory`` and return :func:`unirl.logging.trace.summarize_trace` of it."""
+        import gzip
+        import json
+        import shutil
+        import tempfile
+        from pathlib import Path
+
+        from unirl.logging.trace import summarize_trace
+
+        require(self._profiler is not None, "stop_profile without start_profile")
+        prof, self._profiler = self._profiler, None
+        if self.backend.device.type == "cuda":
+            torch.cuda.synchronize(self.backend.device)
+        prof.__exit__(None, None, None)
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            raw = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(raw))
+            trace = json.loads(raw.read_text())
+            with raw.open("rb") as src, gzip.open(out / f"trace_rank{rank}.json.gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        return summarize_trace(trace)
 
     @distributed(dispatch=Dispatch.DP_SCATTER)
     def count_flops(self, req: RolloutReq, rollout_index: int) -> list[dict[str, float]]:

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from unirl.config.precision import parse_dtype
 from unirl.config.typecheck import PositiveInt
@@ -149,13 +150,14 @@ class FlowMatchingPipeline:
         timings: dict[str, float] = {}
         guidance = params.guidance_for(req.mode)
         t0 = time.perf_counter()
-        conditions = self.encode(req.prompts, params, guidance).to(self.device)
-        references = req.primitives.get("image")
-        if references is not None:  # editing: each row is conditioned on its source image
-            conditions = self.bundle.encode_references(
-                conditions,
-                references.pixels.to(self.device),  # type: ignore[attr-defined]
-            )
+        with record_function("unirl/text_encode"):
+            conditions = self.encode(req.prompts, params, guidance).to(self.device)
+            references = req.primitives.get("image")
+            if references is not None:  # editing: each row is conditioned on its source image
+                conditions = self.bundle.encode_references(
+                    conditions,
+                    references.pixels.to(self.device),  # type: ignore[attr-defined]
+                )
         timings["text_encode"] = time.perf_counter() - t0
 
         x_T = stage.initial_noise(req.seed)
@@ -172,31 +174,33 @@ class FlowMatchingPipeline:
         t0 = time.perf_counter()
         chunk = self.forward_batch_size or len(req)
         segments = []
-        for start in range(0, len(req), chunk):
-            rows = slice(start, start + chunk)
-            segments.append(
-                sample_trajectory(
-                    self,
-                    conditions=conditions.select(torch.arange(len(req))[rows]),
-                    x_T=x_T[rows].to(self.device),
-                    sigmas=stage.sigmas,
-                    sde_indices=stage.sde_indices[rows],
-                    sde_noise=None if sde_noise is None else sde_noise[rows],
-                    strategy=self.strategy,
-                    guidance_scale=guidance,
-                    storage_dtype=self.storage_dtype,
-                    record_means=self.record_means,
-                    record_uncond=self.record_uncond,
-                    policy_version=self.policy_version,
+        with record_function("unirl/denoise"):
+            for start in range(0, len(req), chunk):
+                rows = slice(start, start + chunk)
+                segments.append(
+                    sample_trajectory(
+                        self,
+                        conditions=conditions.select(torch.arange(len(req))[rows]),
+                        x_T=x_T[rows].to(self.device),
+                        sigmas=stage.sigmas,
+                        sde_indices=stage.sde_indices[rows],
+                        sde_noise=None if sde_noise is None else sde_noise[rows],
+                        strategy=self.strategy,
+                        guidance_scale=guidance,
+                        storage_dtype=self.storage_dtype,
+                        record_means=self.record_means,
+                        record_uncond=self.record_uncond,
+                        policy_version=self.policy_version,
+                    )
                 )
-            )
-        segment = LatentSegment.concat(segments)
-        self._sync()
+            segment = LatentSegment.concat(segments)
+            self._sync()
         timings["rollout"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        pixels = self.decode(segment.final_latents)
-        self._sync()
+        with record_function("unirl/decode"):
+            pixels = self.decode(segment.final_latents)
+            self._sync()
         timings["decode"] = time.perf_counter() - t0
 
         track = RolloutTrack(
