@@ -6,14 +6,20 @@ kernels of one of each from ``torch.profiler``.
 
     python examples/benchmarks/profile_transformer.py [--sdpa auto|flash|cudnn]
         [--json OUT.json] [--rows 25] [--path tiny --device cpu --no-compile] [--no-fuse]
+        [--batch 16] [--inductor combo_kernels=True] [--skip-profile]
 
 ``--no-fuse`` runs diffusers' attention processor (three q / k / v matmuls and peft's separate
 LoRA matmuls) instead of the fused projections (``bundle.fuse_projections``).
+``--batch`` sets the rows per forward (16: the rollout's CFG batch; 8: Flow-GRPO's training
+forward over the conditional rows). ``--inductor KEY=VALUE`` (repeatable) sets
+``torch._inductor.config.KEY`` before anything compiles. ``--skip-profile`` stops after
+the timings.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import time
 
@@ -48,7 +54,19 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--no-fuse", action="store_true")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--inductor", action="append", default=[])
+    parser.add_argument("--skip-profile", action="store_true")
     args = parser.parse_args()
+    inductor = {}
+    for item in args.inductor:
+        key, _, value = item.partition("=")
+        inductor[key] = ast.literal_eval(value)
+    if inductor:
+        import torch._inductor.config as inductor_config
+
+        for key, value in inductor.items():
+            setattr(inductor_config, key, value)
 
     bundle = SD3Bundle(
         path=args.path,
@@ -65,7 +83,7 @@ def main() -> None:
     )
     dev = bundle.device
     gen = torch.Generator(device=dev).manual_seed(0)
-    n, side = (16, 64) if dev.type == "cuda" else (2, 8)
+    n, side = (args.batch, 64) if dev.type == "cuda" else (2, 8)
     tcfg = backend.module.config
     cond = SD3Conditions(
         prompt_embeds=torch.randn(n, 77 + 128, tcfg.joint_attention_dim, device=dev, generator=gen),
@@ -94,6 +112,8 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
         "sdpa": args.sdpa,
         "fuse_projections": not args.no_fuse,
+        "batch": n,
+        "inductor": inductor,
         "compile_s": compile_s,
         "forward_s": timed(forward),
         "reference_s": timed(reference),
@@ -101,6 +121,11 @@ def main() -> None:
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else 0.0,
     }
     print(json.dumps(result, indent=2), flush=True)
+    if args.skip_profile:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+        return
 
     from torch.profiler import ProfilerActivity, profile
 
