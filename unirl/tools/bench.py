@@ -284,9 +284,11 @@ def run(data: dict[str, Any]) -> int:
         if opts.profile:
             ops.start_profile()
             t0 = time.perf_counter()
-            trainer.one_rollout(cfg.num_rollouts + 1)
-            profiled_s = time.perf_counter() - t0
-            summaries = ops.stop_profile(opts.profile)
+            try:
+                trainer.one_rollout(cfg.num_rollouts + 1)
+            finally:  # a failed rollout still stops the profilers (and keeps what they saw)
+                profiled_s = time.perf_counter() - t0
+                summaries = ops.stop_profile(opts.profile)
             results["profile"] = {"rollout_s": profiled_s, "workers": summaries}
             Path(opts.profile, "summary.json").write_text(json.dumps(results["profile"], indent=2))
         flops = None
