@@ -21,6 +21,8 @@
 #     (bundle.graph_text_encoders, default true here)
 #   PROFILE=1 ... also profiles one more rollout per shape (bench --profile): traces and the
 #     device-idle summary in OUT_DIR/profile_<shape>_<mode>
+#   INDUCTOR_OPTIONS='{combo_kernels: true}' ... torch._inductor.config settings for the compiled
+#     blocks (backend.fsdp.inductor_options, default null)
 #   COMPILE_VAE=false ... decodes with the eager VAE (default true, as the GPU recipes; the
 #     second-session figures in docs/performance.md had COMPILE_VAE=false FUSE=false)
 #
@@ -38,7 +40,7 @@ common=(
   num_devices="${NUM_DEVICES:-1}" device=cuda
   reward.backend._target_=unirl.reward.local.JpegCompressibility "~reward.backend.engine" "reward.guards=[]"
   stack.num_updates_per_batch=1 algorithm.old_logp_source=rollout
-  "++backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}, data_parallel: ${DP:-replicate}, activation_checkpointing: ${ACKPT:-false}}"
+  "++backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}, data_parallel: ${DP:-replicate}, activation_checkpointing: ${ACKPT:-false}, inductor_options: ${INDUCTOR_OPTIONS:-null}}"
   sampling.height="${SIZE:-512}" sampling.width="${SIZE:-512}"
   ++bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-bf16}" ++bundle.compile_vae="${COMPILE_VAE:-true}" ++bundle.fuse_projections="${FUSE:-true}"
   ++bundle.graph_text_encoders="${GRAPH_TEXT:-true}"

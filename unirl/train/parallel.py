@@ -35,6 +35,10 @@ class FSDPConfig:
     needs a sharded run (world > 1) on CUDA. ``compile`` compiles each block's forward with
     ``torch.compile`` (regional compilation: one graph per block class, shared by every block,
     used by rollout and training alike because trainside sampling runs the same module).
+    ``inductor_options``: ``torch._inductor.config`` settings made in the worker before the
+    blocks compile (process-wide there; for example ``{combo_kernels: true}``, which fuses
+    the many small per-tensor kernels of a LoRA's casts into fewer launches); each name must
+    be one of that module's settings.
     ``reshard_after_forward`` frees each block's gathered parameters after its forward (FSDP2's
     default: less memory, a second all-gather for the backward); ``false`` keeps them until
     the backward (with ``shard`` only). ``activation_checkpointing`` recomputes each block's
@@ -55,6 +59,7 @@ class FSDPConfig:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     compile: bool = False
+    inductor_options: dict[str, Any] | None = None
     shard_frozen: bool = True
     data_parallel: str = "shard"
 
@@ -63,6 +68,17 @@ class FSDPConfig:
             self.data_parallel in ("shard", "replicate"),
             f"fsdp.data_parallel must be 'shard' or 'replicate', got {self.data_parallel!r}",
         )
+        if self.inductor_options is not None:
+            import torch._inductor.config as inductor_config
+
+            self.inductor_options = dict(self.inductor_options)
+            unknown = sorted(k for k in self.inductor_options if not hasattr(inductor_config, k))
+            require(
+                not unknown,
+                f"fsdp.inductor_options names {unknown}, which torch._inductor.config (torch "
+                f"{torch.__version__}) does not have; check the spelling against that module",
+            )
+            require(self.compile, "fsdp.inductor_options is set but fsdp.compile is false")
         if self.block_class_names is not None:
             self.block_class_names = list(self.block_class_names)
             require(
@@ -124,9 +140,12 @@ def apply_activation_checkpointing(blocks: Iterable[nn.Module]) -> None:
 COMPILE_RECOMPILE_LIMIT = 64
 
 
-def apply_compile(blocks: Iterable[nn.Module]) -> None:
+def apply_compile(
+    blocks: Iterable[nn.Module], inductor_options: dict[str, Any] | None = None
+) -> None:
     """``torch.compile`` each block in place (``nn.Module.compile``): names stay unchanged.
 
+    ``inductor_options`` are set on ``torch._inductor.config`` first (process-wide).
     Block variants (SD3.5's dual-attention blocks, the context-only last block) times grad
     mode times adapter on/off exceed dynamo's default of 8 graphs per code object, after
     which it silently runs eager; the limit is raised so every variant stays compiled.
@@ -140,6 +159,11 @@ def apply_compile(blocks: Iterable[nn.Module]) -> None:
                 name,
                 max(getattr(torch._dynamo.config, name), COMPILE_RECOMPILE_LIMIT),
             )
+    if inductor_options:
+        import torch._inductor.config as inductor_config
+
+        for key, value in inductor_options.items():
+            setattr(inductor_config, key, value)
     for block in blocks:
         block.compile(dynamic=False)
 
