@@ -11,8 +11,8 @@ kernels of one of each from ``torch.profiler``.
 ``--no-fuse`` runs diffusers' attention processor (three q / k / v matmuls and peft's separate
 LoRA matmuls) instead of the fused projections (``bundle.fuse_projections``).
 ``--batch`` sets the rows per forward (16: the rollout's CFG batch; 8: Flow-GRPO's training
-forward over the conditional rows). ``--inductor KEY=VALUE`` (repeatable) sets
-``torch._inductor.config.KEY`` before anything compiles. ``--skip-profile`` stops after
+forward over the conditional rows). ``--inductor KEY=VALUE`` (repeatable) is one entry of
+``backend.fsdp.inductor_options`` (``torch._inductor.config`` before the blocks compile). ``--skip-profile`` stops after
 the timings.
 """
 
@@ -62,11 +62,6 @@ def main() -> None:
     for item in args.inductor:
         key, _, value = item.partition("=")
         inductor[key] = ast.literal_eval(value)
-    if inductor:
-        import torch._inductor.config as inductor_config
-
-        for key, value in inductor.items():
-            setattr(inductor_config, key, value)
 
     bundle = SD3Bundle(
         path=args.path,
@@ -77,7 +72,7 @@ def main() -> None:
         sdpa_backend=args.sdpa,
         fuse_projections=not args.no_fuse,
     )
-    fsdp = {"compile": not args.no_compile}
+    fsdp = {"compile": not args.no_compile, "inductor_options": inductor or None}
     backend = FSDPBackend(
         bundle=bundle, lora=LoraConfig(rank=32, alpha=64), fsdp=fsdp, device=args.device
     )

@@ -122,5 +122,5 @@ def summarize_trace(trace: dict[str, Any], *, top: int = 15, min_gap_us: float =
             name: {k: round(v, 3) for k, v in row.items()}
             for name, row in sorted(per_range.items())
         },
-        "gaps": gaps[:top],
+        "gaps": gaps,
     }

@@ -36,9 +36,9 @@ class FSDPConfig:
     ``torch.compile`` (regional compilation: one graph per block class, shared by every block,
     used by rollout and training alike because trainside sampling runs the same module).
     ``inductor_options``: ``torch._inductor.config`` settings made in the worker before the
-    blocks compile (process-wide there; for example ``{combo_kernels: true}``, which fuses
-    the many small per-tensor kernels of a LoRA's casts into fewer launches); each name must
-    be one of that module's settings.
+    blocks compile (process-wide there; for example ``{combo_kernels: true}``, Inductor's
+    horizontal fusion of small independent kernels such as a LoRA's per-tensor casts); each
+    name must be one of that module's settings.
     ``reshard_after_forward`` frees each block's gathered parameters after its forward (FSDP2's
     default: less memory, a second all-gather for the backward); ``false`` keeps them until
     the backward (with ``shard`` only). ``activation_checkpointing`` recomputes each block's
