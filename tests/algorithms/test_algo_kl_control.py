@@ -176,6 +176,7 @@ def _rank_worker(rank: int, world: int, init: str, results: dict) -> None:
         ctrl = KLController(KLConfig(beta=0.1, control="adaptive", target=1.0, horizon=1))
         ctrl.observe(torch.full((1 + rank,), 0.5 + rank))  # rank 0: [0.5]; rank 1: [1.5, 1.5]
         results[rank] = ctrl.step()
+        torch.distributed.barrier()  # leave together (see tests/train/test_train_fsdp.py)
     finally:
         torch.distributed.destroy_process_group()
 

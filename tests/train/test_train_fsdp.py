@@ -153,6 +153,7 @@ def _worker(rank: int, port: int, out_dir: str, mode: str) -> None:
         a, b = backend.full_trainable_state(), restored.full_trainable_state()
         result["continued_equal"] = all(torch.equal(a[k], b[k]) for k in a)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+        dist.barrier()  # leave together: a rank tearing gloo down under a busy peer aborts it
     finally:
         dist.destroy_process_group()
 
