@@ -247,3 +247,73 @@ def test_key_descriptions_come_from_field_docstrings_comments_then_class_docstri
     assert docs["inherited"] == "inherited: from the base's docstring;"
     assert docs["lr"] == "A component: lr set by keyword."
     assert "silent" not in docs
+
+
+def _refusal(*args: str, entry: str = "unirl.train_diffusion") -> str | None:
+    from unirl.config.entry import override_refusal, register_run_defaults
+
+    register_run_defaults()
+    line = split_command_line([RECIPE, *args])
+    assert line is not None
+    return override_refusal(line, "diffusion/sd3_tiny_trainside", entry)
+
+
+def test_an_override_of_a_key_the_recipe_lacks_gets_one_line_with_the_fix() -> None:
+    """Hydra's refusal is several lines and always suggests '+': the line names the missing
+    key, the close matches or the keys that exist there, and the fix for each case."""
+    help_cmd = "python -m unirl.train_vlm --config-name=diffusion/sd3_tiny_trainside --help"
+    assert _refusal("num_rolouts=3", entry="unirl.train_vlm") == (
+        "override 'num_rolouts=3': the recipe has no key 'num_rolouts' (did you mean "
+        f"'num_rollouts' or 'rollout'?); {help_cmd} lists every key"
+    )
+    block = _refusal("trainer.max_steps=3")  # a block no recipe has: named, not its leaf
+    assert block is not None
+    assert block.startswith(
+        "override 'trainer.max_steps=3': the recipe has no key 'trainer' (keys at the top "
+        "level: ['advantage', 'algorithm', 'backend', "
+    )
+    assert _refusal("backend.optimizer.lrr=1") == (
+        "override 'backend.optimizer.lrr=1': the recipe has no key 'backend.optimizer.lrr' "
+        "(did you mean 'lr'?); if it is a default the recipe leaves out, add it with "
+        "'+backend.optimizer.lrr=...' (python -m unirl.train_diffusion "
+        "--config-name=diffusion/sd3_tiny_trainside --help lists the keys, marking those "
+        "with '+')"
+    )
+    shuffle = _refusal("stack.shuffle=false")
+    assert shuffle is not None
+    assert "no key 'stack.shuffle' (keys under 'stack': ['_target_', 'max_grad_norm'," in shuffle
+    assert "add it with '+stack.shuffle=...'" in shuffle
+    new = "{_target_: unirl.reward.local.BrightnessTarget, target: 0.5}"
+    assert _refusal(f"reward.backend={new}") == (
+        f"override 'reward.backend={new}': the recipe has no key 'reward.backend.target' "
+        "(keys under 'reward.backend': ['_target_', 'components', 'weights']); a mapping on "
+        "the command line is merged into the recipe's 'reward.backend' block; to replace the "
+        "block write '~reward.backend' '+reward.backend={...}'"
+    )
+    # what composes is not refused: existing keys, '+' for a default, '~' then '+', sweeps
+    assert _refusal("num_rollouts=3", "+stack.shuffle=false") is None
+    assert _refusal("~reward.backend", f"+reward.backend={new}") is None
+    assert _refusal("-m", "stack.micro_batch_size=1,2") is None
+    # a swept misspelling is left to Hydra's own report; the plain ones beside it are checked
+    assert _refusal("-m", "num_rolouts=1,2") is None
+    assert _refusal("-m", "num_rolouts=1,2", "seeed=1") is not None
+
+
+def test_the_refusal_exits_2_before_hydra_runs() -> None:
+    out = _cli(RECIPE, "backend.optimizer.lrr=1", "--cfg", "job")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stdout == ""
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "[unirl] configuration error: override 'backend.optimizer.lrr=1': the recipe has no key"
+    )
+
+
+def test_the_troubleshooting_page_quotes_the_refusals_as_printed() -> None:
+    from unirl.config.entry import EXAMPLES_DIR
+
+    page = (EXAMPLES_DIR.parent / "docs" / "troubleshooting.md").read_text()
+    new = "{_target_: unirl.reward.local.BrightnessTarget, target: 0.5}"
+    for args in (("stack.shuffle=no",), (f"reward.backend={new}",)):
+        line = _refusal(*args)
+        assert line is not None and f"[unirl] configuration error: {line}\n" in page, args

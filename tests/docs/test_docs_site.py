@@ -204,7 +204,9 @@ def test_the_documented_block_swap_and_custom_reward_forms_work(tmp_path: Path) 
     block; the page's own custom reward module validates as the reward backend."""
     new = "{_target_: unirl.reward.local.BrightnessTarget, target: 0.5}"
     merged = _cli(RECIPE, f"reward.backend={new}", "--cfg", "job")
-    assert merged.returncode == 1 and "Could not override 'reward.backend'" in merged.stderr
+    assert merged.returncode == 2 and "merged into the recipe's 'reward.backend' block" in (
+        merged.stderr
+    )
     swapped = _cli(RECIPE, "~reward.backend", f"+reward.backend={new}", "--cfg", "job")
     assert swapped.returncode == 0, swapped.stderr[-2000:]
     block = yaml.safe_load(swapped.stdout)["reward"]["backend"]

@@ -4,7 +4,9 @@ Recipes live in ``<repo>/examples/<domain>/<name>.yaml`` and are addressed as
 ``--config-name=<domain>/<name>`` from any working directory. Every recipe starts with
 ``# @package _global_`` and ``defaults: [/unirl_run, _self_]``: the ``unirl_run`` node (built
 from ``RunConfig``'s defaults) declares every top-level key, so ``dry_run=true`` or
-``resume=...`` overrides work on any recipe while a misspelt override fails in Hydra.
+``resume=...`` overrides work on any recipe. An override of a key the composed recipe lacks
+is refused before Hydra runs, in one line with the close matches and the fix
+(``override_refusal``).
 
 ``hydra_entry`` builds a domain's main: Hydra's flags in any position, one folder per
 multirun job, and a failure reported in one line (the traceback goes to ``train.log``).
@@ -191,18 +193,15 @@ def shadowed_recipe(config_name: str, config_dir: str | None) -> str | None:
     )
 
 
-def help_keys(line: CommandLine, default_config: str) -> str:
-    """The ``== Keys ==`` section of ``--help`` (:mod:`unirl.config.help`) for the recipe and
-    overrides of ``line``, composed on the entrypoint's search path (``examples/``, then a
-    ``--config-dir`` where Hydra puts it)."""
+def _compose_line(line: CommandLine, default_config: str, overrides: list[str]) -> Any:
+    """The recipe of ``line`` composed with ``overrides`` on the entrypoint's search path
+    (``examples/``, then a ``--config-dir`` where Hydra puts it), Hydra's own node dropped."""
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_config_search_path
     from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
-    from omegaconf import OmegaConf, open_dict
-
-    from unirl.config.help import recipe_help
+    from omegaconf import open_dict
 
     search_path = create_config_search_path(f"file://{examples_dir()}")
     if line.config_dir is not None:
@@ -210,22 +209,109 @@ def help_keys(line: CommandLine, default_config: str) -> str:
         search_path.prepend("command-line", f"file://{extra}", SearchPathQuery(provider="schema"))
     GlobalHydra.instance().clear()
     try:
-        hydra = Hydra.create_main_hydra2(task_name="help", config_search_path=search_path)
+        hydra = Hydra.create_main_hydra2(task_name="check", config_search_path=search_path)
         cfg = hydra.compose_config(
             config_name=line.config_name or default_config,
-            overrides=[o for o in line.overrides if not override_key(o).startswith("hydra")],
+            overrides=[o for o in overrides if not override_key(o).startswith("hydra")],
             run_mode=RunMode.RUN,
         )
     finally:
         GlobalHydra.instance().clear()
     with open_dict(cfg):  # Hydra's own node (its sweep keys need a running job to resolve)
         cfg.pop("hydra", None)
+    return cfg
+
+
+def help_keys(line: CommandLine, default_config: str) -> str:
+    """The ``== Keys ==`` section of ``--help`` (:mod:`unirl.config.help`) for the recipe and
+    overrides of ``line``."""
+    from omegaconf import OmegaConf
+
+    from unirl.config.help import recipe_help
+
+    cfg = _compose_line(line, default_config, line.overrides)
     try:
         data = OmegaConf.to_container(cfg, resolve=True)
     except Exception:  # an interpolation help cannot resolve: show the values as written
         data = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(data, dict)
     return recipe_help(data)  # type: ignore[arg-type]
+
+
+def override_refusal(line: CommandLine, default_config: str, entry: str) -> str | None:
+    """One line for an override that sets a key the composed recipe lacks, or None.
+
+    Hydra refuses such an override in several lines and suggests ``+key=value``, which is
+    right only for a key the component accepts but the recipe leaves at its default. This
+    line names the override and the missing key, the closest keys that exist there, and the
+    fix for each case: ``+`` for a component default, ``~`` then ``+`` to replace a block
+    (a mapping given on the command line is merged into the recipe's block, key by key).
+    Swept (``-m``) values and anything else Hydra refuses are left to Hydra's own report."""
+    import difflib
+
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import DictConfig
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    swept = swept_keys(line.overrides)
+    plain = [
+        o
+        for o in line.overrides
+        if not o.startswith(("+", "~"))
+        and not override_key(o).startswith("hydra")
+        and override_key(o) not in swept
+    ]
+    if not plain:
+        return None
+    try:
+        unswept = [o for o in line.overrides if override_key(o) not in swept]
+        _compose_line(line, default_config, unswept)
+        return None
+    except ConfigCompositionException as exc:
+        match = re.match(r"Could not override '([^']+)'", str(exc))
+        cause = exc.__cause__
+        if match is None or not isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
+            return None
+        key, missing = match.group(1), str(getattr(cause, "full_key", "") or "")
+    except Exception:  # a recipe or value Hydra reports in its own words
+        return None
+    merged = missing.startswith(f"{key}.")  # a mapping merged into the block
+    if not missing or not (merged or missing == key or key.startswith(f"{missing}.")):
+        return None
+    given = next((o for o in plain if override_key(o) == key), key)
+    try:
+        recipe = _compose_line(line, default_config, [])
+    except Exception:
+        return None
+    node: Any = recipe
+    parts = missing.split(".")
+    where: list[str] = []
+    for part in parts[:-1]:
+        if not isinstance(node, DictConfig) or part not in node:
+            break
+        node, where = node[part], [*where, part]
+    absent = parts[len(where)]
+    known = sorted(str(k) for k in node) if isinstance(node, DictConfig) else []
+    close = [] if merged else difflib.get_close_matches(absent, known, n=3, cutoff=0.6)
+    at = f"under '{'.'.join(where)}'" if where else "at the top level"
+    if close:
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)"
+    else:
+        hint = f" (keys {at}: {known})" if known else ""
+    help_cmd = f"python -m {entry} --config-name={line.config_name or default_config} --help"
+    if merged:
+        fix = (
+            f"a mapping on the command line is merged into the recipe's '{key}' block; to "
+            f"replace the block write '~{key}' '+{key}={{...}}'"
+        )
+    elif not where:  # every top-level key is declared (unirl_run): nothing to add there
+        fix = f"{help_cmd} lists every key"
+    else:
+        fix = (
+            f"if it is a default the recipe leaves out, add it with '+{key}=...' ({help_cmd} "
+            "lists the keys, marking those with '+')"
+        )
+    return f"override '{given}': the recipe has no key '{missing}'{hint}; {fix}"
 
 
 def report_failure(exc: Exception) -> None:
@@ -259,6 +345,15 @@ def run_reporting(run: Callable[[dict[str, Any]], int | None], data: dict[str, A
     except Exception as exc:
         report_failure(exc)
         return 1
+
+
+def _entry_module(run: Callable[..., Any]) -> str:
+    """``unirl.train_diffusion`` for the ``run`` of that module, also under ``python -m``."""
+    name = run.__module__
+    if name == "__main__":
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        name = getattr(spec, "name", None) or "unirl.train_diffusion"
+    return name
 
 
 def hydra_entry(
@@ -305,9 +400,11 @@ def hydra_entry(
             sys.argv = [sys.argv[0], *given]
             _main()
             return
-        shadowed = shadowed_recipe(line.config_name or default_config, line.config_dir)
-        if shadowed is not None:
-            print(f"[unirl] configuration error: {shadowed}", file=sys.stderr, flush=True)
+        refused = shadowed_recipe(line.config_name or default_config, line.config_dir)
+        if refused is None and not line.help:
+            refused = override_refusal(line, default_config, _entry_module(run))
+        if refused is not None:
+            print(f"[unirl] configuration error: {refused}", file=sys.stderr, flush=True)
             sys.exit(2)
         swept.update(swept_keys(line.overrides))
         # a multirun's sweep folder (Hydra writes the unredacted multirun.yaml there) is a
