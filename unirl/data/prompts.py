@@ -67,7 +67,10 @@ def read_prompt_file(path: str | os.PathLike[str]) -> list[PromptExample]:
     else:
         examples = _read_json(file, text)
     if not examples:
-        raise PromptFileError(f"{file}: contains no prompts")
+        raise PromptFileError(
+            f"{file}: contains no prompts (one prompt per line in .txt; objects with a "
+            "'prompt' key in .jsonl / .json)"
+        )
     return examples
 
 
