@@ -9,13 +9,16 @@ the driver with status 137 after the backend wrote its files and before ``driver
 runs cover them: the uninterrupted reference; a run killed during the first checkpoint; its
 resume (through torn history lines) killed during the last checkpoint; with a file of the
 checkpoint before it truncated, a refused explicit resume of that one and a ``resume=auto``
-that falls back past both.
+that falls back past both. A Ctrl-C (SIGINT to the run's process group, Ray's processes
+included) stops after the rollout under way with a checkpoint, and ``resume=auto`` finishes
+the run with the same history.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -182,3 +185,53 @@ def test_auto_falls_back_past_an_incomplete_and_a_truncated_checkpoint(
     assert _history(out) == _history(reference)  # evals 2 and 3 once each, not twice
     for step in (2, 3):  # written again, whole
         assert checkpoint_problem(out / "checkpoints" / f"step_{step:06d}") is None
+
+
+def test_ctrl_c_stops_at_a_rollout_boundary_with_a_checkpoint_and_resume_finishes(
+    tmp_path: Path, reference: Path
+) -> None:
+    out = (tmp_path / "stopped").resolve()
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    env.pop("UNIRL_FAULT", None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "unirl.train_diffusion",
+        f"--config-name={RECIPE}",
+        f"output_dir={out}",
+        *COMMON,
+        "save_interval=0",  # no checkpoint is due: the stop writes its own
+    ]
+    # its own session: a terminal's Ctrl-C reaches the whole foreground process group
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("[unirl] rollout 1/3"):
+            os.killpg(proc.pid, signal.SIGINT)
+            break
+    rest, err = proc.communicate(timeout=240)
+    said = "".join(seen) + rest + err
+    assert proc.returncode == 130, said
+    last = err.strip().splitlines()[-1]
+    done = int(last.split(" after rollout ")[1].split(" ")[0]) if " after rollout " in last else -1
+    assert done in (1, 2), said  # the rollout under way when the signal came, then no other
+    ckpt = out / "checkpoints" / f"step_{done:06d}"
+    assert last == (
+        f"[unirl] stopped by SIGINT after rollout {done} of 3; checkpoint {ckpt}; continue "
+        "with the same command and resume=auto"
+    )
+    assert checkpoint_problem(ckpt) is None
+    assert not (out / "lora").exists()  # the run's end (export) did not happen
+    assert [r["step"] for r in read_metrics(out, "metrics.jsonl")] == list(range(done))
+    resumed = _run(out, "save_interval=0", "resume=auto")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert _history(out) == _history(reference)

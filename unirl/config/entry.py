@@ -333,7 +333,8 @@ def report_failure(exc: Exception) -> None:
 
 def run_reporting(run: Callable[[dict[str, Any]], int | None], data: dict[str, Any]) -> int:
     """``run(data)``'s exit code; a failure is reported (see :func:`report_failure`), not
-    raised: 2 for a configuration or user-facing error (one line, no traceback), else 1."""
+    raised: 2 for a configuration or user-facing error (one line, no traceback), 130 for an
+    interrupt that stopped at once (one line), else 1."""
     try:
         return run(data) or 0
     except ConfigError as exc:
@@ -342,6 +343,14 @@ def run_reporting(run: Callable[[dict[str, Any]], int | None], data: dict[str, A
     except UserFacingError as exc:  # a refused resume, a model path that resolves to nothing
         print(f"[unirl] error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C before the loop's handler, or a second one
+        why = str(exc) or "interrupted"
+        print(
+            f"[unirl] stopped: {why}; resume=auto continues from the last complete checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 130
     except Exception as exc:
         report_failure(exc)
         return 1

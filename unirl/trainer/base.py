@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import shutil
+import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from unirl.trainer.console import TRAIN_LOG, ConsoleLog
 from unirl.trainer.output import DRIVER_STATE, OutputDir, resolve_resume, write_json_atomic
 from unirl.trainer.roles import light_track, pixels_of
 from unirl.trainer.stage import Stage, order_stages, propagate_rewards
+from unirl.trainer.stop import StopRequest, stop_line
 from unirl.types import STATUS_OK, Images, RolloutReq, RolloutTrack, Videos
 
 
@@ -222,47 +224,62 @@ class StageTrainer:
         self.eval_tracker = LocalTracker(self.out.root, prefix="eval_metrics")
         pool = DevicePool(DevicePoolConfig.of(cfg))  # the recipe's pool knobs, taken whole
         bar: RolloutProgress | None = None
+        # SIGINT / SIGTERM: finish the rollout under way, checkpoint, stop (a second: at once)
+        stop = StopRequest()
+        stopped: tuple[str, int, Path | None] | None = None  # signal, rollouts done, checkpoint
         try:
-            self.place(pool)
-            self.stages = order_stages(self.stages)
-            if resume_from is not None:
-                self.resume(resume_from)
-            self.trim_history(trackers.local, resume_from)
-            # a bar in a terminal (messages written through it), else one line per rollout
-            bar = RolloutProgress(
-                cfg.num_rollouts,
-                initial=self.start_rollout,
-                mode=cfg.logging.progress,
-                reward_key=self.scored[-1].key("reward/mean"),
-            )
-            if cfg.eval_interval and cfg.eval.at_start and self.start_rollout == 0:
-                self.evaluate(0)  # the baseline every later eval is read against
-            for rollout_index in range(self.start_rollout, cfg.num_rollouts):
-                metrics = self.one_rollout(rollout_index)
-                trackers.log(rollout_index, metrics)
-                done = rollout_index + 1
-                bar.rollout_done(done, metrics)
-                if cfg.eval_interval and (
-                    done % cfg.eval_interval == 0 or done == cfg.num_rollouts
-                ):
-                    self.evaluate(done)
-                if cfg.save_interval and (
-                    done % cfg.save_interval == 0 or done == cfg.num_rollouts
-                ):
-                    self.save(done)
-            bar.close()
-            refresh_run_views(self.out.root)  # curves/ and report.html with the last rollout
-            if after_loop is not None:
-                after_loop(self, self.trained[0].ops)
-            self.export()
-            for stage in self.stages:  # leave sync groups cleanly (a failed run just shuts down)
-                if stage.sync is not None:
-                    stage.sync.close()
+            with stop:
+                self.place(pool)
+                self.stages = order_stages(self.stages)
+                if resume_from is not None:
+                    self.resume(resume_from)
+                self.trim_history(trackers.local, resume_from)
+                # a bar in a terminal (messages written through it), else one line per rollout
+                bar = RolloutProgress(
+                    cfg.num_rollouts,
+                    initial=self.start_rollout,
+                    mode=cfg.logging.progress,
+                    reward_key=self.scored[-1].key("reward/mean"),
+                )
+                if cfg.eval_interval and cfg.eval.at_start and self.start_rollout == 0:
+                    self.evaluate(0)  # the baseline every later eval is read against
+                for rollout_index in range(self.start_rollout, cfg.num_rollouts):
+                    if stop.requested:  # before this run's first rollout: nothing to save
+                        stopped = (stop.requested, rollout_index, None)
+                        break
+                    metrics = self.one_rollout(rollout_index)
+                    trackers.log(rollout_index, metrics)
+                    done = rollout_index + 1
+                    bar.rollout_done(done, metrics)
+                    if cfg.eval_interval and (
+                        done % cfg.eval_interval == 0 or done == cfg.num_rollouts
+                    ):
+                        self.evaluate(done)
+                    saved = None
+                    if cfg.save_interval and (
+                        done % cfg.save_interval == 0 or done == cfg.num_rollouts
+                    ):
+                        saved = self.save(done)
+                    if stop.requested and done < cfg.num_rollouts:
+                        stopped = (stop.requested, done, saved or self.save(done))
+                        break
+                bar.close()
+                refresh_run_views(self.out.root)  # curves/ and report.html with the last rollout
+                if stopped is None:
+                    if after_loop is not None:
+                        after_loop(self, self.trained[0].ops)
+                    self.export()
+                for stage in self.stages:  # leave sync groups cleanly (a failed run shuts down)
+                    if stage.sync is not None:
+                        stage.sync.close()
         finally:
             if bar is not None:
                 bar.close()
             trackers.close()
             pool.shutdown()
+        if stopped is not None:
+            print(stop_line(*stopped, cfg.num_rollouts, self.out.root), file=sys.stderr, flush=True)
+            return stop.exit_code
         print(
             f"[unirl] finished {cfg.num_rollouts} rollouts; outputs in {self.out.root}", flush=True
         )
@@ -448,7 +465,7 @@ class StageTrainer:
         )
         refresh_run_views(self.out.root)  # curves/ and report.html (a failure: one warning)
 
-    def save(self, done: int) -> None:
+    def save(self, done: int) -> Path:
         """Each training stage's backend writes its files (atomically, with a manifest);
         ``driver_state.json`` goes in last and marks the folder complete. A failed write
         removes the folder. Then ``keep_last`` prunes older checkpoints."""
@@ -476,6 +493,7 @@ class StageTrainer:
         if removed:
             names = ", ".join(p.name for p in removed)
             print(f"[unirl] keep_last={self.cfg.keep_last}: removed {names}", flush=True)
+        return path
 
     def resume(self, path: Path) -> None:
         state = json.loads((path / DRIVER_STATE).read_text())
