@@ -271,15 +271,21 @@ def check_batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> None:
     )
     updates, micro = geometry.num_updates_per_batch, geometry.micro_batch_size
     per_rank = geometry.samples_per_train_rank
+    # how the per-rank count came about, so the line names every knob that sets it
+    split = (
+        f"batch_size={geometry.prompts_per_rollout} prompts x sampling.samples_per_prompt="
+        f"{geometry.samples_per_prompt} over {train_dp} train data-parallel rank(s)"
+    )
     require(
         per_rank % updates == 0,
-        f"{per_rank} samples per train rank cannot be split into stack.num_updates_per_batch={updates} "
-        "equal mini-batches",
+        f"{per_rank} samples per train rank ({split}) cannot be split into "
+        f"stack.num_updates_per_batch={updates} equal mini-batches",
     )
     require(
         (per_rank // updates) % micro == 0,
-        f"a mini-batch of {per_rank // updates} samples per rank is not divisible by "
-        f"stack.micro_batch_size={micro}",
+        f"a mini-batch of {per_rank // updates} samples per rank ({split}, "
+        f"stack.num_updates_per_batch={updates}) is not divisible by "
+        f"stack.micro_batch_size={micro}; change batch_size, num_devices or the stack's sizes",
     )
 
 
@@ -456,6 +462,27 @@ def check_device(cfg: RunConfig, objs: dict[str, Any]) -> None:
         )
 
 
+# the package each optional tracker needs, and the extra that installs it
+TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
+
+
+def check_trackers(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    """An optional tracker's package is installed (found, not imported), before the run's
+    folder is written; a run on a Ray cluster logs from the driver, so this machine is the
+    one that needs it."""
+    import importlib.util
+
+    for tracker in cfg.logging.trackers:
+        if tracker not in TRACKER_PACKAGES:
+            continue
+        package, extra = TRACKER_PACKAGES[tracker]
+        require(
+            importlib.util.find_spec(package) is not None,
+            f"logging.trackers has {tracker!r} but the {package} package is not installed: "
+            f"pip install 'unirl-mm[{extra}]', or drop {tracker!r} from logging.trackers",
+        )
+
+
 CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
     check_required_blocks,
     check_layout_and_sync,
@@ -469,6 +496,7 @@ CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
     check_data,
     check_output_dir,
     check_device,
+    check_trackers,
 )
 
 
