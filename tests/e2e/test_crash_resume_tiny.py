@@ -36,21 +36,19 @@ TORN = '{"step": 7, "reward/mean": 0.12'  # a row cut off mid-write: no closing 
 Done = subprocess.CompletedProcess
 
 
-def _run(out: Path, *overrides: str, fault: str | None = None) -> Done:
+def _command(out: Path, *overrides: str, fault: str | None = None) -> dict[str, Any]:
+    """The quick-start entrypoint into ``out``: ``args`` and ``env`` for ``subprocess``."""
     env = {**os.environ, "RAY_ADDRESS": ""}
     env.pop("UNIRL_FAULT", None)
     if fault is not None:
         env["UNIRL_FAULT"] = fault
-    cmd = [
-        sys.executable,
-        "-m",
-        "unirl.train_diffusion",
-        f"--config-name={RECIPE}",
-        f"output_dir={out}",
-        *COMMON,
-        *overrides,
-    ]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    args = [sys.executable, "-m", "unirl.train_diffusion", f"--config-name={RECIPE}"]
+    return {"args": [*args, f"output_dir={out}", *COMMON, *overrides], "env": env}
+
+
+def _run(out: Path, *overrides: str, fault: str | None = None) -> Done:
+    command = _command(out, *overrides, fault=fault)
+    return subprocess.run(**command, capture_output=True, text=True, timeout=300)
 
 
 def _timing(key: str) -> bool:
@@ -191,23 +189,12 @@ def test_ctrl_c_stops_at_a_rollout_boundary_with_a_checkpoint_and_resume_finishe
     tmp_path: Path, reference: Path
 ) -> None:
     out = (tmp_path / "stopped").resolve()
-    env = {**os.environ, "RAY_ADDRESS": ""}
-    env.pop("UNIRL_FAULT", None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "unirl.train_diffusion",
-        f"--config-name={RECIPE}",
-        f"output_dir={out}",
-        *COMMON,
-        "save_interval=0",  # no checkpoint is due: the stop writes its own
-    ]
-    # its own session: a terminal's Ctrl-C reaches the whole foreground process group
+    # no checkpoint is due (save_interval=0): the stop writes its own; the run has its own
+    # session, as a terminal's Ctrl-C reaches the whole foreground process group
     proc = subprocess.Popen(
-        cmd,
-        env=env,
+        **_command(out, "save_interval=0"),
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # one pipe: read line by line, it cannot fill behind us
         text=True,
         start_new_session=True,
     )
@@ -218,10 +205,12 @@ def test_ctrl_c_stops_at_a_rollout_boundary_with_a_checkpoint_and_resume_finishe
         if line.startswith("[unirl] rollout 1/3"):
             os.killpg(proc.pid, signal.SIGINT)
             break
-    rest, err = proc.communicate(timeout=240)
-    said = "".join(seen) + rest + err
+    rest, _ = proc.communicate(timeout=240)
+    said = "".join(seen) + rest
     assert proc.returncode == 130, said
-    last = err.strip().splitlines()[-1]
+    stops = [line for line in said.splitlines() if line.startswith("[unirl] stopped by")]
+    assert len(stops) == 1, said
+    last = stops[0]
     done = int(last.split(" after rollout ")[1].split(" ")[0]) if " after rollout " in last else -1
     assert done in (1, 2), said  # the rollout under way when the signal came, then no other
     ckpt = out / "checkpoints" / f"step_{done:06d}"
