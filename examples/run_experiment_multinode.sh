@@ -24,6 +24,9 @@ export PYTHONUNBUFFERED=1
 run() {  # print under DRY_RUN=1, execute otherwise
   if [[ "${DRY_RUN:-0}" == "1" ]]; then printf '%q ' "$@"; echo; else "$@"; fi
 }
+run_exec() {  # the same, the run replacing this shell: a SIGTERM to it reaches the trainer
+  if [[ "${DRY_RUN:-0}" == "1" ]]; then printf '%q ' "$@"; echo; else exec "$@"; fi
+}
 
 case "${role}" in
   head)
@@ -45,7 +48,7 @@ case "${role}" in
     nnodes="${NNODES:-1}"
     run python "${here}/wait_for_cluster.py" --nodes "${nnodes}" --gpus "$((gpus * nnodes))" \
       --cpus "${CPUS_PER_NODE:-0}" --timeout "${WAIT_TIMEOUT:-600}"
-    run python -m "unirl.${entry}" "--config-name=${recipe}" "$@"
+    run_exec python -m "unirl.${entry}" "--config-name=${recipe}" "$@"
     ;;
   worker)
     head="${HEAD_ADDR:?workers need HEAD_ADDR}"

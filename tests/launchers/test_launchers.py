@@ -164,6 +164,39 @@ def test_wait_for_cluster_times_out_with_what_is_missing(tmp_path: Path) -> None
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+def test_multinode_head_runs_the_trainer_in_its_own_process(tmp_path: Path) -> None:
+    """The head's last step replaces the shell (exec): a SIGTERM sent to the launcher's pid (a
+    container's PID 1, a scheduler) reaches the trainer, which stops with a checkpoint.
+    ``ray`` and ``python`` are faked on PATH; the fake trainer reports its pid."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (
+        ("ray", "exit 0"),
+        ("python", '[[ "$1" == *wait_for_cluster.py ]] && exit 0\necho "trainer pid $$: $*"'),
+    ):
+        (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {
+        **os.environ,
+        "ROLE": "head",
+        "NODE_IP": "127.0.0.1",
+        "GPUS_PER_NODE": "0",
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+    }
+    proc = subprocess.Popen(
+        ["bash", str(EXAMPLES / "run_experiment_multinode.sh"), "diffusion/x", "seed=1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.strip() == (
+        f"trainer pid {proc.pid}: -m unirl.train_diffusion --config-name=diffusion/x seed=1"
+    )
+
+
 def test_slurm_wrapper_makes_the_first_node_the_head_and_the_rest_workers(tmp_path: Path) -> None:
     """Under DRY_RUN the sbatch script prints one srun per node: the head with the node count
     and the recipe, each worker pointed at the head; `scontrol` is faked on PATH."""
