@@ -66,7 +66,7 @@ def test_resume_continues_exactly(tmp_path, drop_last):
         for _ in range(k):
             first.next_batch()
         state = first.state_dict()
-        assert set(state) == {"epoch", "position", "num_prompts"}
+        assert set(state) == {"epoch", "position", "num_prompts", "held_out"}
         resumed = PromptFileSource(**kwargs)
         resumed.load_state_dict(dict(state))
         assert [_ids(resumed.next_batch()) for _ in range(9 - k)] == reference[k:]
@@ -74,7 +74,7 @@ def test_resume_continues_exactly(tmp_path, drop_last):
 
 def test_resume_rejects_a_different_file(tmp_path):
     source = PromptFileSource(path=str(_prompt_file(tmp_path, 10)), prompts_per_rollout=2)
-    with pytest.raises(ConfigError, match="checkpoint was taken on 11 prompts"):
+    with pytest.raises(ConfigError, match="checkpoint was taken on 11 training prompts"):
         source.load_state_dict({"epoch": 0, "position": 0, "num_prompts": 11})
 
 
@@ -124,3 +124,28 @@ def test_hold_out_refuses_to_leave_nothing_to_train_on(tmp_path) -> None:
         ConfigError, match=r"cannot hold out 3 of the 3 prompts.*eval\.prompts_path"
     ):
         PromptFileSource(path=str(path)).hold_out(3)
+
+
+def test_a_resume_with_other_held_out_prompts_names_the_eval_settings(tmp_path) -> None:
+    """A checkpoint taken with the eval set held out of the file, resumed by a run that holds
+    out none (eval_interval=0, or an eval file): the line says why the counts differ."""
+    path = tmp_path / "p.txt"
+    path.write_text("".join(f"p{i}\n" for i in range(10)))
+    first = PromptFileSource(path=str(path), prompts_per_rollout=3)
+    first.hold_out(4)
+    first.next_batch()
+    state = first.state_dict()
+    assert state == {"epoch": 0, "position": 3, "num_prompts": 6, "held_out": 4}
+    again = PromptFileSource(path=str(path), prompts_per_rollout=3)
+    with pytest.raises(ConfigError) as info:
+        again.load_state_dict(state)
+    assert str(info.value) == (
+        f"PromptFileSource: the checkpoint trained on 6 prompts of {path} with 4 held out for "
+        "eval; this run holds out 0 (10 to train on). The held-out prompts follow "
+        "eval_interval, eval.num_prompts and eval.prompts_path: resume with the checkpointed "
+        "run's values"
+    )
+    same = PromptFileSource(path=str(path), prompts_per_rollout=3)
+    same.hold_out(4)
+    same.load_state_dict(state)
+    assert [e.prompt for e in same.next_batch()] == [e.prompt for e in first.next_batch()]

@@ -129,16 +129,35 @@ class PromptFileSource:
         return [self._examples[i] for i in picked]
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"epoch", "position", "num_prompts"}``: where the next batch starts."""
-        return {"epoch": self._epoch, "position": self._position, "num_prompts": len(self)}
+        """``{"epoch", "position", "num_prompts", "held_out"}``: where the next batch starts,
+        over how many training prompts, with how many of the file's held out for eval."""
+        return {
+            "epoch": self._epoch,
+            "position": self._position,
+            "num_prompts": len(self),
+            "held_out": len(self._held_out),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`; the prompt file must have the same length."""
         epoch, position = int(state["epoch"]), int(state["position"])
         if "num_prompts" in state and int(state["num_prompts"]) != len(self):
+            then, now = int(state["num_prompts"]), len(self)
+            held_then, held_now = state.get("held_out"), len(self._held_out)
+            if held_then is not None and int(held_then) != held_now:
+                raise ConfigError(
+                    f"PromptFileSource: the checkpoint trained on {then} prompts of {self.path} "
+                    f"with {held_then} held out for eval; this run holds out {held_now} "
+                    f"({now} to train on). The held-out prompts follow eval_interval, "
+                    "eval.num_prompts and eval.prompts_path: resume with the checkpointed "
+                    "run's values"
+                )
+            held = f" after holding out {held_now} for eval" if held_now else ""
             raise ConfigError(
-                f"PromptFileSource: checkpoint was taken on {state['num_prompts']} prompts but "
-                f"{self.path} has {len(self)}; resume with the same prompt file"
+                f"PromptFileSource: checkpoint was taken on {then} training prompts but "
+                f"{self.path} gives {now}{held}; resume with the same prompt file and eval "
+                "settings (eval_interval, eval.num_prompts and eval.prompts_path decide the "
+                "prompts held out for eval)"
             )
         if epoch < 0 or not 0 <= position <= len(self):
             raise ConfigError(f"PromptFileSource: invalid state {state}")

@@ -206,6 +206,8 @@ class StageTrainer:
     def _run(self, after_loop: Callable[[Any, Any], None] | None) -> int:
         cfg = self.cfg
         resume_from = resolve_resume(cfg, self.out)  # verified here, before any Ray work
+        if resume_from is not None:  # the prompt position too: a mismatch is refused here
+            self.data_source.load_state_dict(self._driver_state(resume_from)["data"])
         if cfg.overwrite and resume_from is None:
             removed = self.out.clear_run()
             if removed:
@@ -495,8 +497,16 @@ class StageTrainer:
             print(f"[unirl] keep_last={self.cfg.keep_last}: removed {names}", flush=True)
         return path
 
-    def resume(self, path: Path) -> None:
+    @staticmethod
+    def _driver_state(path: Path) -> dict[str, Any]:
         state = json.loads((path / DRIVER_STATE).read_text())
+        assert isinstance(state, dict)
+        return state
+
+    def resume(self, path: Path) -> None:
+        """The stages' weights, optimizer and algorithm state; the data position was loaded
+        before placement (``_run``)."""
+        state = self._driver_state(path)
         stages = state.get("stages", {})
         missing = [s.track for s in self.trained if s.track not in stages]
         if missing:
@@ -508,7 +518,6 @@ class StageTrainer:
             stage.ops.load_checkpoint(str(self._ops_path(path, stage)))
             stage.stack.load_state(stages[stage.track]["stack"])
             stage.algorithm.load_algorithm_state(stages[stage.track].get("algorithm", {}))
-        self.data_source.load_state_dict(state["data"])
         self.start_rollout = int(state["next_rollout"])
 
     def trim_history(self, local: LocalTracker | None, resume_from: Path | None) -> None:
