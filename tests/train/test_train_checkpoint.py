@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -162,5 +163,17 @@ def test_load_refuses_mismatched_checkpoints(tmp_path: Path) -> None:
         make_backend(lora=LoraConfig(rank=4, targets=["to_q"])).load_checkpoint(
             tmp_path / "adapter"
         )
+    # the same tensors at another rank: named with the shapes, before any tensor is copied
+    with pytest.raises(CheckpointError) as info:
+        make_backend(lora=LoraConfig(rank=2, alpha=4.0, targets=list(TARGETS))).load_checkpoint(
+            tmp_path / "adapter"
+        )
+    message = str(info.value)
+    assert message.startswith(f"checkpoint {tmp_path / 'adapter'} does not fit this model: ")
+    assert re.search(r"lora_[AB]\.default\.weight is \[(4, \d+|\d+, 4)\] there, ", message)
+    assert message.endswith(
+        "here (and 15 more); resume with the recipe that wrote it (backend.lora.rank differs "
+        "from that run's)"
+    )
     with pytest.raises(CheckpointError, match="no checkpoint"):
         make_backend().load_checkpoint(tmp_path / "missing")

@@ -4,6 +4,7 @@ old checkpoints after each save."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -125,6 +126,7 @@ def test_save_prunes_to_keep_last_after_driver_state_is_written(
     trainer.cfg = RunConfig(output_dir=str(tmp_path / "run"), keep_last=2)
     trainer.out = OutputDir(trainer.cfg.output_dir)
     trainer.data_source = SimpleNamespace(state_dict=lambda: {"epoch": 0})
+    trainer.data = {"seed": 0, "reward": {"api_key": "sk-1"}}  # the recipe, as composed
     stack = SimpleNamespace(state=lambda: {})
     algorithm = SimpleNamespace(algorithm_state=lambda: {})
     trainer.stages = [Stage(track="diffusion", stack=stack, algorithm=algorithm, ops=_Ops())]
@@ -132,4 +134,38 @@ def test_save_prunes_to_keep_last_after_driver_state_is_written(
         trainer.save(done)
     assert [p.name for p in trainer.out.checkpoint_folders()] == ["step_000020", "step_000030"]
     assert all((p / DRIVER_STATE).is_file() for p in trainer.out.checkpoint_folders())
+    state = json.loads((trainer.out.checkpoint(30) / DRIVER_STATE).read_text())
+    assert state["config"]["seed"] == 0  # the recipe that wrote it, for a resume to compare
+    assert state["config"]["reward"]["api_key"] != "sk-1"  # credentials redacted
     assert "keep_last=2: removed step_000010" in capsys.readouterr().out
+
+
+def test_a_resume_with_another_recipe_names_the_changes_and_keeps_the_earlier_config(
+    tmp_path: Path,
+) -> None:
+    """The recipe a checkpoint was written with is in its driver_state.json; a resume that
+    changes it says what changed (how long it runs and how it resumes may change quietly) and
+    keeps the earlier config.yaml, once: a failed attempt does not replace the kept copy."""
+    out = OutputDir(tmp_path)
+    first = {"num_rollouts": 4, "resume": None, "backend": {"optimizer": {"lr": 0.003}, "k": [1]}}
+    out.write_config(first)
+    ckpt = out.checkpoint(2)
+    ckpt.mkdir(parents=True)
+    (ckpt / DRIVER_STATE).write_text(json.dumps({"next_rollout": 2, "config": first}))
+    same = {**first, "num_rollouts": 8, "resume": "auto"}
+    assert out.keep_config_before_resume(same, ckpt) is None
+    assert not (tmp_path / "config.before_step_000002.yaml").exists()
+    changed = {**same, "backend": {"optimizer": {"lr": 0.0005}}, "seed": 3}
+    assert out.keep_config_before_resume(changed, ckpt) == (
+        "[unirl] resume: this run's recipe differs from the one that wrote step_000002 "
+        "(backend.k: [1] -> (absent); backend.optimizer.lr: 0.003 -> 0.0005; seed: (absent) -> 3)"
+        "; the earlier config.yaml is kept as config.before_step_000002.yaml"
+    )
+    kept = tmp_path / "config.before_step_000002.yaml"
+    assert kept.read_text() == (tmp_path / "config.yaml").read_text()
+    out.write_config(changed)  # the failed attempt's recipe replaces config.yaml ...
+    assert out.keep_config_before_resume(changed, ckpt) is not None
+    assert "lr: 0.003" in kept.read_text()  # ... but not the kept one
+    # an older checkpoint without the recorded recipe: compared with config.yaml
+    (ckpt / DRIVER_STATE).write_text(json.dumps({"next_rollout": 2}))
+    assert out.keep_config_before_resume(changed, ckpt) is None

@@ -213,19 +213,22 @@ def _check_meta(
             f"checkpoint {path} has adapters {meta['adapters']}, this backend {backend.adapters} "
             "(lora.adapter_name / lora.extra_adapters)"
         )
-    if backend.lora is not None:
-        problem = None
-        if backend.rank == 0:  # only rank 0 holds the tensors; every rank must raise together
+    problem = None
+    if backend.rank == 0:  # only rank 0 holds the tensors; every rank must raise together
+        saved = payload.get("model", {})
+        if backend.lora is not None:
             expected = set(adapter_parameter_names(backend.module))
-            got = set(payload["model"])
+            got = set(saved)
             if got != expected:
                 problem = (
                     f"checkpoint {path}: adapter tensors differ from this model's (lora.targets?); "
                     f"missing {sorted(expected - got)[:5]}, unexpected {sorted(got - expected)[:5]}"
                 )
-        problem = broadcast_object(problem)
-        if problem is not None:
-            raise ckpt.CheckpointError(problem)
+        if problem is None:
+            problem = _shape_problem(backend, saved, path)
+    problem = broadcast_object(problem)
+    if problem is not None:
+        raise ckpt.CheckpointError(problem)
     has_ema = backend.ema is not None
     if meta["has_ema"] != has_ema:
         warnings.warn(
@@ -233,6 +236,28 @@ def _check_meta(
             + ("EMA restarts from the loaded weights" if has_ema else "the saved EMA is ignored"),
             stacklevel=4,  # the caller of FSDPBackend.load_checkpoint
         )
+
+
+def _shape_problem(
+    backend: CheckpointedBackend, saved: dict[str, Any], path: str | Path
+) -> str | None:
+    """The saved tensors whose shapes differ from this model's parameters (global shapes,
+    sharded or not), named with the knobs that set them; ``None`` when all fit."""
+    here = dict(backend.module.named_parameters())
+    wrong = [
+        (name, tuple(tensor.shape), tuple(here[name].shape))
+        for name, tensor in saved.items()
+        if name in here and tuple(tensor.shape) != tuple(here[name].shape)
+    ]
+    if not wrong:
+        return None
+    name, then, now = wrong[0]
+    more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+    knobs = "backend.lora.rank" if backend.lora is not None else "the model's config"
+    return (
+        f"checkpoint {path} does not fit this model: {name} is {list(then)} there, {list(now)} "
+        f"here{more}; resume with the recipe that wrote it ({knobs} differs from that run's)"
+    )
 
 
 @torch.no_grad()

@@ -215,6 +215,10 @@ class StageTrainer:
                     f"[unirl] overwrite=true: removed {', '.join(removed)} from {self.out.root}",
                     flush=True,
                 )
+        if resume_from is not None:
+            drift = self.out.keep_config_before_resume(self.data, resume_from)
+            if drift is not None:
+                print(drift, flush=True)
         self.out.write_config(self.data)
         if self.eval_held_out:
             print(
@@ -484,6 +488,7 @@ class StageTrainer:
                 for s in self.trained
             },
             "seed": self.cfg.seed,
+            "config": redact_secrets(self.data),  # what a resume compares its recipe with
         }
         try:
             write_json_atomic(path / DRIVER_STATE, state)  # written last: marks completion

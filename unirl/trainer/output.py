@@ -21,6 +21,26 @@ WRITE_LEFTOVER = re.compile(rf"{CHECKPOINT_PREFIX}\d{{6,}}\.(tmp|old)-\d+")
 DRIVER_STATE = "driver_state.json"  # written last into a checkpoint folder: marks it complete
 
 
+# top-level keys a resumed run may change without a word: how it resumes and for how long
+RESUME_KEYS = frozenset({"resume", "overwrite", "num_rollouts", "dry_run"})
+_ABSENT = object()
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a.b.c": leaf}`` of nested mappings; lists stay whole (a leaf)."""
+    if not isinstance(tree, dict) or not tree:
+        return {prefix: tree} if prefix else {}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 class OutputDir:
     """``output_dir`` layout: ``config.yaml``, ``train.log`` (``console.ConsoleLog``),
     ``metrics.{jsonl,csv}``, ``eval_metrics.*``, ``samples/``, ``eval/``, ``curves/`` and
@@ -62,6 +82,45 @@ class OutputDir:
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.chmod(path, 0o600)  # an existing file keeps its mode through O_TRUNC
+
+    def keep_config_before_resume(self, data: dict[str, Any], resume_from: Path) -> str | None:
+        """A resumed run's recipe against the one that wrote ``resume_from`` (kept in its
+        ``driver_state.json``; else the run's ``config.yaml``). When they differ, the line
+        naming what changed is returned (``backend.optimizer.lr: 0.003 -> 0.0005``) and the
+        earlier ``config.yaml`` is kept as ``config.before_<checkpoint>.yaml`` before the new
+        one replaces it (an existing copy is not overwritten: a failed attempt does not push
+        out the recipe that wrote the checkpoint). ``None`` when they agree or nothing records
+        the earlier recipe. ``RESUME_KEYS`` (``resume``, ``num_rollouts`` ...) may change."""
+        from omegaconf import OmegaConf
+
+        path = self.root / "config.yaml"
+        state = resume_from / DRIVER_STATE
+        recorded = json.loads(state.read_text()).get("config") if state.is_file() else None
+        if recorded is not None:
+            before: Any = recorded
+        elif path.is_file():
+            before = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        else:
+            return None
+        now = OmegaConf.to_container(OmegaConf.create(redact_secrets(data)), resolve=False)
+        old, new = _flatten(before), _flatten(now)
+        changed = [
+            f"{key}: {_short(old.get(key, '(absent)'))} -> {_short(new.get(key, '(absent)'))}"
+            for key in sorted(old.keys() | new.keys())
+            if key.split(".")[0] not in RESUME_KEYS
+            and old.get(key, _ABSENT) != new.get(key, _ABSENT)
+        ]
+        if not changed:
+            return None
+        kept = self.root / f"config.before_{resume_from.name}.yaml"
+        if path.is_file() and not kept.exists():
+            shutil.copy2(path, kept)
+        more = f"; and {len(changed) - 8} more" if len(changed) > 8 else ""
+        where = f"; the earlier config.yaml is kept as {kept.name}" if kept.exists() else ""
+        return (
+            f"[unirl] resume: this run's recipe differs from the one that wrote "
+            f"{resume_from.name} ({'; '.join(changed[:8])}{more}){where}"
+        )
 
     def clear_run(self) -> list[str]:
         """Remove what an earlier run left (``overwrite=true``): checkpoints, galleries, the
