@@ -400,33 +400,21 @@ def check_component_hooks(cfg: RunConfig, objs: dict[str, Any]) -> None:
             hook(block, cfg)
 
 
-def _check_prompt_file(field: str, path: str) -> None:
-    """The file parses as prompts (every line, every media file), or one line naming it."""
-    from unirl.data.prompts import PromptFileError, read_prompt_file
-
-    try:
-        read_prompt_file(path)
-    except PromptFileError as exc:
-        raise ConfigError(f"{field}: {exc}") from None
-
-
 def check_data(cfg: RunConfig, objs: dict[str, Any]) -> None:
-    """The prompt files exist and parse (an empty or malformed file is refused here, not when
-    the first batch is drawn); a ``resume`` folder exists."""
+    """The prompt files exist (the data source's ``check_config`` hook parses them) and a
+    ``resume`` folder exists."""
     path = (cfg.data_source or {}).get("path")
     if path:
         require(
             os.path.isfile(str(path)),
             f"data_source.path: prompt file {path!r} does not exist (set DATA_PATH or data_source.path)",
         )
-        _check_prompt_file("data_source.path", str(path))
     if cfg.eval.prompts_path:
         require(
             os.path.isfile(cfg.eval.prompts_path),
             f"eval.prompts_path: prompt file {cfg.eval.prompts_path!r} does not exist (give an "
             "existing file, or null to evaluate on the first prompts of data_source.path)",
         )
-        _check_prompt_file("eval.prompts_path", cfg.eval.prompts_path)
     if cfg.resume not in (None, "", "auto", "none", "null"):
         require(
             os.path.isdir(str(cfg.resume)),

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from unirl.config import ConfigError, require
-from unirl.data.prompts import PromptExample, read_prompt_file
+from unirl.data.prompts import PromptExample, PromptFileError, read_prompt_file
 
 
 @dataclass(kw_only=True)
@@ -40,6 +41,25 @@ class PromptFileSource:
         self._examples = read_prompt_file(self.path)
         if self.prompts_per_rollout is not None:
             self.set_prompts_per_rollout(self.prompts_per_rollout)
+
+    @classmethod
+    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+        """Before anything is built (``unirl.config.validate``'s component hooks): the prompt
+        files the run reads parse whole, ``path`` and the recipe's ``eval.prompts_path``
+        (read by the trainer in the same format). An empty or malformed file is refused in one
+        line naming the field, file and line; a missing one is left to the validator's own
+        line."""
+        evaluation = getattr(recipe, "eval", None)
+        for name, path in (
+            ("data_source.path", block.get("path")),
+            ("eval.prompts_path", getattr(evaluation, "prompts_path", None)),
+        ):
+            if not path or not os.path.isfile(str(path)):
+                continue
+            try:
+                read_prompt_file(str(path))
+            except PromptFileError as exc:
+                raise ConfigError(f"{name}: {exc}") from None
 
     def hold_out(self, count: int) -> list[PromptExample]:
         """Remove the last ``count`` prompts of the file from training and return them (the
