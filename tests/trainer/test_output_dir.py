@@ -150,13 +150,11 @@ def test_a_resume_with_another_recipe_names_the_changes_and_keeps_the_earlier_co
     first = {"num_rollouts": 4, "resume": None, "backend": {"optimizer": {"lr": 0.003}, "k": [1]}}
     out.write_config(first)
     ckpt = out.checkpoint(2)
-    ckpt.mkdir(parents=True)
-    (ckpt / DRIVER_STATE).write_text(json.dumps({"next_rollout": 2, "config": first}))
     same = {**first, "num_rollouts": 8, "resume": "auto"}
-    assert out.keep_config_before_resume(same, ckpt) is None
+    assert out.keep_config_before_resume(same, ckpt, first) is None
     assert not (tmp_path / "config.before_step_000002.yaml").exists()
     changed = {**same, "backend": {"optimizer": {"lr": 0.0005}}, "seed": 3}
-    assert out.keep_config_before_resume(changed, ckpt) == (
+    assert out.keep_config_before_resume(changed, ckpt, first) == (
         "[unirl] resume: this run's recipe differs from the one that wrote step_000002 "
         "(backend.k: [1] -> (absent); backend.optimizer.lr: 0.003 -> 0.0005; seed: (absent) -> 3)"
         "; the earlier config.yaml is kept as config.before_step_000002.yaml"
@@ -164,8 +162,7 @@ def test_a_resume_with_another_recipe_names_the_changes_and_keeps_the_earlier_co
     kept = tmp_path / "config.before_step_000002.yaml"
     assert kept.read_text() == (tmp_path / "config.yaml").read_text()
     out.write_config(changed)  # the failed attempt's recipe replaces config.yaml ...
-    assert out.keep_config_before_resume(changed, ckpt) is not None
+    assert out.keep_config_before_resume(changed, ckpt, first) is not None
     assert "lr: 0.003" in kept.read_text()  # ... but not the kept one
     # an older checkpoint without the recorded recipe: compared with config.yaml
-    (ckpt / DRIVER_STATE).write_text(json.dumps({"next_rollout": 2}))
-    assert out.keep_config_before_resume(changed, ckpt) is None
+    assert out.keep_config_before_resume(changed, ckpt, None) is None

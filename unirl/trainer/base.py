@@ -206,8 +206,9 @@ class StageTrainer:
     def _run(self, after_loop: Callable[[Any, Any], None] | None) -> int:
         cfg = self.cfg
         resume_from = resolve_resume(cfg, self.out)  # verified here, before any Ray work
-        if resume_from is not None:  # the prompt position too: a mismatch is refused here
-            self.data_source.load_state_dict(self._driver_state(resume_from)["data"])
+        state = self._driver_state(resume_from) if resume_from is not None else None
+        if state is not None:  # the prompt position too: a mismatch is refused here
+            self.data_source.load_state_dict(state["data"])
         if cfg.overwrite and resume_from is None:
             removed = self.out.clear_run()
             if removed:
@@ -215,8 +216,8 @@ class StageTrainer:
                     f"[unirl] overwrite=true: removed {', '.join(removed)} from {self.out.root}",
                     flush=True,
                 )
-        if resume_from is not None:
-            drift = self.out.keep_config_before_resume(self.data, resume_from)
+        if resume_from is not None and state is not None:
+            drift = self.out.keep_config_before_resume(self.data, resume_from, state.get("config"))
             if drift is not None:
                 print(drift, flush=True)
         self.out.write_config(self.data)
@@ -237,8 +238,8 @@ class StageTrainer:
             with stop:
                 self.place(pool)
                 self.stages = order_stages(self.stages)
-                if resume_from is not None:
-                    self.resume(resume_from)
+                if resume_from is not None and state is not None:
+                    self.resume(resume_from, state)
                 self.trim_history(trackers.local, resume_from)
                 # a bar in a terminal (messages written through it), else one line per rollout
                 bar = RolloutProgress(
@@ -508,10 +509,9 @@ class StageTrainer:
         assert isinstance(state, dict)
         return state
 
-    def resume(self, path: Path) -> None:
-        """The stages' weights, optimizer and algorithm state; the data position was loaded
-        before placement (``_run``)."""
-        state = self._driver_state(path)
+    def resume(self, path: Path, state: dict[str, Any]) -> None:
+        """The stages' weights, optimizer and algorithm state from ``path`` (``state``: its
+        ``driver_state.json``); the data position was loaded before placement (``_run``)."""
         stages = state.get("stages", {})
         missing = [s.track for s in self.trained if s.track not in stages]
         if missing:

@@ -83,9 +83,11 @@ class OutputDir:
             f.write(text)
         os.chmod(path, 0o600)  # an existing file keeps its mode through O_TRUNC
 
-    def keep_config_before_resume(self, data: dict[str, Any], resume_from: Path) -> str | None:
-        """A resumed run's recipe against the one that wrote ``resume_from`` (kept in its
-        ``driver_state.json``; else the run's ``config.yaml``). When they differ, the line
+    def keep_config_before_resume(
+        self, data: dict[str, Any], resume_from: Path, recorded: dict[str, Any] | None
+    ) -> str | None:
+        """A resumed run's recipe against the one that wrote ``resume_from`` (``recorded``,
+        from its ``driver_state.json``; else the run's ``config.yaml``). When they differ, the line
         naming what changed is returned (``backend.optimizer.lr: 0.003 -> 0.0005``) and the
         earlier ``config.yaml`` is kept as ``config.before_<checkpoint>.yaml`` before the new
         one replaces it (an existing copy is not overwritten: a failed attempt does not push
@@ -94,8 +96,6 @@ class OutputDir:
         from omegaconf import OmegaConf
 
         path = self.root / "config.yaml"
-        state = resume_from / DRIVER_STATE
-        recorded = json.loads(state.read_text()).get("config") if state.is_file() else None
         if recorded is not None:
             before: Any = recorded
         elif path.is_file():
