@@ -450,8 +450,8 @@ def check_device(cfg: RunConfig, objs: dict[str, Any]) -> None:
         )
 
 
-# the package each optional tracker needs, and the extra that installs it
-TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
+# trackers whose package (and the unirl-mm extra that installs it) has the tracker's name
+OPTIONAL_TRACKERS = ("tensorboard", "wandb")
 
 
 def check_trackers(cfg: RunConfig, objs: dict[str, Any]) -> None:
@@ -461,13 +461,10 @@ def check_trackers(cfg: RunConfig, objs: dict[str, Any]) -> None:
     import importlib.util
 
     for tracker in cfg.logging.trackers:
-        if tracker not in TRACKER_PACKAGES:
-            continue
-        package, extra = TRACKER_PACKAGES[tracker]
         require(
-            importlib.util.find_spec(package) is not None,
-            f"logging.trackers has {tracker!r} but the {package} package is not installed: "
-            f"pip install 'unirl-mm[{extra}]', or drop {tracker!r} from logging.trackers",
+            tracker not in OPTIONAL_TRACKERS or importlib.util.find_spec(tracker) is not None,
+            f"logging.trackers has {tracker!r} but the {tracker} package is not installed: "
+            f"pip install 'unirl-mm[{tracker}]', or drop {tracker!r} from logging.trackers",
         )
 
 
