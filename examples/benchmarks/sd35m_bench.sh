@@ -15,6 +15,8 @@
 #     LoRA A) projections (bundle.fuse_projections, default true)
 #   SIZE=1024 samples at 1024x1024 (default 512); MICRO=N sets the training micro-batch
 #     (default 8 for Flow-GRPO, 16 for Fast); ACKPT=true checkpoints each block's activations
+#   SLOTS=3 ... replays three trained steps as the rows of one training forward + backward
+#     (algorithm.slots_per_forward, default 1; activation memory grows with it)
 #   RECORD_UNCOND=false ... recomputes the unconditional velocity in training (no grad)
 #     instead of reusing the rollout's (pipeline.record_uncond, default true)
 #   GRAPH_TEXT=false ... runs the text encoders eagerly instead of from CUDA graphs
@@ -44,7 +46,8 @@ common=(
   sampling.height="${SIZE:-512}" sampling.width="${SIZE:-512}"
   ++bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-bf16}" ++bundle.compile_vae="${COMPILE_VAE:-true}" ++bundle.fuse_projections="${FUSE:-true}"
   ++bundle.graph_text_encoders="${GRAPH_TEXT:-true}"
-  ++pipeline.record_uncond="${RECORD_UNCOND:-true}" logging.progress=off
+  ++pipeline.record_uncond="${RECORD_UNCOND:-true}" ++algorithm.slots_per_forward="${SLOTS:-1}"
+  logging.progress=off
 )
 if [[ "${ONLY:-}" != "fast" ]]; then
 python -m unirl.tools.bench --config-name=diffusion/sd3_trainside "${common[@]}" \

@@ -21,6 +21,7 @@ from unirl.algorithms.losses import flow_dppo_loss
 from unirl.algorithms.replay import (
     check_flow_knobs,
     check_record_uncond,
+    check_slots_per_forward,
     ratio_metrics,
     replay_anchors,
     replay_slot_losses,
@@ -30,7 +31,7 @@ from unirl.algorithms.replay import (
     uncond_metrics,
 )
 from unirl.config.require import require
-from unirl.config.typecheck import PositiveFloat
+from unirl.config.typecheck import PositiveFloat, PositiveInt
 from unirl.models.common.denoise import StepRecord
 from unirl.models.common.guidance import CFGGradient
 from unirl.types import Conditions, LatentSegment
@@ -46,8 +47,8 @@ class FlowDPPO(StageAlgorithm):
     ``pipeline.record_means=true``). σ_t comes from ``pipeline.strategy.step_std`` for the
     sigmas of each sample's slot, so Flow, Dance and CPS kernels each get their own σ_t.
     ``kl`` / ``kl_form``: optional KL to the frozen base with a fixed or adaptive β, as in
-    :class:`FlowGRPO`. ``cfg_gradient``: ``cond_only`` (default) or ``both``, as in
-    :class:`FlowGRPO`.
+    :class:`FlowGRPO`. ``cfg_gradient``: ``cond_only`` (default) or ``both``, and
+    ``slots_per_forward`` (trained slots per forward + backward), as in :class:`FlowGRPO`.
 
     The loss of a micro-batch is the mean over its trained steps of each step's kept-term
     mean (one forward + backward per step keeps memory flat; the kept count of later steps is
@@ -63,6 +64,7 @@ class FlowDPPO(StageAlgorithm):
         kl_form: Literal["gaussian", "reference"] = "gaussian",
         old_logp_source: Literal["replay", "rollout"] = "replay",
         cfg_gradient: CFGGradient = "cond_only",
+        slots_per_forward: PositiveInt = 1,
     ) -> None:
         super().__init__(kl=kl)
         require(
@@ -71,11 +73,13 @@ class FlowDPPO(StageAlgorithm):
         )
         check_flow_knobs(kl_form, old_logp_source, cfg_gradient)
         check_record_uncond(pipeline, cfg_gradient)
+        check_slots_per_forward(slots_per_forward)
         self.pipeline = pipeline
         self.kl_threshold = kl_threshold
         self.kl_form = kl_form
         self.old_logp_source = old_logp_source
         self.cfg_gradient: CFGGradient = cfg_gradient
+        self.slots_per_forward = slots_per_forward
 
     @torch.no_grad()
     def prepare_segment(self, conditions: Conditions, segment: LatentSegment) -> LatentSegment:
@@ -93,6 +97,7 @@ class FlowDPPO(StageAlgorithm):
             means=True,
             cfg_gradient=self.cfg_gradient,
             reuse_uncond=bool(reuses_uncond(self, segment)),
+            slots_per_forward=self.slots_per_forward,
         )
 
     def compute_loss_and_backward(

@@ -24,6 +24,7 @@ from unirl.algorithms.losses import clipped_surrogate, grpo_guard_log_ratio
 from unirl.algorithms.replay import (
     check_flow_knobs,
     check_record_uncond,
+    check_slots_per_forward,
     ratio_metrics,
     replay_anchors,
     replay_slot_losses,
@@ -33,7 +34,7 @@ from unirl.algorithms.replay import (
     uncond_metrics,
 )
 from unirl.config.require import require
-from unirl.config.typecheck import PositiveFloat
+from unirl.config.typecheck import PositiveFloat, PositiveInt
 from unirl.models.common.denoise import StepRecord
 from unirl.models.common.guidance import CFGGradient
 from unirl.types import Conditions, LatentSegment
@@ -69,6 +70,12 @@ class FlowGRPO(StageAlgorithm):
     way; ``old_logp_source="rollout"`` with ``cond_only`` compares the sampler's batched
     ``[uncond; cond]`` forward with two N-row forwards, exact only where the model's rows do
     not depend on the batch they share (true of the tiny CPU models the tests use).
+
+    ``slots_per_forward``: trained slots replayed together as the rows of one forward +
+    backward (1: one slot at a time). The loss and its gradient are the same, up to the
+    kernels' batch-size rounding; fewer, larger passes cost less host time per row and
+    activation memory grows with the group (see ``docs/performance.md``). The π_old anchor
+    uses the same groups, so the first ratio stays exactly 1.
     """
 
     def __init__(
@@ -80,12 +87,14 @@ class FlowGRPO(StageAlgorithm):
         kl_form: Literal["gaussian", "reference"] = "gaussian",
         old_logp_source: Literal["replay", "rollout"] = "replay",
         cfg_gradient: CFGGradient = "cond_only",
+        slots_per_forward: PositiveInt = 1,
         ratio_norm: Literal["none", "grpo_guard"] = "none",
     ) -> None:
         super().__init__(kl=kl)
         require(clip_range > 0, "algorithm.clip_range must be > 0")
         check_flow_knobs(kl_form, old_logp_source, cfg_gradient)
         check_record_uncond(pipeline, cfg_gradient)
+        check_slots_per_forward(slots_per_forward)
         require(
             ratio_norm in ("none", "grpo_guard"),
             "algorithm.ratio_norm must be 'none' or 'grpo_guard'",
@@ -103,6 +112,7 @@ class FlowGRPO(StageAlgorithm):
         self.kl_form = kl_form
         self.old_logp_source = old_logp_source
         self.cfg_gradient: CFGGradient = cfg_gradient
+        self.slots_per_forward = slots_per_forward
         self.ratio_norm = ratio_norm
 
     @torch.no_grad()
@@ -124,6 +134,7 @@ class FlowGRPO(StageAlgorithm):
             means=guard,
             cfg_gradient=self.cfg_gradient,
             reuse_uncond=bool(reuses_uncond(self, segment)),
+            slots_per_forward=self.slots_per_forward,
         )
 
     def compute_loss_and_backward(

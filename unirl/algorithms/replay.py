@@ -2,7 +2,8 @@
 
 π_old is anchored by replaying each trained slot with the current weights at the training
 micro-batch geometry (:func:`replay_anchors`); the training pass replays every slot again,
-one forward + backward at a time (:func:`replay_slot_losses`), adding β·KL to the frozen
+one forward + backward per group of ``slots_per_forward`` slots (:func:`replay_slot_losses`,
+the group's slots stacked as rows by :func:`gather_slots`), adding β·KL to the frozen
 reference when ``kl`` is on (:func:`reference_step`, :func:`step_kl`). :func:`slot_sigmas`
 gives σ of a trained slot, :func:`check_flow_knobs` validates the knobs these losses share and
 :func:`ratio_metrics` summarises their ratios. A loss node brings only its per-slot term
@@ -41,6 +42,68 @@ def check_flow_knobs(kl_form: str, old_logp_source: str, cfg_gradient: str = "co
         old_logp_source in ("replay", "rollout"),
         "algorithm.old_logp_source must be 'replay' or 'rollout'",
     )
+
+
+def check_slots_per_forward(slots_per_forward: int) -> None:
+    require(
+        isinstance(slots_per_forward, int) and slots_per_forward >= 1,
+        "algorithm.slots_per_forward must be an integer >= 1 (trained slots replayed in one "
+        f"forward + backward; 1 keeps one slot per forward), got {slots_per_forward!r}",
+    )
+
+
+def slot_groups(num_steps: int, size: int) -> list[list[int]]:
+    """Trained slots ``0..num_steps-1`` in consecutive groups of ``size`` (the last may be
+    smaller): the slots one forward + backward replays together."""
+    return [list(range(s, min(s + size, num_steps))) for s in range(0, num_steps, size)]
+
+
+def gather_slots(
+    conditions: Conditions, segment: LatentSegment, slots: list[int]
+) -> tuple[Conditions, LatentSegment, int]:
+    """Trained slots ``slots`` of every sample stacked as the rows of one batch, so a single
+    forward replays them all: ``(conditions, segment, slot)`` with ``len(slots)·B`` rows of
+    one slot each, slot-major (rows ``j·B … (j+1)·B`` are slot ``slots[j]``; see
+    :func:`record_rows`), and the slot to replay (0). One slot is returned as it is."""
+    if len(slots) == 1:
+        return conditions, segment, slots[0]
+
+    def rows(t: torch.Tensor | None) -> torch.Tensor | None:  # [N, S, ...] -> [G·N, 1, ...]
+        if t is None:
+            return None
+        picked = t.index_select(1, host_to_device(torch.tensor(slots), t.device))
+        return picked.transpose(0, 1).reshape(-1, 1, *t.shape[2:])
+
+    stacked = dataclasses.replace(
+        segment,
+        sde_indices=rows(segment.sde_indices),
+        latents=rows(segment.latents),
+        next_latents=rows(segment.next_latents),
+        final_latents=None,  # replay never reads x₀
+        sde_logp=rows(segment.sde_logp),
+        sde_means=rows(segment.sde_means),
+        sde_uncond=rows(segment.sde_uncond),
+    )
+    return type(conditions).concat([conditions] * len(slots)), stacked, 0
+
+
+def record_rows(record: StepRecord, part: int, parts: int) -> StepRecord:
+    """Part ``part`` of ``parts`` equal row blocks of a grouped replay (:func:`gather_slots`):
+    the record of one slot of the group."""
+    if parts == 1:
+        return record
+
+    def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None or t.ndim == 0:
+            return t
+        n = t.shape[0] // parts
+        return t[part * n : (part + 1) * n]
+
+    mean = cut(record.mean)
+    assert mean is not None
+    std = cut(record.std)
+    assert std is not None
+    return StepRecord(log_prob=cut(record.log_prob), mean=mean, std=std)
 
 
 def check_record_uncond(pipeline: Any, cfg_gradient: str) -> None:
@@ -88,20 +151,25 @@ def replay_anchors(
     means: bool,
     cfg_gradient: CFGGradient = "both",
     reuse_uncond: bool = False,
+    slots_per_forward: int = 1,
 ) -> LatentSegment:
     """π_old of every trained slot, replayed with the current weights at this micro-batch's
     geometry: ``sde_logp[B, S]`` and, when ``means``, ``sde_means[B, S, C, h, w]`` (fp32).
-    ``cfg_gradient`` must be the training forward's, so the anchor runs the same forwards
-    (the split no-grad unconditional one for ``cond_only``) and the first ratio is exactly 1;
-    ``reuse_uncond`` (see :func:`reuses_uncond`) likewise takes v_u from the rollout."""
+    ``cfg_gradient`` and ``slots_per_forward`` must be the training forward's, so the anchor
+    runs the same forwards (the split no-grad unconditional one for ``cond_only``, the same
+    slot groups) and the first ratio is exactly 1; ``reuse_uncond`` (see
+    :func:`reuses_uncond`) likewise takes v_u from the rollout."""
     logps, mus = [], []
-    for k in range(segment.num_sde_steps):
-        record = pipeline.replay(
-            conditions, segment, k, cfg_gradient=cfg_gradient, reuse_uncond=reuse_uncond
+    for group in slot_groups(segment.num_sde_steps, slots_per_forward):
+        cond_g, seg_g, at = gather_slots(conditions, segment, group)
+        grouped = pipeline.replay(
+            cond_g, seg_g, at, cfg_gradient=cfg_gradient, reuse_uncond=reuse_uncond
         )
-        logps.append(record.log_prob)
-        if means:
-            mus.append(record.mean.float())
+        for j in range(len(group)):
+            record = record_rows(grouped, j, len(group))
+            logps.append(record.log_prob)
+            if means:
+                mus.append(record.mean.float())
     out = dataclasses.replace(segment, sde_logp=torch.stack(logps, dim=1).detach())
     if means:
         out = dataclasses.replace(out, sde_means=torch.stack(mus, dim=1).detach())
@@ -168,11 +236,15 @@ def replay_slot_losses(
 ) -> StepResult:
     """The per-slot training loop the replay losses share (Flow-GRPO, Flow-DPPO).
 
-    For each trained slot ``k``: the reference replay when the KL is on (no grad, the family's
-    plain guided forward), the policy replay with ``algorithm.cfg_gradient`` (v_u taken
-    from the rollout while :func:`reuses_uncond` says so, counted in ``uncond_reused[S]``),
-    ``policy_terms(k, record) -> (policy loss, per-slot terms)``, plus ``β·KL`` of the step,
-    then backward scaled by ``loss_scale / S`` (one graph alive at a time). Terms are
+    For each group of ``algorithm.slots_per_forward`` trained slots (:func:`slot_groups`,
+    stacked as rows by :func:`gather_slots`): the reference replay when the KL is on (no
+    grad, the family's plain guided forward), the policy replay with
+    ``algorithm.cfg_gradient`` (v_u taken from the rollout while :func:`reuses_uncond` says
+    so, counted in ``uncond_reused[S]``), then per slot ``k`` of the group
+    ``policy_terms(k, record) -> (policy loss, per-slot terms)`` plus ``β·KL`` of the step,
+    and one backward of the group's summed losses scaled by ``loss_scale / S`` (one group's
+    graph alive at a time: activation memory grows with the group). Grouping changes the
+    forward's batch geometry, not the loss: each slot keeps its own terms. Terms are
     concatenated over slots; with the KL on, ``kl`` and ``kl_steps[B, S]`` are added. The
     loss comes back as a detached device scalar (no host sync per slot).
     """
@@ -182,34 +254,42 @@ def replay_slot_losses(
     parts: dict[str, list[torch.Tensor]] = {}
     kls: list[torch.Tensor] = []
     reuse = reuses_uncond(algorithm, segment)  # one optimizer step never happens mid-batch
-    for k in range(num_steps):
+    for group in slot_groups(num_steps, algorithm.slots_per_forward):
+        cond_g, seg_g, at = gather_slots(conditions, segment, group)
         ref = None
         if kl.enabled:
             with record_function("unirl/train/reference"):
-                ref = reference_step(algorithm, algorithm.pipeline, conditions, segment, k)
+                ref = reference_step(algorithm, algorithm.pipeline, cond_g, seg_g, at)
+        group_loss: torch.Tensor | None = None
         with record_function("unirl/train/policy_forward"):
-            record = algorithm.pipeline.replay(
-                conditions,
-                segment,
-                k,
-                cfg_gradient=algorithm.cfg_gradient,
-                reuse_uncond=bool(reuse),
+            grouped = algorithm.pipeline.replay(
+                cond_g, seg_g, at, cfg_gradient=algorithm.cfg_gradient, reuse_uncond=bool(reuse)
             )
-            loss, terms = policy_terms(k, record)
-        if reuse is not None:
-            terms = {**terms, "uncond_reused": torch.tensor([float(reuse)])}
-        if ref is not None:
-            step = step_kl(
-                algorithm.pipeline.strategy, record.mean, ref.mean, segment, k, algorithm.kl_form
-            )
-            loss = loss + kl.beta * step.mean()
-            kls.append(step.detach())
-            kl.observe(step)
+            for j, k in enumerate(group):
+                record = record_rows(grouped, j, len(group))
+                loss, terms = policy_terms(k, record)
+                if reuse is not None:
+                    terms = {**terms, "uncond_reused": torch.tensor([float(reuse)])}
+                if ref is not None:
+                    ref_mean = record_rows(ref, j, len(group)).mean
+                    step = step_kl(
+                        algorithm.pipeline.strategy,
+                        record.mean,
+                        ref_mean,
+                        segment,
+                        k,
+                        algorithm.kl_form,
+                    )
+                    loss = loss + kl.beta * step.mean()
+                    kls.append(step.detach())
+                    kl.observe(step)
+                group_loss = loss if group_loss is None else group_loss + loss
+                total = total + loss.detach() / num_steps
+                for name, value in terms.items():
+                    parts.setdefault(name, []).append(value)
+        assert group_loss is not None
         with record_function("unirl/train/backward"):
-            (loss * (loss_scale / num_steps)).backward()
-        total = total + loss.detach() / num_steps
-        for name, value in terms.items():
-            parts.setdefault(name, []).append(value)
+            (group_loss * (loss_scale / num_steps)).backward()
     out = {name: torch.cat(values) for name, values in parts.items()}
     if kls:
         out["kl"] = torch.cat(kls)
