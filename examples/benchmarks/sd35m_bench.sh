@@ -15,8 +15,10 @@
 #     LoRA A) projections (bundle.fuse_projections, default true)
 #   SIZE=1024 samples at 1024x1024 (default 512); MICRO=N sets the training micro-batch
 #     (default 8 for Flow-GRPO, 16 for Fast); ACKPT=true checkpoints each block's activations
-#   SLOTS=3 ... replays three trained steps as the rows of one training forward + backward
-#     (algorithm.slots_per_forward, default 1; activation memory grows with it)
+#   SLOTS=N ... replays N trained steps as the rows of one training forward + backward
+#     (algorithm.slots_per_forward; default: the recipe's, 3 for Flow-GRPO, 1 for Fast;
+#     activation memory grows with it: one slot at SIZE=1024 already peaked at 61 GiB, so
+#     use SLOTS=1 there on an 80 GB card)
 #   RECORD_UNCOND=false ... recomputes the unconditional velocity in training (no grad)
 #     instead of reusing the rollout's (pipeline.record_uncond, default true)
 #   GRAPH_TEXT=false ... runs the text encoders eagerly instead of from CUDA graphs
@@ -46,7 +48,7 @@ common=(
   sampling.height="${SIZE:-512}" sampling.width="${SIZE:-512}"
   ++bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-bf16}" ++bundle.compile_vae="${COMPILE_VAE:-true}" ++bundle.fuse_projections="${FUSE:-true}"
   ++bundle.graph_text_encoders="${GRAPH_TEXT:-true}"
-  ++pipeline.record_uncond="${RECORD_UNCOND:-true}" ++algorithm.slots_per_forward="${SLOTS:-1}"
+  ++pipeline.record_uncond="${RECORD_UNCOND:-true}" ${SLOTS:+++algorithm.slots_per_forward=${SLOTS}}
   logging.progress=off
 )
 if [[ "${ONLY:-}" != "fast" ]]; then

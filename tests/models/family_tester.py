@@ -16,7 +16,10 @@ frames are compared. On the ``tiny`` preset, fp32 on CPU, the inherited tests pr
     forward) stays within 1e-6 of them;
 (d) the exported LoRA loads into the diffusers pipeline with ``load_lora_weights(folder)``
     and moves its output exactly as our adapter moves ours;
-(e) the ``<family>-arch`` preset has the released shapes (built on the meta device).
+(e) the ``<family>-arch`` preset has the released shapes (built on the meta device);
+(f) trained slots stacked as the rows of one forward (``algorithm.slots_per_forward``:
+    the family's conditions repeated per slot) replay every slot's log-prob within 1e-6 of
+    the sampler's, both CFG-gradient modes.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import pytest
 import torch
 
 from unirl.algorithms import FlowGRPO
+from unirl.algorithms.replay import gather_slots, record_rows
 from unirl.sde import ODE, FlowSDE
 from unirl.train import FSDPBackend, LoraConfig, OptimizerConfig, TrainStack
 from unirl.types import DiffusionRequest, DiffusionSamplingParams, RolloutReq, Texts, Videos
@@ -290,6 +294,23 @@ class FamilyTester:
                 split = pipeline.replay(track.conditions, segment, slot, cfg_gradient="cond_only")
                 gap = (split.log_prob - segment.sde_logp[:, slot]).abs().max()
                 assert float(gap) <= 1e-6, (slot, float(gap))
+
+    @pytest.mark.parametrize("cfg_gradient", ["both", "cond_only"])
+    def test_grouped_slots_replay_every_slot(self, cfg_gradient: str) -> None:
+        bundle = self.make_bundle()
+        pipeline = self.pipeline_class(bundle=bundle, strategy=FlowSDE(eta=0.7))
+        req = self.request(
+            bundle, samples_per_prompt=2, sde_steps=(0, 1, 2), guidance_scale=self.guidance_scale
+        )
+        track = pipeline.generate(req).tracks["diffusion"]
+        segment = track.segment
+        conditions, stacked, slot = gather_slots(track.conditions, segment, [0, 1, 2])
+        assert len(conditions) == len(stacked) == 3 * len(track) and slot == 0
+        with torch.no_grad():
+            grouped = pipeline.replay(conditions, stacked, slot, cfg_gradient=cfg_gradient)
+        for k in range(3):
+            gap = (record_rows(grouped, k, 3).log_prob - segment.sde_logp[:, k]).abs().max()
+            assert float(gap) <= 1e-6, (k, float(gap))
 
     def test_exported_lora_loads_into_diffusers(
         self, trained: SimpleNamespace, tmp_path: Path
