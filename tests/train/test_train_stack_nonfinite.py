@@ -1,7 +1,10 @@
 """TrainStack never skips a non-finite step silently: it counts it, logs it, does not apply
-it, and stops after ``max_nonfinite_in_row`` in a row with the step in the message."""
+it, and stops after ``max_nonfinite_in_row`` in a row with the step in the message. A device
+out-of-memory error in the step names the knobs that lower its memory."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,3 +68,49 @@ def test_nonfinite_steps_are_counted_skipped_and_stop_the_run() -> None:
     with pytest.raises(NonFiniteError, match=r"3 non-finite optimizer steps in a row .* rollout 5"):
         stack.train_track(_track(), 5)
     assert stack.nonfinite_total == 4
+
+
+# ----------------------------------------------------------------------------- out of memory
+class OutOfMemoryLoss(ScriptedLoss):
+    """Fails like a CUDA allocation in the training forward; ``slots_per_forward`` as the
+    replay losses carry it."""
+
+    def __init__(self, slots_per_forward: int = 1) -> None:
+        super().__init__([])
+        self.slots_per_forward = slots_per_forward
+
+    def compute_loss_and_backward(self, conditions, segment, advantages, loss_scale):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_out_of_memory_names_the_knobs_that_lower_the_step(slots: int) -> None:
+    stack = TrainStack(
+        backend=make_backend(bundle=TinyBundle()),
+        algorithm=OutOfMemoryLoss(slots),
+        micro_batch_size=2,
+    )
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        stack.train_track(_track(), 4)
+    knobs = "stack.micro_batch_size (now 2)"
+    if slots > 1:
+        knobs += " or algorithm.slots_per_forward (now 3)"
+    assert str(info.value) == (
+        f"out of memory in the training step of rollout 4: lower {knobs}, or set "
+        "backend.fsdp.activation_checkpointing=true; CUDA out of memory. Tried to allocate "
+        "2.00 GiB."
+    )
+    assert isinstance(info.value.__cause__, torch.OutOfMemoryError)
+
+
+def test_troubleshooting_quotes_the_out_of_memory_line() -> None:
+    stack = TrainStack(
+        backend=make_backend(bundle=TinyBundle()),
+        algorithm=OutOfMemoryLoss(3),
+        micro_batch_size=8,  # the SD3 GPU recipes' micro-batch, as the page shows
+    )
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        stack.train_track(_track(8), 0)
+    hint = str(info.value).split("; CUDA out of memory")[0]
+    page = (Path(__file__).parents[2] / "docs" / "troubleshooting.md").read_text()
+    assert f"OutOfMemoryError: {hint}; CUDA out of memory." in page

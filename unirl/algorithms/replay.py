@@ -94,8 +94,13 @@ def record_rows(record: StepRecord, part: int, parts: int) -> StepRecord:
         return record
 
     def cut(t: torch.Tensor | None) -> torch.Tensor | None:
-        if t is None or t.ndim == 0:
+        if t is None:
             return t
+        if t.ndim == 0 or t.shape[0] % parts:
+            raise ValueError(
+                f"a replay of {parts} stacked slots must give per-row tensors, got shape "
+                f"{tuple(t.shape)}"
+            )
         n = t.shape[0] // parts
         return t[part * n : (part + 1) * n]
 

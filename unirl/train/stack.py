@@ -16,7 +16,9 @@ role and rank in the message.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -280,10 +282,46 @@ class TrainStack(OptimizerSteps):
             for u, part in enumerate(parts)
         ]
 
+    def memory_knobs(self) -> str:
+        """The knobs that set the training step's activation memory, as a fix to try: the
+        micro-batch (or token budget), the algorithm's slots per forward when above 1, and
+        activation checkpointing when it is off."""
+        cfg = self.config
+        knobs = (
+            [f"stack.max_tokens_per_micro_batch (now {cfg.max_tokens_per_micro_batch})"]
+            if cfg.max_tokens_per_micro_batch is not None
+            else [f"stack.micro_batch_size (now {cfg.micro_batch_size})"]
+        )
+        slots = getattr(self.algorithm, "slots_per_forward", 1)
+        if slots > 1:
+            knobs.append(f"algorithm.slots_per_forward (now {slots})")
+        fix = "lower " + " or ".join(knobs)
+        fsdp = getattr(self.backend, "fsdp_config", None)
+        if fsdp is not None and not getattr(fsdp, "activation_checkpointing", True):
+            fix += ", or set backend.fsdp.activation_checkpointing=true"
+        return fix
+
+    @contextlib.contextmanager
+    def explain_out_of_memory(self, rollout_index: int) -> Iterator[None]:
+        """Re-raise a device out-of-memory error of the training step with where it happened
+        and the knobs that lower the step's memory first (the allocator's text follows)."""
+        try:
+            yield
+        except torch.OutOfMemoryError as exc:
+            raise torch.OutOfMemoryError(
+                f"out of memory in the training step of rollout {rollout_index}: "
+                f"{self.memory_knobs()}; {exc}"
+            ) from exc
+
     @distributed(dispatch=Dispatch.DP_SCATTER)
     def train_track(self, track: RolloutTrack, rollout_index: int = 0) -> dict[str, Any]:
         """Train on this rank's shard of ``track`` (advantages attached); returns
-        ``{"steps": [metrics of each optimizer step]}``."""
+        ``{"steps": [metrics of each optimizer step]}``. A device out-of-memory error names
+        the knobs that lower the step's memory (:meth:`explain_out_of_memory`)."""
+        with self.explain_out_of_memory(rollout_index):
+            return self._train_track(track, rollout_index)
+
+    def _train_track(self, track: RolloutTrack, rollout_index: int) -> dict[str, Any]:
         cfg = self.config
         resident_key = track.resident_key
         track = unpark(track, TRAIN_FIELDS)  # parked on this worker by the engine
