@@ -16,7 +16,8 @@
 #   SIZE=1024 samples at 1024x1024 (default 512); MICRO=N sets the training micro-batch
 #     (default 8 for Flow-GRPO, 16 for Fast); ACKPT=true checkpoints each block's activations
 #   SLOTS=N ... replays N trained steps as the rows of one training forward + backward
-#     (algorithm.slots_per_forward; default: the recipe's, 3 for Flow-GRPO, 1 for Fast;
+#     (algorithm.slots_per_forward, for both shapes unless ONLY picks one; default: the
+#     recipe's, 3 for Flow-GRPO, 1 for Fast;
 #     activation memory grows with it: one slot at SIZE=1024 already peaked at 61 GiB, so
 #     use SLOTS=1 there on an 80 GB card)
 #   RECORD_UNCOND=false ... recomputes the unconditional velocity in training (no grad)

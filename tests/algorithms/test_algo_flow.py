@@ -4,6 +4,8 @@ denoise loop: on-policy exactness, bf16 storage, σ_t from the strategy, loss va
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -473,29 +475,51 @@ def test_reuse_is_refused_for_cfg_gradient_both_and_absent_without_record() -> N
 
 
 # ----------------------------------------------------------------------------- slots per forward
-SLOT_CASES = {
-    "flowgrpo_kl": lambda p, g: FlowGRPO(
-        pipeline=p, clip_range=3e-4, kl=KLConfig(beta=0.04), slots_per_forward=g
+SLOT_CASES: dict[str, tuple[Callable[[Any, int], Any], bool]] = {
+    "flowgrpo_kl": (
+        lambda p, g: FlowGRPO(
+            pipeline=p, clip_range=3e-4, kl=KLConfig(beta=0.04), slots_per_forward=g
+        ),
+        False,
     ),
-    "grpo_guard": lambda p, g: FlowGRPO(
-        pipeline=p, clip_range=1e-3, ratio_norm="grpo_guard", slots_per_forward=g
+    "grpo_guard": (
+        lambda p, g: FlowGRPO(
+            pipeline=p, clip_range=1e-3, ratio_norm="grpo_guard", slots_per_forward=g
+        ),
+        False,
     ),
-    "cfg_both": lambda p, g: FlowGRPO(
-        pipeline=p, clip_range=3e-4, cfg_gradient="both", slots_per_forward=g
+    "cfg_both": (
+        lambda p, g: FlowGRPO(
+            pipeline=p, clip_range=3e-4, cfg_gradient="both", slots_per_forward=g
+        ),
+        False,
     ),
-    "flowdppo_kl": lambda p, g: FlowDPPO(
-        pipeline=p, kl_threshold=1e-6, kl=KLConfig(beta=0.04), slots_per_forward=g
+    "flowdppo_kl": (
+        lambda p, g: FlowDPPO(
+            pipeline=p, kl_threshold=1e-6, kl=KLConfig(beta=0.04), slots_per_forward=g
+        ),
+        False,
+    ),
+    # v_u taken from the rollout (the version never moves here, so every replay reuses it)
+    "flowgrpo_reuse": (
+        lambda p, g: FlowGRPO(pipeline=p, clip_range=3e-4, slots_per_forward=g),
+        True,
+    ),
+    "flowdppo_reuse": (
+        lambda p, g: FlowDPPO(pipeline=p, kl_threshold=1e-6, slots_per_forward=g),
+        True,
     ),
 }
+TERM_ATOL = 2**-23  # one float32 ulp at 1.0 (1.19e-7)
 
 
-TERM_ATOL = 2**-23  # two float32 ulps at 1.0
-
-
-def _grouped_run(make_algo, group: int, *, reuse: bool = False) -> tuple[dict, list, float]:
+def _grouped_run(
+    case: str, group: int
+) -> tuple[dict[str, torch.Tensor], list[torch.Tensor], float]:
     """Anchor, update, one SGD step, update again (off-policy, so clipping, masks and the
     KL all act), on four trained slots with guidance; returns the second update's terms,
     gradients and loss."""
+    make_algo, reuse = SLOT_CASES[case]
     pipeline = make_pipeline(record_uncond=reuse)
     pipeline.bundle.policy_version = 3
     indices = torch.tensor([[0, 1, 2, 3] if i % 4 < 2 else [1, 2, 3, 4] for i in range(4)])
@@ -517,12 +541,12 @@ def test_slots_per_forward_gives_the_one_slot_loss_and_gradients(case: str, grou
     2, of 3 and 1, or all 4) is the same loss: every term, the loss and the gradient equal
     one slot per forward, to float32 rounding: the conv's batched rows differ from its
     smaller batches by at most an ulp of the O(1) log-probs, so every term is within
-    ``TERM_ATOL`` (two float32 ulps at 1; a log-ratio near 0 carries its log-probs'
-    rounding) and the gradient within 1e-6 relative. Measured: at most 6.0e-8 and 5.4e-7.
-    On GPUs the kernels' batch-size rounding (bf16) adds to this."""
-    make_algo = SLOT_CASES[case]
-    terms_1, grads_1, loss_1 = _grouped_run(make_algo, 1)
-    terms_g, grads_g, loss_g = _grouped_run(make_algo, group)
+    ``TERM_ATOL`` (a log-ratio near 0 carries its log-probs' rounding) and the gradient
+    within 1e-6 relative. Measured: at most 6.0e-8 and 5.4e-7. With ``reuse`` the stale
+    rollout v_u of each slot must reach that slot's rows (a mix-up moves the loss after the
+    SGD step). On GPUs the kernels' batch-size rounding (bf16) adds to this."""
+    terms_1, grads_1, loss_1 = _grouped_run(case, 1)
+    terms_g, grads_g, loss_g = _grouped_run(case, group)
     assert terms_1.keys() == terms_g.keys()
     for name in terms_1:
         assert terms_1[name].shape == terms_g[name].shape, name
@@ -530,20 +554,40 @@ def test_slots_per_forward_gives_the_one_slot_loss_and_gradients(case: str, grou
         assert gap <= TERM_ATOL, f"{name}: {gap}"
     assert abs(loss_g - loss_1) <= TERM_ATOL  # a mean of O(1) terms that nearly cancel
     assert _relative_gap(grads_g, [g.double() for g in grads_1]) <= 1e-6
-    if "ratio" in terms_1:
-        assert float((terms_1["ratio"] - 1).abs().max()) > 1e-4, "the step must be off-policy"
+    assert float((terms_1["ratio"] - 1).abs().max()) > 1e-4, "the step must be off-policy"
+    if SLOT_CASES[case][1]:
+        assert bool(terms_g["uncond_reused"].all()) and len(terms_g["uncond_reused"]) == 8
+
+
+class _RowCounter:
+    """Wraps ``pipeline.replay``: the rows of every replay, in call order."""
+
+    def __init__(self, pipeline: Any) -> None:
+        self.rows: list[int] = []
+        self.replay = pipeline.replay
+        pipeline.replay = self
+
+    def __call__(self, conditions: Any, segment: Any, slot: int, **kwargs: Any) -> Any:
+        self.rows.append(len(segment))
+        return self.replay(conditions, segment, slot, **kwargs)
 
 
 @pytest.mark.parametrize("group", [2, 4])
 def test_slots_per_forward_keeps_the_first_ratio_exactly_one_and_reuse(group: int) -> None:
-    """The π_old anchor replays the same slot groups as the loss, so the first ratio is
-    exactly 1; the rollout's v_u is still taken for every trained slot."""
+    """The π_old anchor replays the same slot groups as the loss (the same rows per
+    forward), so the first ratio is exactly 1; the rollout's v_u is still taken for every
+    trained slot."""
     pipeline = make_pipeline(record_uncond=True)
     pipeline.bundle.policy_version = 3
     conditions, segment = sample(pipeline, guidance_scale=GUIDANCE)
     algo = FlowGRPO(pipeline=pipeline, slots_per_forward=group)
     algo.backend = _Backend(3)
-    terms = run_update(algo, conditions, segment, micro=2, advantages=ADV)
+    counter = _RowCounter(pipeline)
+    prepared = anchor(algo, conditions, segment, 2, ADV)
+    anchored, counter.rows = counter.rows, []
+    _, terms = update(algo, prepared)
+    # 2 micro-batches of 2 samples, 3 trained slots: groups of 2 and 1, or one of 3
+    assert anchored == counter.rows == ([4, 2] * 2 if group == 2 else [6] * 2)
     assert torch.equal(terms["ratio"], torch.ones_like(terms["ratio"]))
     assert algo.summarize(terms)["uncond_reused"] == 6.0
 

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 from unirl.algorithms import FlowGRPO
-from unirl.algorithms.replay import gather_slots, record_rows
+from unirl.algorithms.replay import record_rows, slot_batches
 from unirl.sde import ODE, FlowSDE
 from unirl.train import FSDPBackend, LoraConfig, OptimizerConfig, TrainStack
 from unirl.types import DiffusionRequest, DiffusionSamplingParams, RolloutReq, Texts, Videos
@@ -304,8 +304,9 @@ class FamilyTester:
         )
         track = pipeline.generate(req).tracks["diffusion"]
         segment = track.segment
-        conditions, stacked, slot = gather_slots(track.conditions, segment, [0, 1, 2])
-        assert len(conditions) == len(stacked) == 3 * len(track) and slot == 0
+        [(slots, conditions, stacked, slot)] = slot_batches(track.conditions, segment, 3)
+        assert slots == [0, 1, 2] and slot == 0
+        assert len(conditions) == len(stacked) == 3 * len(track)
         with torch.no_grad():
             grouped = pipeline.replay(conditions, stacked, slot, cfg_gradient=cfg_gradient)
         for k in range(3):

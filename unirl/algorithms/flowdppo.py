@@ -51,8 +51,9 @@ class FlowDPPO(StageAlgorithm):
     ``slots_per_forward`` (trained slots per forward + backward), as in :class:`FlowGRPO`.
 
     The loss of a micro-batch is the mean over its trained steps of each step's kept-term
-    mean (one forward + backward per step keeps memory flat; the kept count of later steps is
-    not known when an earlier step backpropagates).
+    mean (each step's own mean also when ``slots_per_forward`` replays several steps in one
+    forward + backward: the kept count of later steps is not known when an earlier group
+    backpropagates).
     """
 
     def __init__(

@@ -3,7 +3,7 @@
 π_old is anchored by replaying each trained slot with the current weights at the training
 micro-batch geometry (:func:`replay_anchors`); the training pass replays every slot again,
 one forward + backward per group of ``slots_per_forward`` slots (:func:`replay_slot_losses`,
-the group's slots stacked as rows by :func:`gather_slots`), adding β·KL to the frozen
+the group's slots stacked as rows by :func:`slot_batches`), adding β·KL to the frozen
 reference when ``kl`` is on (:func:`reference_step`, :func:`step_kl`). :func:`slot_sigmas`
 gives σ of a trained slot, :func:`check_flow_knobs` validates the knobs these losses share and
 :func:`ratio_metrics` summarises their ratios. A loss node brings only its per-slot term
@@ -13,7 +13,7 @@ gives σ of a trained slot, :func:`check_flow_knobs` validates the knobs these l
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -45,6 +45,7 @@ def check_flow_knobs(kl_form: str, old_logp_source: str, cfg_gradient: str = "co
 
 
 def check_slots_per_forward(slots_per_forward: int) -> None:
+    """``slots_per_forward`` (trained slots per forward + backward) is an integer >= 1."""
     require(
         isinstance(slots_per_forward, int) and slots_per_forward >= 1,
         "algorithm.slots_per_forward must be an integer >= 1 (trained slots replayed in one "
@@ -52,27 +53,21 @@ def check_slots_per_forward(slots_per_forward: int) -> None:
     )
 
 
-def slot_groups(num_steps: int, size: int) -> list[list[int]]:
-    """Trained slots ``0..num_steps-1`` in consecutive groups of ``size`` (the last may be
-    smaller): the slots one forward + backward replays together."""
-    return [list(range(s, min(s + size, num_steps))) for s in range(0, num_steps, size)]
-
-
 def gather_slots(
-    conditions: Conditions, segment: LatentSegment, slots: list[int]
+    conditions: Conditions, segment: LatentSegment, first: int, stop: int
 ) -> tuple[Conditions, LatentSegment, int]:
-    """Trained slots ``slots`` of every sample stacked as the rows of one batch, so a single
-    forward replays them all: ``(conditions, segment, slot)`` with ``len(slots)·B`` rows of
-    one slot each, slot-major (rows ``j·B … (j+1)·B`` are slot ``slots[j]``; see
-    :func:`record_rows`), and the slot to replay (0). One slot is returned as it is."""
-    if len(slots) == 1:
-        return conditions, segment, slots[0]
+    """Trained slots ``first … stop-1`` of every sample stacked as the rows of one batch, so
+    a single forward replays them all: ``(conditions, segment, slot)`` with ``G·B`` rows of
+    one slot each (G = ``stop - first``), slot-major (rows ``j·B … (j+1)·B`` are slot
+    ``first + j``; see :func:`record_rows`), and the slot to replay (0). One slot is
+    returned as it is; ``conditions`` must already be repeated G times (slot-major)."""
+    if stop - first == 1:
+        return conditions, segment, first
 
     def rows(t: torch.Tensor | None) -> torch.Tensor | None:  # [N, S, ...] -> [G·N, 1, ...]
         if t is None:
             return None
-        picked = t.index_select(1, host_to_device(torch.tensor(slots), t.device))
-        return picked.transpose(0, 1).reshape(-1, 1, *t.shape[2:])
+        return t[:, first:stop].transpose(0, 1).reshape(-1, 1, *t.shape[2:])
 
     stacked = dataclasses.replace(
         segment,
@@ -84,11 +79,26 @@ def gather_slots(
         sde_means=rows(segment.sde_means),
         sde_uncond=rows(segment.sde_uncond),
     )
-    return type(conditions).concat([conditions] * len(slots)), stacked, 0
+    return conditions, stacked, 0
+
+
+def slot_batches(
+    conditions: Conditions, segment: LatentSegment, size: int
+) -> Iterator[tuple[list[int], Conditions, LatentSegment, int]]:
+    """The trained slots in consecutive groups of ``size`` (the last may be smaller), each as
+    ``(slots, conditions, segment, slot)``: the batch one forward replays
+    (:func:`gather_slots`; the conditions are repeated once per group size)."""
+    repeated: dict[int, Conditions] = {1: conditions}
+    for first in range(0, segment.num_sde_steps, size):
+        stop = min(first + size, segment.num_sde_steps)
+        g = stop - first
+        if g not in repeated:
+            repeated[g] = type(conditions).concat([conditions] * g)
+        yield (list(range(first, stop)), *gather_slots(repeated[g], segment, first, stop))
 
 
 def record_rows(record: StepRecord, part: int, parts: int) -> StepRecord:
-    """Part ``part`` of ``parts`` equal row blocks of a grouped replay (:func:`gather_slots`):
+    """Part ``part`` of ``parts`` equal row blocks of a grouped replay (:func:`slot_batches`):
     the record of one slot of the group."""
     if parts == 1:
         return record
@@ -165,8 +175,7 @@ def replay_anchors(
     slot groups) and the first ratio is exactly 1; ``reuse_uncond`` (see
     :func:`reuses_uncond`) likewise takes v_u from the rollout."""
     logps, mus = [], []
-    for group in slot_groups(segment.num_sde_steps, slots_per_forward):
-        cond_g, seg_g, at = gather_slots(conditions, segment, group)
+    for group, cond_g, seg_g, at in slot_batches(conditions, segment, slots_per_forward):
         grouped = pipeline.replay(
             cond_g, seg_g, at, cfg_gradient=cfg_gradient, reuse_uncond=reuse_uncond
         )
@@ -241,8 +250,8 @@ def replay_slot_losses(
 ) -> StepResult:
     """The per-slot training loop the replay losses share (Flow-GRPO, Flow-DPPO).
 
-    For each group of ``algorithm.slots_per_forward`` trained slots (:func:`slot_groups`,
-    stacked as rows by :func:`gather_slots`): the reference replay when the KL is on (no
+    For each group of ``algorithm.slots_per_forward`` trained slots (:func:`slot_batches`,
+    stacked as rows): the reference replay when the KL is on (no
     grad, the family's plain guided forward), the policy replay with
     ``algorithm.cfg_gradient`` (v_u taken from the rollout while :func:`reuses_uncond` says
     so, counted in ``uncond_reused[S]``), then per slot ``k`` of the group
@@ -259,8 +268,7 @@ def replay_slot_losses(
     parts: dict[str, list[torch.Tensor]] = {}
     kls: list[torch.Tensor] = []
     reuse = reuses_uncond(algorithm, segment)  # one optimizer step never happens mid-batch
-    for group in slot_groups(num_steps, algorithm.slots_per_forward):
-        cond_g, seg_g, at = gather_slots(conditions, segment, group)
+    for group, cond_g, seg_g, at in slot_batches(conditions, segment, algorithm.slots_per_forward):
         ref = None
         if kl.enabled:
             with record_function("unirl/train/reference"):
