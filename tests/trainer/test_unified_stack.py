@@ -127,3 +127,24 @@ def test_one_optimizer_step_both_losses_finite_first_ratios_one() -> None:
     assert step["image/ratio/min"] == 1.0 and step["image/ratio/max"] == 1.0
     assert step["old_logp/rollout_vs_replay_max"] <= 1e-6
     assert out["param_checksum"] != before
+
+
+def test_out_of_memory_names_both_tracks_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    bundle, _backend, pipe, stack = build(1.0, 1.0, 2, 2)
+    both = tracks(bundle, pipe)
+    image_algorithm = stack.algorithms["image"]
+    image_algorithm.slots_per_forward = 2
+
+    def out_of_memory(*_args: Any, **_kwargs: Any) -> Any:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB.")
+
+    monkeypatch.setattr(image_algorithm, "compute_loss_and_backward", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        stack.train_tracks(both["text"], both["image"], 5)
+    assert str(info.value) == (
+        "out of memory in the training step of rollout 5: lower stack.text.micro_batch_size "
+        "(now 2) or stack.image.micro_batch_size (now 2) or "
+        "unified.image.algorithm.slots_per_forward (now 2), or set "
+        "backend.fsdp.activation_checkpointing=true; CUDA out of memory. Tried to allocate "
+        "4.00 GiB."
+    )

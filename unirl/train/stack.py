@@ -206,6 +206,27 @@ class OptimizerSteps:
                 "learning rate, check rewards and precision"
             )
 
+    def memory_knobs(self) -> list[str]:
+        """The recipe keys (with their values) that lower the training step's memory."""
+        return []
+
+    @contextlib.contextmanager
+    def explain_out_of_memory(self, rollout_index: int) -> Iterator[None]:
+        """Re-raise a device out-of-memory error of the training step with where it happened
+        and what lowers the step's memory first (:meth:`memory_knobs`, and activation
+        checkpointing when it is off); the allocator's text follows."""
+        try:
+            yield
+        except torch.OutOfMemoryError as exc:
+            knobs = self.memory_knobs()
+            fix = "lower " + " or ".join(knobs) if knobs else "lower the micro-batch"
+            fsdp = getattr(self.backend, "fsdp_config", None)
+            if fsdp is not None and not getattr(fsdp, "activation_checkpointing", True):
+                fix += ", or set backend.fsdp.activation_checkpointing=true"
+            raise torch.OutOfMemoryError(
+                f"out of memory in the training step of rollout {rollout_index}: {fix}; {exc}"
+            ) from exc
+
     @distributed(dispatch=Dispatch.RANK_ZERO)
     def state(self) -> dict[str, int]:
         return {"global_step": self.global_step, "nonfinite_total": self.nonfinite_total}
@@ -282,36 +303,20 @@ class TrainStack(OptimizerSteps):
             for u, part in enumerate(parts)
         ]
 
-    def memory_knobs(self) -> str:
-        """The knobs that set the training step's activation memory, as a fix to try: the
-        micro-batch (or token budget), the algorithm's slots per forward when above 1, and
-        activation checkpointing when it is off."""
+    def memory_knobs(self, stack_key: str = "stack", algorithm_key: str = "algorithm") -> list[str]:
+        """The knobs that set this stack's activation memory, as recipe keys with their
+        values: the micro-batch (or token budget), and the algorithm's slots per forward when
+        above 1 (``stack_key`` / ``algorithm_key``: where the recipe puts them)."""
         cfg = self.config
         knobs = (
-            [f"stack.max_tokens_per_micro_batch (now {cfg.max_tokens_per_micro_batch})"]
+            [f"{stack_key}.max_tokens_per_micro_batch (now {cfg.max_tokens_per_micro_batch})"]
             if cfg.max_tokens_per_micro_batch is not None
-            else [f"stack.micro_batch_size (now {cfg.micro_batch_size})"]
+            else [f"{stack_key}.micro_batch_size (now {cfg.micro_batch_size})"]
         )
         slots = getattr(self.algorithm, "slots_per_forward", 1)
         if slots > 1:
-            knobs.append(f"algorithm.slots_per_forward (now {slots})")
-        fix = "lower " + " or ".join(knobs)
-        fsdp = getattr(self.backend, "fsdp_config", None)
-        if fsdp is not None and not getattr(fsdp, "activation_checkpointing", True):
-            fix += ", or set backend.fsdp.activation_checkpointing=true"
-        return fix
-
-    @contextlib.contextmanager
-    def explain_out_of_memory(self, rollout_index: int) -> Iterator[None]:
-        """Re-raise a device out-of-memory error of the training step with where it happened
-        and the knobs that lower the step's memory first (the allocator's text follows)."""
-        try:
-            yield
-        except torch.OutOfMemoryError as exc:
-            raise torch.OutOfMemoryError(
-                f"out of memory in the training step of rollout {rollout_index}: "
-                f"{self.memory_knobs()}; {exc}"
-            ) from exc
+            knobs.append(f"{algorithm_key}.slots_per_forward (now {slots})")
+        return knobs
 
     @distributed(dispatch=Dispatch.DP_SCATTER)
     def train_track(self, track: RolloutTrack, rollout_index: int = 0) -> dict[str, Any]:

@@ -126,6 +126,12 @@ class UnifiedTrainStack(OptimizerSteps):
             for name in TRACKS
         }
 
+    def memory_knobs(self) -> list[str]:
+        return [
+            *self.stacks["text"].memory_knobs("stack.text", "algorithm"),
+            *self.stacks["image"].memory_knobs("stack.image", "unified.image.algorithm"),
+        ]
+
     def weight(self, name: str) -> float:
         return float(getattr(self.config, name).weight)
 
@@ -198,7 +204,14 @@ class UnifiedTrainStack(OptimizerSteps):
         self, text: RolloutTrack, image: RolloutTrack, rollout_index: int = 0
     ) -> dict[str, Any]:
         """One optimizer step on this rank's shards of both tracks (advantages attached);
-        returns ``{"steps": [metrics], "param_checksum": float}`` like ``TrainStack``."""
+        returns ``{"steps": [metrics], "param_checksum": float}`` like ``TrainStack``; a
+        device out-of-memory error names both tracks' memory knobs."""
+        with self.explain_out_of_memory(rollout_index):
+            return self._train_tracks(text, image, rollout_index)
+
+    def _train_tracks(
+        self, text: RolloutTrack, image: RolloutTrack, rollout_index: int
+    ) -> dict[str, Any]:
         keys = {"text": text.resident_key, "image": image.resident_key}
         tracks = {"text": unpark(text, TRAIN_FIELDS), "image": unpark(image, TRAIN_FIELDS)}
         t0 = time.perf_counter()
