@@ -64,20 +64,21 @@ def gather_slots(
     if stop - first == 1:
         return conditions, segment, first
 
-    def rows(t: torch.Tensor | None) -> torch.Tensor | None:  # [N, S, ...] -> [G·N, 1, ...]
-        if t is None:
-            return None
+    def rows(t: torch.Tensor) -> torch.Tensor:  # [N, S, ...] -> [G·N, 1, ...]
         return t[:, first:stop].transpose(0, 1).reshape(-1, 1, *t.shape[2:])
+
+    def optional_rows(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else rows(t)
 
     stacked = dataclasses.replace(
         segment,
         sde_indices=rows(segment.sde_indices),
-        latents=rows(segment.latents),
-        next_latents=rows(segment.next_latents),
+        latents=optional_rows(segment.latents),
+        next_latents=optional_rows(segment.next_latents),
         final_latents=None,  # replay never reads x₀
-        sde_logp=rows(segment.sde_logp),
-        sde_means=rows(segment.sde_means),
-        sde_uncond=rows(segment.sde_uncond),
+        sde_logp=optional_rows(segment.sde_logp),
+        sde_means=optional_rows(segment.sde_means),
+        sde_uncond=optional_rows(segment.sde_uncond),
     )
     return conditions, stacked, 0
 
@@ -174,14 +175,15 @@ def replay_anchors(
     runs the same forwards (the split no-grad unconditional one for ``cond_only``, the same
     slot groups) and the first ratio is exactly 1; ``reuse_uncond`` (see
     :func:`reuses_uncond`) likewise takes v_u from the rollout."""
-    logps, mus = [], []
+    logps: list[torch.Tensor] = []
+    mus: list[torch.Tensor] = []
     for group, cond_g, seg_g, at in slot_batches(conditions, segment, slots_per_forward):
         grouped = pipeline.replay(
             cond_g, seg_g, at, cfg_gradient=cfg_gradient, reuse_uncond=reuse_uncond
         )
         for j in range(len(group)):
             record = record_rows(grouped, j, len(group))
-            logps.append(record.log_prob)
+            logps.append(replayed_log_prob(record, pipeline.strategy))
             if means:
                 mus.append(record.mean.float())
     out = dataclasses.replace(segment, sde_logp=torch.stack(logps, dim=1).detach())
