@@ -8,7 +8,9 @@
 #   NUM_DEVICES=2 ONLY=flowgrpo bash examples/benchmarks/sd35m_bench.sh compile
 #     (data parallel over 2 GPUs, whole-module replicas and one gradient all-reduce per step;
 #      DP=shard uses FSDP2 instead, with SHARD_FROZEN=false keeping the frozen base whole on
-#      each GPU and RESHARD=false keeping gathered parameters between forwards)
+#      each GPU, RESHARD=false keeping gathered parameters between forwards, and GATHER=true
+#      keeping every block gathered while the trainer samples a rollout,
+#      backend.fsdp.gather_for_sampling)
 #   SDPA=cudnn VAE_DTYPE=bf16 bash examples/benchmarks/sd35m_bench.sh compile
 #     (attention kernel and VAE precision; defaults: SDPA=auto, VAE_DTYPE=bf16)
 #   FUSE=false ... runs diffusers' attention processor instead of the fused q / k / v (and
@@ -45,7 +47,7 @@ common=(
   num_devices="${NUM_DEVICES:-1}" device=cuda
   reward.backend._target_=unirl.reward.local.JpegCompressibility "~reward.backend.engine" "reward.guards=[]"
   stack.num_updates_per_batch=1 algorithm.old_logp_source=rollout
-  "++backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}, data_parallel: ${DP:-replicate}, activation_checkpointing: ${ACKPT:-false}, inductor_options: ${INDUCTOR_OPTIONS:-null}}"
+  "++backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}, data_parallel: ${DP:-replicate}, activation_checkpointing: ${ACKPT:-false}, inductor_options: ${INDUCTOR_OPTIONS:-null}, gather_for_sampling: ${GATHER:-false}}"
   sampling.height="${SIZE:-512}" sampling.width="${SIZE:-512}"
   ++bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-bf16}" ++bundle.compile_vae="${COMPILE_VAE:-true}" ++bundle.fuse_projections="${FUSE:-true}"
   ++bundle.graph_text_encoders="${GRAPH_TEXT:-true}"

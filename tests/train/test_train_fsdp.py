@@ -4,7 +4,8 @@ step equals one single-process step on the concatenated batch; clipping, EMA, th
 switch, the frozen "old" adapter and the checkpoint round trip work in every mode (uneven
 shards: LoRA rank 3). ``shard_frozen_fused`` runs the sharded mode with the fused q / k / v
 attention processor (``bundle.fuse_projections``) against the single-process reference with
-diffusers' processor."""
+diffusers' processor; ``shard_frozen_gather`` samples with the blocks kept gathered
+(``fsdp.gather_for_sampling``) before its step."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ MODES = {
     "replicate_frozen": FSDPConfig(shard_frozen=False),
     "replicate_dp": FSDPConfig(data_parallel="replicate"),
     "shard_frozen_fused": FSDPConfig(shard_frozen=True),
+    "shard_frozen_gather": FSDPConfig(shard_frozen=True, gather_for_sampling=True),
 }
 
 
@@ -52,6 +54,37 @@ def _step(backend, inputs) -> float:
     norm = backend.clip_grad_norm(MAX_NORM)
     backend.optimizer_step()
     return norm
+
+
+def _sample_gathered(backend, full_batch, base: torch.Tensor) -> None:
+    """Between TrainOps.begin_sampling and end_sampling a block's parameters stay gathered
+    after its forward (no all-gather for the next one); outside they are resharded after
+    every forward. The outputs are the sharded run's, bit for bit."""
+    from torch.distributed.tensor import DTensor
+
+    from unirl.trainer.roles import TrainOps
+
+    block = backend.module.transformer_blocks[0]
+
+    def gathered() -> bool:
+        return not any(isinstance(p, DTensor) for p in block.parameters())
+
+    with torch.no_grad():
+        outside = output(backend, full_batch)
+        assert not gathered()
+        ops = TrainOps(backend=backend, pipeline=None)
+        assert ops.begin_sampling("train") is None
+        first = output(backend, full_batch)
+        assert gathered()
+        assert torch.equal(output(backend, full_batch), first)
+        with backend.adapter_disabled():
+            assert torch.equal(output(backend, full_batch), base)
+        assert gathered()
+        ops.end_sampling()
+        assert not gathered()
+        assert torch.equal(first, outside)
+        assert torch.equal(output(backend, full_batch), outside)
+        assert not gathered()
 
 
 def _worker(rank: int, port: int, out_dir: str, mode: str) -> None:
@@ -104,6 +137,8 @@ def _worker(rank: int, port: int, out_dir: str, mode: str) -> None:
         mine = {k: v[rank * 2 : rank * 2 + 2] for k, v in full_batch.items()}
         with backend.adapter_disabled():
             base = output(backend, full_batch)
+        if mode.endswith("_gather"):
+            _sample_gathered(backend, full_batch, base)
         norm = _step(backend, mine)
         after = output(backend, full_batch)
         with backend.adapter_disabled():

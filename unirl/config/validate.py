@@ -386,6 +386,25 @@ def check_old_adapter_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
     )
 
 
+def check_gather_for_sampling(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    """``backend.fsdp.gather_for_sampling`` gathers the trainer's sharded blocks for the
+    rollout, which only the trainside engine samples with."""
+    fsdp = objs.get("backend.fsdp")
+    gather = (
+        fsdp.get("gather_for_sampling")
+        if isinstance(fsdp, dict)
+        else getattr(fsdp, "gather_for_sampling", False)
+    )
+    if not gather or cfg.rollout is None:
+        return
+    require(
+        engine_kind(cfg) == "trainside",
+        f"backend.fsdp.gather_for_sampling gathers the trainer's blocks for sampling, but "
+        f"rollout._target_={_target(cfg, 'rollout')} samples with its own weights; set "
+        "gather_for_sampling=false or use unirl.rollout.TrainsideEngine",
+    )
+
+
 def check_component_hooks(cfg: RunConfig, objs: dict[str, Any]) -> None:
     """Each component class may judge its own block before anything is built, with the whole
     recipe in view: ``check_config(block, recipe)`` (a classmethod; reads configs and files,
@@ -477,6 +496,7 @@ CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
     check_strategy_and_algorithm,
     check_reference_policy,
     check_old_adapter_rollout,
+    check_gather_for_sampling,
     check_component_hooks,
     check_data,
     check_output_dir,

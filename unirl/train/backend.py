@@ -430,6 +430,32 @@ class FSDPBackend:
         copy_adapter(self.module, src=src or lora.adapter_name, dst=dst, decay=decay)
 
     @contextlib.contextmanager
+    def gathered_for_sampling(self) -> Iterator[None]:
+        """Inside, with ``fsdp.gather_for_sampling`` on a sharded run: each block's first
+        forward all-gathers its parameters and they stay gathered for every later forward
+        (FSDP2's reshard-after-forward off); resharded on the way out, so nothing gathered
+        outlives the block. Anything else: nothing changes."""
+        if not (self.is_sharded and self.fsdp_config.gather_for_sampling):
+            yield
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        # the root keeps FSDP2's own setting (never resharded after forward)
+        blocks = [
+            m for m in self.module.modules() if isinstance(m, FSDPModule) and m is not self.module
+        ]
+        for block in blocks:
+            block.set_reshard_after_forward(False, recurse=False)
+        try:
+            yield
+        finally:
+            for block in blocks:
+                block.set_reshard_after_forward(
+                    self.fsdp_config.reshard_after_forward, recurse=False
+                )
+            reshard(self.module)
+
+    @contextlib.contextmanager
     def ema_weights(self) -> Iterator[None]:
         """The trainable parameters hold their EMA inside the block; restored exactly after."""
         require(self._ema is not None, "ema_weights needs backend.ema")

@@ -46,6 +46,12 @@ class FSDPConfig:
     ``shard_frozen=False`` keeps frozen parameters (a LoRA run's base model) whole on every
     rank and shards only the trainable ones: no all-gather of the base in any forward, at the
     cost of one full base copy per rank.
+    ``gather_for_sampling`` (``shard``, trainside engine): while the trainer samples a rollout
+    (between ``begin_sampling`` and ``end_sampling``) every block keeps its gathered
+    parameters after its forward, so a rollout all-gathers each block once instead of once per
+    denoising step (and per reference or CFG forward); they are resharded when sampling ends.
+    It costs the full model's parameters on every rank during the rollout, when no
+    activations or gradients are held.
     ``data_parallel``: ``shard`` (FSDP2 as above) or ``replicate`` (no FSDP: every rank holds
     the whole module, parameters are broadcast from rank 0 once, and the gradients are
     averaged with one bucketed all-reduce per optimizer step). ``replicate`` suits LoRA,
@@ -62,11 +68,17 @@ class FSDPConfig:
     inductor_options: dict[str, Any] | None = None
     shard_frozen: bool = True
     data_parallel: str = "shard"
+    gather_for_sampling: bool = False
 
     def __post_init__(self) -> None:
         require(
             self.data_parallel in ("shard", "replicate"),
             f"fsdp.data_parallel must be 'shard' or 'replicate', got {self.data_parallel!r}",
+        )
+        require(
+            not self.gather_for_sampling or self.data_parallel == "shard",
+            "fsdp.gather_for_sampling keeps sharded blocks gathered while the trainer samples; "
+            "with data_parallel=replicate every rank already holds them: set it to false",
         )
         if self.inductor_options is not None:
             import torch._inductor.config as inductor_config

@@ -70,13 +70,16 @@ class TrainOps:
     @distributed(dispatch=Dispatch.BROADCAST)
     def begin_sampling(self, mode: str) -> str | None:
         """Switch in the adapter the algorithm samples ``mode`` rollouts with (NFT: its old
-        adapter for train rollouts); returns its name, or None when nothing changes. A
-        rollout that raised never reached :meth:`end_sampling`: that switch is undone first."""
+        adapter for train rollouts) and, with ``backend.fsdp.gather_for_sampling``, keep
+        sharded blocks gathered until :meth:`end_sampling`; returns the adapter's name, or
+        None when the adapter does not change. A rollout that raised never reached
+        :meth:`end_sampling`: those switches are undone first."""
         self.end_sampling()
         name = self.algorithm.sampling_adapter(mode) if self.algorithm is not None else None
+        self._sampling_ctx = ctx = contextlib.ExitStack()
         if name is not None:
-            self._sampling_ctx = contextlib.ExitStack()
-            self._sampling_ctx.enter_context(self.backend.set_active_adapter(name))
+            ctx.enter_context(self.backend.set_active_adapter(name))
+        ctx.enter_context(self.backend.gathered_for_sampling())
         return name
 
     @distributed(dispatch=Dispatch.BROADCAST)
