@@ -13,6 +13,7 @@ take ``log p`` of the *rounded* next latent. Hence replaying an unchanged policy
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +93,7 @@ def sample_trajectory(
     x_T: torch.Tensor,
     sigmas: torch.Tensor,
     sde_indices: torch.Tensor,
-    sde_noise: torch.Tensor | None,
+    sde_noise: torch.Tensor | Callable[[], torch.Tensor] | None,
     strategy: Any,
     guidance_scale: float,
     storage_dtype: torch.dtype = torch.float32,
@@ -103,7 +104,10 @@ def sample_trajectory(
     """Run the full denoise loop from ``x_T[N, C, h, w]`` along ``sigmas[T+1]``.
 
     ``sde_indices[N, S]`` (CPU) names each sample's stochastic steps; ``sde_noise[N, S, C, h, w]``
-    holds the driver-seeded noise for them (None when ``S == 0``). Returns a ``LatentSegment``
+    holds the driver-seeded noise for them (None when ``S == 0``), or a callable returning it,
+    called once, when the first SDE step needs it: the forwards before that step are already
+    queued on the device while the host finishes drawing it (``FlowMatchingPipeline``
+    draws it on a background thread). Returns a ``LatentSegment``
     on ``x_T``'s device with ``latents``/``next_latents`` at the SDE steps, ``sde_logp[N, S]``
     when the strategy provides log-probs, ``sde_means`` when asked, and ``final_latents``.
     ``record_uncond`` (guided runs only) stores the unconditional velocity of every SDE step
@@ -144,8 +148,7 @@ def sample_trajectory(
     step_slots = [positions[j, r] for j, r in enumerate(step_rows)]
     rows_on_device = [host_to_device(r, device) for r in step_rows]
     slots_on_device = [host_to_device(s_, device) for s_ in step_slots]
-    if sde_noise is not None:
-        sde_noise = host_to_device(sde_noise, device)
+    noise_dev: torch.Tensor | None = None
 
     x = x_T.to(storage_dtype)
     for j in range(num_steps):
@@ -161,7 +164,9 @@ def sample_trajectory(
             x = ode_next
             continue
         rows_dev, slots_dev = rows_on_device[j], slots_on_device[j]
-        noise = sde_noise[rows_dev, slots_dev] if sde_noise is not None else None
+        if sde_noise is not None and noise_dev is None:
+            noise_dev = host_to_device(sde_noise() if callable(sde_noise) else sde_noise, device)
+        noise = noise_dev[rows_dev, slots_dev] if noise_dev is not None else None
         out = strategy.step(
             v.index_select(0, rows_dev),
             x.index_select(0, rows_dev),
