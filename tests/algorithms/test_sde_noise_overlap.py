@@ -1,9 +1,11 @@
 """A rollout's SDE noise is drawn on a background thread (``FlowMatchingPipeline.generate``)
 and asked for by the denoise loop only at its first stochastic step, so the forwards before
 that step are queued while the host still draws it. The samples are those of the noise drawn
-up front, bit for bit, chunk by chunk."""
+up front, bit for bit, chunk by chunk. A forked child gets a thread of its own."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -115,3 +117,18 @@ def test_generate_draws_the_request_noise_chunk_by_chunk() -> None:
         for rows in (slice(0, 3), slice(3, 4))
     ]
     _same(segment, LatentSegment.concat(chunks))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_draws_noise_on_a_thread_of_its_own() -> None:
+    from unirl.models.common.pipeline import noise_thread
+
+    assert noise_thread().submit(int).result(timeout=10) == 0  # the parent's thread runs
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's worker thread was not copied
+        try:
+            os._exit(0 if noise_thread().submit(lambda: 7).result(timeout=10) == 7 else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -57,17 +57,21 @@ def _step(backend, inputs) -> float:
 
 
 def _sample_gathered(backend, full_batch, base: torch.Tensor) -> None:
-    """Between TrainOps.begin_sampling and end_sampling a block's parameters stay gathered
-    after its forward (no all-gather for the next one); outside they are resharded after
-    every forward. The outputs are the sharded run's, bit for bit."""
+    """Between TrainOps.begin_sampling and end_sampling the parameters (a block's and the
+    root's own) stay gathered after a forward (no all-gather for the next one); outside they
+    are resharded after every forward. The outputs are the sharded run's, bit for bit."""
     from torch.distributed.tensor import DTensor
 
     from unirl.trainer.roles import TrainOps
 
-    block = backend.module.transformer_blocks[0]
+    # a block and two of the root's own modules (FSDP2 swaps the registered parameters)
+    watched = [backend.module.transformer_blocks[0], backend.module.proj_out]
+    watched.append(backend.module.context_embedder)
 
     def gathered() -> bool:
-        return not any(isinstance(p, DTensor) for p in block.parameters())
+        kinds = {isinstance(p, DTensor) for m in watched for p in m.parameters()}
+        assert len(kinds) == 1, "some watched parameters are gathered, others not"
+        return kinds == {False}
 
     with torch.no_grad():
         outside = output(backend, full_batch)

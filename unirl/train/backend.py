@@ -431,28 +431,19 @@ class FSDPBackend:
 
     @contextlib.contextmanager
     def gathered_for_sampling(self) -> Iterator[None]:
-        """Inside, with ``fsdp.gather_for_sampling`` on a sharded run: each block's first
-        forward all-gathers its parameters and they stay gathered for every later forward
-        (FSDP2's reshard-after-forward off); resharded on the way out, so nothing gathered
-        outlives the block. Anything else: nothing changes."""
+        """Inside, with ``fsdp.gather_for_sampling`` on a sharded run: the first forward
+        all-gathers the module's parameters (every block's and the root's own) and they stay
+        gathered for every later forward (FSDP2's reshard-after-forward off); resharded on
+        the way out, so nothing gathered outlives the block. Anything else: nothing changes."""
         if not (self.is_sharded and self.fsdp_config.gather_for_sampling):
             yield
             return
-        from torch.distributed.fsdp import FSDPModule
-
-        # the root keeps FSDP2's own setting (never resharded after forward)
-        blocks = [
-            m for m in self.module.modules() if isinstance(m, FSDPModule) and m is not self.module
-        ]
-        for block in blocks:
-            block.set_reshard_after_forward(False, recurse=False)
+        module: Any = self.module  # an FSDPModule here (apply_fsdp shards the root too)
+        module.set_reshard_after_forward(False, recurse=True)
         try:
             yield
         finally:
-            for block in blocks:
-                block.set_reshard_after_forward(
-                    self.fsdp_config.reshard_after_forward, recurse=False
-                )
+            module.set_reshard_after_forward(self.fsdp_config.reshard_after_forward, recurse=True)
             reshard(self.module)
 
     @contextlib.contextmanager

@@ -47,11 +47,12 @@ class FSDPConfig:
     rank and shards only the trainable ones: no all-gather of the base in any forward, at the
     cost of one full base copy per rank.
     ``gather_for_sampling`` (``shard``, trainside engine): while the trainer samples a rollout
-    (between ``begin_sampling`` and ``end_sampling``) every block keeps its gathered
-    parameters after its forward, so a rollout all-gathers each block once instead of once per
-    denoising step (and per reference or CFG forward); they are resharded when sampling ends.
-    It costs the full model's parameters on every rank during the rollout, when no
-    activations or gradients are held.
+    (between ``begin_sampling`` and ``end_sampling``) every block and the root keep their
+    gathered parameters after a forward, so a rollout all-gathers them once instead of once
+    per denoising step; they are resharded when sampling ends. It costs the whole trained
+    module's parameters on every rank for the whole rollout (prompt encoding, denoising and
+    decode; both experts of a two-expert Wan 2.2), and with ``cpu_offload`` it puts them on
+    the device for that time.
     ``data_parallel``: ``shard`` (FSDP2 as above) or ``replicate`` (no FSDP: every rank holds
     the whole module, parameters are broadcast from rank 0 once, and the gradients are
     averaged with one bucketed all-reduce per optimizer step). ``replicate`` suits LoRA,

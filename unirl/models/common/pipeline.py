@@ -7,6 +7,7 @@ media, replay) is here.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,7 +41,24 @@ from unirl.types import (
 # one background thread draws a rollout's SDE noise while the first forwards run (the CPU
 # generator is per sample and single-threaded: 28 ms for Flow-GRPO's 8 x 9 SD3.5 latents,
 # 0.22 s for one 81-frame Wan video with 16 SDE steps on the development machine)
-_NOISE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="unirl-sde-noise")
+# (a forked child gets its own: the parent's worker thread does not exist there)
+_noise_thread: ThreadPoolExecutor | None = None
+
+
+def noise_thread() -> ThreadPoolExecutor:
+    """This process's thread for SDE noise (created on first use)."""
+    global _noise_thread
+    if _noise_thread is None:
+        _noise_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="unirl-sde-noise")
+    return _noise_thread
+
+
+def _forget_noise_thread() -> None:
+    global _noise_thread
+    _noise_thread = None
+
+
+os.register_at_fork(after_in_child=_forget_noise_thread)
 
 
 def _rows_of(noise: Future[torch.Tensor], rows: slice) -> Callable[[], torch.Tensor]:
@@ -165,7 +183,7 @@ class FlowMatchingPipeline:
         sde_noise: Future[torch.Tensor] | None = None
         if num_sde:  # drawn while the prompts are encoded, x_T is drawn and the first
             # forwards are launched
-            sde_noise = _NOISE_THREAD.submit(
+            sde_noise = noise_thread().submit(
                 init_noise,
                 req.sample_ids,
                 (num_sde, *stage.init_noise_shape),
