@@ -389,13 +389,8 @@ def check_old_adapter_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
 def check_gather_for_sampling(cfg: RunConfig, objs: dict[str, Any]) -> None:
     """``backend.fsdp.gather_for_sampling`` gathers the trainer's sharded blocks for the
     rollout, which only the trainside engine samples with."""
-    fsdp = objs.get("backend.fsdp")
-    gather = (
-        fsdp.get("gather_for_sampling")
-        if isinstance(fsdp, dict)
-        else getattr(fsdp, "gather_for_sampling", False)
-    )
-    if not gather or cfg.rollout is None:
+    # _nested_configs builds backend.fsdp as the backend's FSDPConfig (absent: no fsdp block)
+    if not getattr(objs.get("backend.fsdp"), "gather_for_sampling", False) or cfg.rollout is None:
         return
     require(
         engine_kind(cfg) == "trainside",
