@@ -18,6 +18,7 @@ def ray_session() -> Iterator[None]:
     os.environ.pop("RAY_ADDRESS", None)
     if not ray.is_initialized():
         ray.init(
+            address="local",  # never a cluster `ray start` registered on this machine
             num_cpus=4,
             _node_ip_address="127.0.0.1",
             include_dashboard=False,

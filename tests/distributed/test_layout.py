@@ -165,6 +165,7 @@ def test_ensure_ray_joins_cluster_without_resource_arguments(monkeypatch) -> Non
     monkeypatch.delenv("RAY_ADDRESS")
     assert ensure_ray(num_cpus=8, log_to_driver=False) == "started"
     assert calls[-1] == {
+        "address": "local",
         "num_cpus": 8,
         "num_gpus": None,
         "_node_ip_address": "127.0.0.1",

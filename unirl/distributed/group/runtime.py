@@ -27,8 +27,9 @@ def ensure_ray(
     - ``"reused"``: Ray was already initialised (tests, notebooks); nothing changes.
     - ``"joined"``: ``RAY_ADDRESS`` is set; connect to that cluster. ``num_cpus`` /
       ``num_gpus`` are ignored there (Ray raises if they are passed with an address).
-    - ``"started"``: start a local single-node Ray bound to 127.0.0.1, no dashboard, usage
-      stats off, with ``num_cpus`` / ``num_gpus`` logical resources (``None``: detected).
+    - ``"started"``: start a local single-node Ray bound to 127.0.0.1 (``address="local"``:
+      a cluster that ``ray start`` registered on this machine is never joined unasked), no
+      dashboard, usage stats off, with ``num_cpus`` / ``num_gpus`` logical resources (``None``: detected).
       A reaper process (``reaper.py``) ends every process of that Ray session within about
       3 s once this process dies, SIGKILL included (Ray alone leaves agents for 1-2 min).
     """
@@ -42,6 +43,7 @@ def ensure_ray(
     linux = sys.platform.startswith("linux")
     before = children_of(os.getpid()) if linux else set()
     ray.init(
+        address="local",
         num_cpus=num_cpus,
         num_gpus=num_gpus,
         _node_ip_address="127.0.0.1",
