@@ -15,6 +15,7 @@ Construction applies, in this fixed order (torchtitan style, one function per st
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,7 +27,12 @@ from unirl.config import require
 from unirl.config.precision import parse_dtype
 from unirl.train import backend_checkpoint
 from unirl.train.ema import EMAConfig, ParamEMA
-from unirl.train.export import write_lora_export
+from unirl.train.export import (
+    base_model_reference,
+    merged_state,
+    write_lora_export,
+    write_pretrained,
+)
 from unirl.train.lora import (
     LoraConfig,
     adapter_active,
@@ -532,12 +538,38 @@ class FSDPBackend:
         )
         return Path(path)
 
+    def export_pretrained(self, path: str | Path) -> Path:
+        """The whole trained module — a full fine-tune, or the base with the trained LoRA
+        fused in — as a ``save_pretrained`` folder with the bundle's tokenizer (or processor),
+        which plain transformers loads; a bundle whose module is not a transformers model
+        writes it by its own ``save_pretrained(path, state)``. Call on every rank (the state
+        is gathered); rank 0 writes."""
+        adapter = self.lora.adapter_name if self.lora is not None else None
+        state = merged_state(self.module, adapter, full_tensor)
+        bundle = self._bundle
+        own = getattr(bundle, "save_pretrained", None)
+
+        def write() -> Path:
+            if own is not None:
+                return Path(own(path, state))
+            tokenizer = getattr(bundle, "processor", None) or getattr(bundle, "tokenizer", None)
+            return write_pretrained(path, self.module, state, tokenizer)
+
+        backend_checkpoint.run_on_rank0(self.rank, write)
+        return Path(path)
+
     def _write_export(
         self, path: str | Path, state: dict[str, torch.Tensor], peft_config: Any
     ) -> Path:
         """Rank 0: both formats, then the family's reshaping of the folder
         (``bundle.postprocess_lora_export``, when the bundle has one: Wan 2.2 training both
         experts splits the export into the per-expert folders diffusers loads)."""
+        from transformers import PreTrainedModel
+
+        peft_config = copy.copy(peft_config)  # the module's own config stays as it was
+        peft_config.base_model_name_or_path = base_model_reference(self._bundle)
+        if isinstance(self.module, PreTrainedModel) and self.module.can_generate():
+            peft_config.task_type = "CAUSAL_LM"  # AutoPeftModelForCausalLM loads it
         folder = write_lora_export(path, state, peft_config)
         postprocess = getattr(self._bundle, "postprocess_lora_export", None)
         if postprocess is not None:

@@ -209,6 +209,7 @@ class ARTrainer(StageTrainer):
                 train_ranks=train_ranks,
                 rollout_ranks=rollout_ranks,
                 exports_lora=(cfg.backend or {}).get("lora") is not None,
+                exports_model=(cfg.backend or {}).get("lora") is None,
             )
         ]
         info = ops.describe_policy()

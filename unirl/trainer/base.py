@@ -27,6 +27,7 @@ from unirl.logging.progress import RolloutProgress
 from unirl.logging.report import refresh_run_views
 from unirl.train.checkpoint import CheckpointError, fault_point, write_failure
 from unirl.trainer.console import TRAIN_LOG, ConsoleLog
+from unirl.trainer.model_card import write_model_card
 from unirl.trainer.output import DRIVER_STATE, OutputDir, resolve_resume, write_json_atomic
 from unirl.trainer.roles import light_track, pixels_of
 from unirl.trainer.stage import Stage, order_stages, propagate_rewards
@@ -551,10 +552,29 @@ class StageTrainer:
 
     def export(self, root: Path | None = None) -> None:
         """The trained LoRA of each stage in the diffusers / PEFT format: ``lora/`` and, when
-        the backend keeps an EMA (the weights eval samples with), ``lora_ema/`` beside it.
-        ``root``: the run folder (the end of the run) or a checkpoint's ``export/``."""
+        the backend keeps an EMA (the weights eval samples with), ``lora_ema/`` beside it; a
+        full fine-tune of a transformers model as a ``save_pretrained`` folder ``model/`` (and
+        ``model_ema/``). ``root``: the run folder (the end of the run) or a checkpoint's
+        ``export/``."""
         root = self.out.root if root is None else root
         for stage in self.trained:
             if stage.exports_lora:
                 stage.ops.export_lora(str(self._ops_path(root / "lora", stage)))
                 stage.ops.export_lora(str(self._ops_path(root / "lora_ema", stage)), True)
+            # one model folder when one stage exports a model (a unified model's two stages
+            # train the same module: it is written once, from the image stage)
+            models = [s for s in self.trained if s.exports_model]
+            if stage.exports_model:
+                for name, ema in (("model", False), ("model_ema", True)):
+                    folder = root / name if len(models) == 1 else root / name / stage.track
+                    if stage.ops.export_model(str(folder), ema)[0]:
+                        write_model_card(folder, self.out.root, prefix=self._prefix_of(stage))
+            if stage.exports_lora:
+                for name in ("lora", "lora_ema"):
+                    folder = self._ops_path(root / name, stage)
+                    if folder.is_dir():
+                        write_model_card(folder, self.out.root, prefix=self._prefix_of(stage))
+
+    @staticmethod
+    def _prefix_of(stage: Stage) -> str:
+        return f"{stage.prefix}/" if stage.prefix else ""

@@ -236,6 +236,7 @@ class PETrainer(StageTrainer):
                 rollout_ranks=rollout_ranks,
                 prefix=TEXT_TRACK,
                 exports_lora=lora(cfg.backend),
+                exports_model=not lora(cfg.backend),
             ),
             Stage(
                 track=IMAGE_TRACK,

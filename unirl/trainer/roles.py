@@ -131,6 +131,20 @@ class TrainOps:
         return True
 
     @distributed(dispatch=Dispatch.BROADCAST)
+    def export_model(self, path: str, ema: bool = False) -> bool:
+        """Write the whole trained model to ``path`` as a ``save_pretrained`` folder with its
+        tokenizer (``FSDPBackend.export_pretrained``); with ``ema=True`` the EMA weights.
+        Returns False, writing nothing, when ``ema`` is asked of a backend without EMA."""
+        if not ema:
+            self.backend.export_pretrained(path)
+            return True
+        if not getattr(self.backend, "has_ema", False):
+            return False
+        with self.backend.ema_weights():
+            self.backend.export_pretrained(path)
+        return True
+
+    @distributed(dispatch=Dispatch.BROADCAST)
     def use_eval_weights(self, enabled: bool) -> bool:
         """Swap EMA weights in (``True``) or back out (``False``); returns whether EMA exists."""
         has_ema = getattr(self.backend, "has_ema", False)

@@ -36,7 +36,8 @@ class Stage:
     from. ``prefix``: metric prefix (empty for a recipe's only or main stage, so single-stage
     metric names stay ``reward/mean``, ``train/loss``, …). ``train_ranks`` /
     ``rollout_ranks``: data-parallel sizes of its slabs. ``exports_lora``: the run ends by
-    exporting its adapter.
+    exporting its adapter; ``exports_model``: by writing the whole trained model as a
+    ``save_pretrained`` folder (a full fine-tune of a transformers-loadable model).
     """
 
     track: str
@@ -51,6 +52,7 @@ class Stage:
     rollout_ranks: int = 1
     prefix: str = ""
     exports_lora: bool = False
+    exports_model: bool = False
 
     @property
     def trains(self) -> bool:

@@ -347,6 +347,7 @@ class UnifiedModelTrainer(StageTrainer):
                 algorithm=image_algorithm,
                 rollout_ranks=rollout_ranks,
                 exports_lora=lora,
+                exports_model=not lora,  # one model: exported once, from the image stage
                 **shared,
             ),
         ]

@@ -9,6 +9,8 @@ shape, velocity, decode. Both halves run through one module, :class:`Transfusion
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -186,3 +188,34 @@ class TransfusionBundle(Qwen3Bundle):
     @property
     def trainable_modules(self) -> dict[str, nn.Module]:
         return {"model": self.model}
+
+    # -- export (``FSDPBackend.export_pretrained``) ----------------------------------------------
+
+    def save_pretrained(self, path: str | Path, state: dict[str, torch.Tensor]) -> Path:
+        """The trained model as three folders of one export: ``text/`` — the causal LM (the
+        shared transformer with its LM head) and tokenizer, a ``save_pretrained`` folder plain
+        transformers loads and generates from; ``vae/`` — the frozen VAE, a diffusers
+        ``AutoencoderKL`` folder; ``image_head.safetensors`` + ``image_head.json`` — the image
+        head's weights and shape (drawing needs this family's ``TransfusionModel``, which
+        neither library has). ``state``: the whole module's state (``lm.*``, ``image.*``)."""
+        from safetensors.torch import save_file
+
+        from unirl.train.export import write_pretrained
+
+        path = Path(path)
+        lm = {k[len("lm.") :]: v for k, v in state.items() if k.startswith("lm.")}
+        head = {
+            k[len("image.") :]: v.contiguous() for k, v in state.items() if k.startswith("image.")
+        }
+        write_pretrained(path / "text", self.model.lm, lm, self.tokenizer)
+        self.vae.save_pretrained(str(path / "vae"))
+        save_file(head, str(path / "image_head.safetensors"), metadata={"format": "pt"})
+        shape = {
+            "latent_channels": self.latent_channels,
+            "patch_size": self.config.patch_size,
+            "hidden_size": int(self.model.lm.config.hidden_size),
+            "max_grid": self.config.max_grid,
+            "scheduler": SCHEDULER_CONFIG,
+        }
+        (path / "image_head.json").write_text(json.dumps(shape, indent=2) + "\n")
+        return path
