@@ -11,13 +11,20 @@ micro-batch (``position_ids`` restart at each row, so rows never attend to each 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from unirl.config.require import require
 from unirl.models.common_ar.conditions import PromptConditions
-from unirl.models.common_ar.generate import StopStrings, generate_completions, suppress
+from unirl.models.common_ar.engine import DecodeEngine, DecodeEngineConfig
+from unirl.models.common_ar.generate import (
+    Completion,
+    StopStrings,
+    generate_completions,
+    suppress,
+)
 from unirl.models.common_ar.track import text_track
 from unirl.types import Packed, RolloutReq, RolloutResp, TextRequest, TextSegment
 
@@ -32,20 +39,91 @@ def packed_positions(offsets: torch.Tensor) -> torch.Tensor:
 class CausalLMPipeline:
     """Sampling and replay for a :class:`~unirl.models.common_ar.bundle.CausalLMBundle`.
 
-    ``forward_batch_size``: prompts per generation batch (None: the whole shard at once).
+    ``forward_batch_size``: sequences sampled at once (None: the whole shard at once); with
+    the engine, the slots of its KV cache unless ``engine.max_slots`` says otherwise.
     ``track_name``: the stage this pipeline samples (its ``TextRequest`` key and track name).
+    ``sampler``: ``engine`` (default; :class:`DecodeEngine`: continuous batching over a static
+    KV cache, CUDA-graph decode steps, settings in ``engine``, a :class:`DecodeEngineConfig`)
+    or ``loop``, the reference sampler (:func:`generate_completions`: a dynamic cache, one
+    host sync per token).
     """
 
     def __init__(
-        self, *, bundle: Any, forward_batch_size: int | None = None, track_name: str = "text"
+        self,
+        *,
+        bundle: Any,
+        forward_batch_size: int | None = None,
+        track_name: str = "text",
+        engine: DecodeEngineConfig | Mapping[str, Any] | None = None,
+        sampler: str = "engine",
     ) -> None:
         require(
             forward_batch_size is None or forward_batch_size >= 1,
             "pipeline.forward_batch_size must be >= 1 or null",
         )
+        require(
+            sampler in ("engine", "loop"),
+            f"pipeline.sampler must be 'engine' or 'loop', got {sampler!r}",
+        )
         self.bundle = bundle
         self.forward_batch_size = forward_batch_size
         self.track_name = track_name
+        if isinstance(engine, Mapping):
+            engine = DecodeEngineConfig(**engine)
+        self.engine: DecodeEngine | None = (
+            DecodeEngine(engine or DecodeEngineConfig()) if sampler == "engine" else None
+        )
+
+    def sample(
+        self,
+        prompt_ids: list[list[int]],
+        uniforms: torch.Tensor,
+        block: TextRequest,
+        **inputs: Any,
+    ) -> list[Completion]:
+        """Completions of ``prompt_ids`` under ``block``'s sampling settings, by the engine
+        (``inputs``: ``prefix_keys`` and ``prefill`` for a vision model) or, with
+        ``sampler: loop``, by the reference loop in chunks of ``forward_batch_size``
+        (``inputs``: ``prefill_inputs_for`` / ``positions_fn_for`` per chunk)."""
+        bundle = self.bundle
+        common = {
+            "max_new_tokens": block.max_new_tokens,
+            "temperature": block.temperature,
+            "top_p": block.top_p,
+            "top_k": block.top_k,
+            "stop_token_ids": bundle.stop_token_ids,
+            "stop_strings": StopStrings(block.stop, bundle.prompts.decode_raw) or None,
+            "pad_token_id": bundle.pad_token_id,
+            "suppress_token_ids": bundle.prompts.suppressed_token_ids,
+        }
+        if self.engine is not None:
+            if self.engine.config.max_slots is None and self.forward_batch_size is not None:
+                self.engine.config.max_slots = self.forward_batch_size
+            return self.engine.generate(
+                bundle.model,
+                prompt_ids,
+                uniforms,
+                prefix_keys=inputs.get("prefix_keys"),
+                prefill=inputs.get("prefill"),
+                **common,
+            )
+        chunk = self.forward_batch_size or max(len(prompt_ids), 1)
+        out: list[Completion] = []
+        for start in range(0, len(prompt_ids), chunk):
+            rows = list(range(start, min(start + chunk, len(prompt_ids))))
+            extra = inputs.get("prefill_inputs_for")
+            positions = inputs.get("positions_fn_for")
+            out.extend(
+                generate_completions(
+                    bundle.model,
+                    prompt_ids[start : start + chunk],
+                    uniforms[start : start + chunk],
+                    prefill_inputs=extra(rows) if extra else None,
+                    positions_fn=positions(rows) if positions else None,
+                    **common,
+                )
+            )
+        return out
 
     # -- sampling ----------------------------------------------------------------------------------
 
@@ -58,35 +136,23 @@ class CausalLMPipeline:
         prompt_ids = bundle.encode_prompts(texts)
         t_encode = time.perf_counter() - t0
         uniforms = block.uniforms(req.seed)
-        stops = StopStrings(block.stop, bundle.prompts.decode_raw)
         t0 = time.perf_counter()
-        chunk = self.forward_batch_size or max(len(texts), 1)
-        completions = []
         with bundle.sampling_mode():
-            for start in range(0, len(texts), chunk):
-                completions.extend(
-                    generate_completions(
-                        bundle.model,
-                        prompt_ids[start : start + chunk],
-                        uniforms[start : start + chunk],
-                        max_new_tokens=block.max_new_tokens,
-                        temperature=block.temperature,
-                        top_p=block.top_p,
-                        top_k=block.top_k,
-                        stop_token_ids=bundle.stop_token_ids,
-                        stop_strings=stops or None,
-                        pad_token_id=bundle.pad_token_id,
-                        suppress_token_ids=bundle.prompts.suppressed_token_ids,
-                    )
-                )
+            completions = self.sample(prompt_ids, uniforms, block)
         t_generate = time.perf_counter() - t0
         track = text_track(
             req, prompt_ids, completions, formatter=bundle.prompts, temperature=block.temperature
         )
         return RolloutResp(
             tracks={self.track_name: track},
-            timings={"encode": t_encode, "generate": t_generate},
+            timings={"encode": t_encode, "generate": t_generate, **self.engine_timings()},
         )
+
+    def engine_timings(self) -> dict[str, float]:
+        """The engine's prefill and decode seconds of the last call (empty for the loop)."""
+        if self.engine is None:
+            return {}
+        return {"prefill": self.engine.stats.prefill_s, "decode": self.engine.stats.decode_s}
 
     # -- the policy the losses replay -------------------------------------------------------------
 

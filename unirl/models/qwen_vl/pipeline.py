@@ -10,11 +10,14 @@ restart with packed rows), logits only at the columns some row needs, gathered p
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
+from collections.abc import Sequence
 
 import torch
 
-from unirl.models.common_ar.generate import StopStrings, generate_completions, suppress
+from unirl.models.common_ar.engine import hf_prefill
+from unirl.models.common_ar.generate import suppress
 from unirl.models.common_ar.pipeline import CausalLMPipeline, packed_positions
 from unirl.models.common_ar.track import text_track
 from unirl.models.qwen_vl.conditions import VisionPromptConditions
@@ -46,41 +49,47 @@ class QwenVLPipeline(CausalLMPipeline):
         block = req.params_for(self.track_name, TextRequest)
         t0 = time.perf_counter()
         prompt_ids = bundle.encode_prompts(req.prompts)
-        patches = [patchify(img) for img in self._images(req)]
+        images = self._images(req)
+        patches = [patchify(img) for img in images]
         t_encode = time.perf_counter() - t0
         uniforms = block.uniforms(req.seed)
-        stops = StopStrings(block.stop, bundle.prompts.decode_raw)
         image_token = bundle.prompts.image_token_id
+
+        def pixels(rows: Sequence[int]) -> dict[str, torch.Tensor]:
+            return {
+                "pixel_values": torch.cat([patches[i][0] for i in rows]).to(bundle.dtype),
+                "image_grid_thw": torch.stack([patches[i][1] for i in rows]),
+            }
+
+        def positions(rows: Sequence[int], ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            grids = torch.stack([patches[i][1] for i in rows])
+            return padded_mrope_positions(ids, mask, image_token, grids)
+
         t0 = time.perf_counter()
-        chunk = self.forward_batch_size or max(len(prompt_ids), 1)
-        completions = []
         with bundle.sampling_mode():
-            for start in range(0, len(prompt_ids), chunk):
-                part = patches[start : start + chunk]
-                grids = torch.stack([g for _, g in part])
-
-                def positions(ids: torch.Tensor, mask: torch.Tensor, grids=grids) -> torch.Tensor:
-                    return padded_mrope_positions(ids, mask, image_token, grids)
-
-                completions.extend(
-                    generate_completions(
-                        bundle.model,
-                        prompt_ids[start : start + chunk],
-                        uniforms[start : start + chunk],
-                        max_new_tokens=block.max_new_tokens,
-                        temperature=block.temperature,
-                        top_p=block.top_p,
-                        top_k=block.top_k,
-                        stop_token_ids=bundle.stop_token_ids,
-                        stop_strings=stops or None,
-                        pad_token_id=bundle.pad_token_id,
-                        suppress_token_ids=bundle.prompts.suppressed_token_ids,
-                        prefill_inputs={
-                            "pixel_values": torch.cat([p for p, _ in part]).to(bundle.dtype),
-                            "image_grid_thw": grids,
-                        },
-                        positions_fn=positions,
-                    )
+            if self.engine is not None:
+                # one prefill per distinct (prompt, image): a group shares both
+                keys = [
+                    (tuple(ids), hashlib.sha1(img.numpy().tobytes()).hexdigest())
+                    for ids, img in zip(prompt_ids, images, strict=True)
+                ]
+                prefill = hf_prefill(
+                    bundle.model,
+                    prompt_ids,
+                    pad_token_id=bundle.pad_token_id,
+                    extra_inputs=pixels,
+                    positions_fn=positions,
+                )
+                completions = self.sample(
+                    prompt_ids, uniforms, block, prefix_keys=keys, prefill=prefill
+                )
+            else:
+                completions = self.sample(
+                    prompt_ids,
+                    uniforms,
+                    block,
+                    prefill_inputs_for=pixels,
+                    positions_fn_for=lambda rows: lambda ids, mask: positions(rows, ids, mask),
                 )
         t_generate = time.perf_counter() - t0
         track = text_track(
@@ -95,7 +104,7 @@ class QwenVLPipeline(CausalLMPipeline):
         )
         return RolloutResp(
             tracks={self.track_name: dataclasses.replace(track, conditions=conditions)},
-            timings={"encode": t_encode, "generate": t_generate},
+            timings={"encode": t_encode, "generate": t_generate, **self.engine_timings()},
         )
 
     def token_log_probs(  # type: ignore[override]

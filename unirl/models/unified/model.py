@@ -120,6 +120,8 @@ def _cache_keyword(module: nn.Module) -> str:
 class TransfusionModel(nn.Module):
     """The causal LM ``lm`` and its :class:`ImageHead` ``image``: one trainable module."""
 
+    causal_lm_attr = "lm"  # where the AR decode engine finds the causal LM it samples
+
     def __init__(self, lm: nn.Module, image: ImageHead) -> None:
         super().__init__()
         self.lm: Any = lm
