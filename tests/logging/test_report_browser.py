@@ -4,6 +4,7 @@ are on it. Skipped, with the install line, where playwright or Chromium is missi
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -125,4 +126,90 @@ def test_a_moved_report_still_opens(tmp_path, browser):
     page, _, _ = open_page(browser, moved.as_uri())
     widths = page.eval_on_selector_all("img", "els => els.map(e => e.naturalWidth)")
     assert len(widths) == 5 and min(widths) > 0
+    page.close()
+
+
+def make_text_run(root: Path) -> None:
+    """A text run as ``ARTrainer`` leaves it: completions as JSON lines (train every 10
+    rollouts, eval at 0 and 20), no contact sheet, and ``run.json``."""
+    write_run(root, rollouts=21)
+    for folder, name, completion in [
+        ("samples", "rollout_000000.jsonl", "\\boxed{{{"),
+        ("samples", "rollout_000020.jsonl", "\\boxed{7}"),
+        ("eval", "step_000000.jsonl", "\\boxed{<|"),
+        ("eval", "step_000020.jsonl", "\\boxed{9}"),
+    ]:
+        (root / folder).mkdir(exist_ok=True)
+        rows = [
+            {"prompt": "What is 3 + 6?", "completion": completion, "reward": 0.625, "answer": "9"},
+            {"prompt": "a <b>bold</b> prompt", "completion": "<script>x</script>", "reward": 0.0},
+        ]
+        (root / folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "run.json").write_text(
+        json.dumps(
+            {
+                "status": "finished",
+                "started": "2026-11-29T00:00:00+00:00",
+                "wall_s": 83.4,
+                "commit": "b94378a1c2d3",
+                "resumed": False,
+                "ended": None,
+            }
+        )
+    )
+    assert refresh_run_views(root)
+
+
+def _completions(page, section: str) -> dict[str, list[list[str]]]:
+    """``{step: rows}`` of the completion tables in a samples section."""
+    sides = page.query_selector_all(f"#{section} ~ div.pair")[0].query_selector_all("div.side")
+    out = {}
+    for side in sides:
+        rows = side.eval_on_selector_all(
+            "table.completions tr", "trs => trs.map(tr => [...tr.cells].map(c => c.innerText))"
+        )
+        out[side.get_attribute("data-step")] = rows
+    return out
+
+
+def test_a_text_run_report_shows_completions_step_zero_beside_the_latest(tmp_path, browser):
+    make_text_run(tmp_path)
+    page, requests, _ = open_page(browser, (tmp_path / REPORT).as_uri())
+    assert [u for u in requests if u.startswith("file:")] == [(tmp_path / REPORT).as_uri()]
+    evals = _completions(page, "eval-samples")
+    assert list(evals) == ["0", "20"]
+    assert evals["0"][0] == ["prompt", "completion", "answer", "reward"]
+    assert evals["0"][1] == ["What is 3 + 6?", "\\boxed{<|", "9", "0.6250"]
+    assert evals["20"][1] == ["What is 3 + 6?", "\\boxed{9}", "9", "0.6250"]
+    # text is text: the model's markup is escaped, never run or rendered
+    assert evals["20"][2] == ["a <b>bold</b> prompt", "<script>x</script>", "–", "0.0000"]
+    train = _completions(page, "train-samples")
+    assert list(train) == ["0", "20"] and train["20"][1][1] == "\\boxed{7}"
+    info = page.eval_on_selector_all(
+        "#run-info tr", "trs => trs.map(tr => [...tr.cells].map(c => c.innerText))"
+    )
+    assert info == [
+        ["status", "finished"],
+        ["wall time", "0:01:23"],
+        ["started", "2026-11-29T00:00:00+00:00"],
+        ["code", "b94378a1c2d3"],
+    ]
+    assert page.query_selector_all("img[alt$='.png'][src^='data:image/png']")  # the curves
+    page.close()
+
+
+def test_an_image_run_report_shows_step_zero_beside_the_latest_sheet(tmp_path, browser):
+    write_run(tmp_path, rollouts=6)
+    pixels = torch.linspace(0, 1, 2 * 3 * 8 * 8).reshape(2, 3, 8, 8)
+    for name in ("step_000000.png", "step_000003.png", "step_000006.png"):
+        contact_sheet(pixels, ["-0.1 | a", "-0.2 | b"], tmp_path / "eval" / name, tile=32)
+    assert refresh_run_views(tmp_path)
+    page, _, _ = open_page(browser, (tmp_path / REPORT).as_uri())
+    sides = page.eval_on_selector_all(
+        "#eval-samples ~ div.pair div.side",
+        "ds => ds.map(d => [d.dataset.step, d.querySelector('img').naturalWidth > 0,"
+        " d.querySelector('figcaption').innerText])",
+    )
+    assert sides == [["0", True, "eval/step_000000.png"], ["6", True, "eval/step_000006.png"]]
+    assert page.inner_text("#run-info tr[data-key='status']") == "status\t–"
     page.close()

@@ -49,3 +49,11 @@ def test_tiny_run_writes_curves_report_and_one_line_per_rollout(tmp_path: Path, 
     ]
     assert all(re.search(r" \| [\d.]+ s/rollout \| ETA \d+:\d\d:\d\d$", line) for line in lines)
     assert "\r" not in log and not re.search(r"^rollouts: ", log, re.M)  # no bar
+
+    # run.json: the end, wall time and code version, shown on the page
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "finished" and info["resumed"] is False
+    assert 0 < info["wall_s"] < 600 and info["ended"] >= info["started"]
+    assert re.fullmatch(r"[0-9a-f]{12}(-dirty)?|unirl-mm .+", info["commit"]), info["commit"]
+    assert '<tr data-key="status"><td>status</td><td>finished</td></tr>' in page
+    assert f"<td>{info['commit']}</td>" in page

@@ -12,13 +12,15 @@ never raises: a failure is one ``[unirl] warning:`` line and training goes on.
 from __future__ import annotations
 
 import base64
-import html
+import json
 import math
 import os
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from markupsafe import Markup
 
 from unirl.logging.curves import CURVES_DIR, component_names, draw_curves, read_rows
 
@@ -39,7 +41,13 @@ SUMMARY_SUFFIXES = (
     "time/total",
 )
 SHEET = re.compile(r"^(?P<prefix>.*?)(?:rollout|step)_(?P<step>\d{6,})\.(?:png|gif)$")
+SAMPLE = re.compile(r"^(?P<prefix>.*?)(?:rollout|step)_(?P<step>\d{6,})\.(?:png|gif|jsonl)$")
 MIME = {".png": "image/png", ".gif": "image/gif"}
+TEMPLATE = "report.html.j2"
+RUN_INFO = "run.json"  # status, start, wall time, code version (unirl.trainer.run_info)
+WRITTEN_KEYS = ("completion", "rewrite", "text")  # what a text track's sample rows call it
+TEXT_ROWS = 16
+TEXT_CHARS = 300
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1280px; padding: 0 16px;
@@ -55,6 +63,12 @@ th, td { border: 1px solid #ddd; padding: 3px 10px; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 thead th { background: #f4f4f4; }
 pre { background: #f7f7f7; padding: 12px; overflow-x: auto; font-size: 0.85em; }
+.pair { display: flex; gap: 16px; align-items: flex-start; flex-wrap: wrap; }
+.side { flex: 1 1 420px; min-width: 0; }
+h3 { font-size: 1em; margin: 8px 0 4px; }
+table.completions td { text-align: left; white-space: pre-wrap; word-break: break-word; }
+table.completions td:last-child { text-align: right; }
+#run-info td:first-child { color: #555; }
 """
 
 
@@ -79,17 +93,93 @@ def _data_uri(path: Path) -> str:
 def latest_sheets(folder: Path) -> list[Path]:
     """The newest contact sheet of each stage prefix in ``folder`` (``samples/`` or
     ``eval/``): ``[<prefix>_]rollout_<k>.png`` / ``step_<k>.png`` / ``.gif``."""
+    return [group[-1] for group in sample_groups(folder, SHEET).values()]
+
+
+def sample_groups(folder: Path, pattern: re.Pattern[str] = SAMPLE) -> dict[str, list[Path]]:
+    """``{prefix: [files oldest first]}`` of the sample files in ``folder`` that ``pattern``
+    matches (contact sheets and, with :data:`SAMPLE`, a text run's ``.jsonl`` completions)."""
     if not folder.is_dir():
-        return []
-    newest: dict[str, tuple[int, Path]] = {}
+        return {}
+    groups: dict[str, list[tuple[int, Path]]] = {}
     for path in folder.iterdir():
-        match = SHEET.match(path.name)
-        if match is None:
-            continue
-        step = int(match["step"])
-        if match["prefix"] not in newest or step > newest[match["prefix"]][0]:
-            newest[match["prefix"]] = (step, path)
-    return [path for _, path in sorted(newest.values(), key=lambda sp: sp[1].name)]
+        match = pattern.match(path.name)
+        if match is not None:
+            groups.setdefault(match["prefix"], []).append((int(match["step"]), path))
+    return {prefix: [path for _, path in sorted(found)] for prefix, found in sorted(groups.items())}
+
+
+def _step(path: Path) -> int:
+    match = SAMPLE.match(path.name)
+    assert match is not None
+    return int(match["step"])
+
+
+def completion_rows(path: Path) -> tuple[list[str], list[list[str]]]:
+    """``(columns, rows)`` of a text sample file (one JSON object per line, as the text
+    trainers write them): the prompt, what the model wrote (``completion``, a prompt
+    enhancer's ``rewrite``, a unified model's ``text``), the reference ``answer`` when the
+    rows carry one, and the reward; at most ``TEXT_ROWS`` rows, long texts cut."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = records[:TEXT_ROWS]
+    written = next((k for k in WRITTEN_KEYS if any(k in r for r in records)), "completion")
+    columns = ["prompt", written]
+    if any(r.get("answer") is not None for r in records):
+        columns.append("answer")
+    columns.append("reward")
+
+    def cell(record: dict[str, Any], column: str) -> str:
+        value = record.get(column)
+        if column == "reward":
+            return format_value(value)
+        text = "–" if value is None else str(value)
+        return text if len(text) <= TEXT_CHARS else text[: TEXT_CHARS - 1] + "…"
+
+    return columns, [[cell(r, c) for c in columns] for r in records]
+
+
+def _sample_item(path: Path, root: Path, kind: str) -> dict[str, Any]:
+    step = _step(path)
+    label = f"rollout {step}" if kind == "train" else f"after {step} rollouts"
+    item: dict[str, Any] = {"step": step, "label": label, "file": str(path.relative_to(root))}
+    if path.suffix == ".jsonl":
+        item["columns"], item["rows"] = completion_rows(path)
+    else:
+        item["uri"] = _data_uri(path)
+    return item
+
+
+def sample_section(root: Path, folder: str, kind: str) -> dict[str, Any]:
+    """The first and the newest samples of each stage prefix, side by side (one when they are
+    the same file): a contact sheet inlined, or a text run's completions as a table. A stage
+    that wrote both a sheet and a ``.jsonl`` (a prompt enhancer) shows the sheet."""
+    groups = []
+    for prefix, paths in sample_groups(root / folder).items():
+        sheets = [p for p in paths if p.suffix in MIME]
+        chosen = sheets or paths
+        ends = [chosen[0], chosen[-1]] if len(chosen) > 1 else chosen[:1]
+        groups.append({"prefix": prefix, "entries": [_sample_item(p, root, kind) for p in ends]})
+    title = "Eval samples" if kind == "eval" else "Training samples"
+    return {
+        "id": f"{kind}-samples",
+        "title": f"{title}: the first beside the latest",
+        "groups": groups,
+        "none": f"{kind} samples",
+    }
+
+
+def run_info(root: Path) -> dict[str, str]:
+    """Status, wall time, start and code version from ``run.json`` (the trainer's); ``–``
+    for what it does not record (a folder from before it existed)."""
+    path = root / RUN_INFO
+    info = json.loads(path.read_text()) if path.is_file() else {}
+    wall = info.get("wall_s")
+    return {
+        "status": str(info.get("status", "–")),
+        "wall": "–" if wall is None else str(timedelta(seconds=round(float(wall)))),
+        "started": str(info.get("started", "–")),
+        "commit": str(info.get("commit", "–")),
+    }
 
 
 def _summary_keys(rows: list[dict[str, Any]]) -> list[str]:
@@ -110,16 +200,8 @@ def _first_value(rows: list[dict[str, Any]], key: str) -> Any:
     return next((r[key] for r in rows if key in r), None)
 
 
-def summary_table(train: list[dict[str, Any]]) -> str:
-    """Metric | first rollout | last rollout | min | max, over the train rows."""
-    if not train:
-        return "<p>No rollout logged yet.</p>"
-    first, last = train[0]["step"], train[-1]["step"]
-    head = (
-        f"<thead><tr><th>metric</th><th>rollout {first}</th><th>rollout {last}</th>"
-        "<th>min</th><th>max</th></tr></thead>"
-    )
-    body = []
+def _summary(train: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = []
     for key in _summary_keys(train):
         values = [float(r[key]) for r in train if r.get(key) is not None]
         finite = [v for v in values if math.isfinite(v)]
@@ -129,83 +211,66 @@ def summary_table(train: list[dict[str, Any]]) -> str:
             min(finite) if finite else None,
             max(finite) if finite else None,
         ]
-        body.append(
-            f'<tr data-metric="{html.escape(key)}"><td>{html.escape(key)}</td>'
-            + "".join(f"<td>{format_value(v)}</td>" for v in cells)
-            + "</tr>"
-        )
-    return f'<table id="summary">{head}<tbody>{"".join(body)}</tbody></table>'
+        rows.append({"key": key, "cells": [format_value(v) for v in cells]})
+    return {
+        "rows": rows,
+        "first": train[0]["step"] if train else None,
+        "last": train[-1]["step"] if train else None,
+    }
 
 
-def eval_table(evals: list[dict[str, Any]]) -> str:
-    """One row per eval: the step and every eval reward mean (total first, then components)."""
-    if not evals:
-        return "<p>No eval yet.</p>"
+def _eval_keys(evals: list[dict[str, Any]]) -> list[str]:
     present = {k for r in evals for k in r}
     keys = sorted(k for k in present if re.fullmatch(r"eval/(?:[^/]+/)?reward/mean", k))
-    keys += [f"eval/{k}" for k in component_names(evals, "eval/") if f"eval/{k}" not in keys]
-    head = "<th>after rollouts</th>" + "".join(f"<th>{html.escape(k)}</th>" for k in keys)
-    rows = [
-        f'<tr data-step="{r["step"]}"><td>{r["step"]}</td>'
-        + "".join(f"<td>{format_value(r.get(k))}</td>" for k in keys)
-        + "</tr>"
-        for r in evals
-    ]
-    return f'<table id="evals"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-
-
-def _figures(paths: list[Path], root: Path, caption: str) -> str:
-    if not paths:
-        return f"<p>No {caption} yet.</p>"
-    return "".join(
-        f'<figure><img src="{_data_uri(p)}" alt="{html.escape(p.name)}">'
-        f"<figcaption>{html.escape(str(p.relative_to(root)))}</figcaption></figure>"
-        for p in paths
-    )
+    return keys + [f"eval/{k}" for k in component_names(evals, "eval/") if f"eval/{k}" not in keys]
 
 
 def render_report(output_dir: str | Path) -> str:
-    """The page's HTML for the run in ``output_dir`` (curves as they are on disk)."""
+    """The page's HTML for the run in ``output_dir`` (curves as they are on disk), rendered
+    by jinja2 from ``report.html.j2`` with autoescaping on."""
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
     root = Path(output_dir).resolve()
     train = read_rows(root / "metrics.jsonl")
     evals = read_rows(root / "eval_metrics.jsonl")
     config_path = root / "config.yaml"
-    config = config_path.read_text() if config_path.exists() else "(no config.yaml)"
-    curves = "".join(
-        f'<figure><img id="curve-{Path(name).stem}" src="{_data_uri(root / CURVES_DIR / name)}" '
-        f'alt="{html.escape(name)}"><figcaption>{html.escape(text)}</figcaption></figure>'
-        for name, text in CURVE_FILES
-        if (root / CURVES_DIR / name).is_file()
+    eval_keys = _eval_keys(evals)
+    env = Environment(
+        loader=FileSystemLoader(str(Path(__file__).parent)),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
     )
-    written = datetime.now().astimezone().isoformat(timespec="seconds")
-    last = f"rollout {train[-1]['step']}" if train else "no rollout yet"
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
-<title>UniRL run: {html.escape(root.name)}</title>
-<style>{STYLE}</style>
-</head>
-<body>
-<h1>UniRL run: {html.escape(root.name)}</h1>
-<p class="meta">{html.escape(str(root))} · {len(train)} rollouts logged (last: {last}) ·
-{len(evals)} evals · written {written}</p>
-<h2 id="curves">Curves</h2>
-{curves or "<p>No curves drawn yet.</p>"}
-<h2 id="metrics">Training metrics</h2>
-{summary_table(train)}
-<h2 id="eval">Eval</h2>
-{eval_table(evals)}
-<h2 id="eval-samples">Latest eval samples</h2>
-{_figures(latest_sheets(root / "eval"), root, "eval sheet")}
-<h2 id="train-samples">Latest training samples</h2>
-{_figures(latest_sheets(root / "samples"), root, "training sheet")}
-<h2 id="config">Config</h2>
-<pre id="config-text">{html.escape(config)}</pre>
-</body>
-</html>
-"""
+    return env.get_template(TEMPLATE).render(
+        name=root.name,
+        root=str(root),
+        style=Markup(STYLE),
+        rollouts=len(train),
+        last=f"last: rollout {train[-1]['step']}" if train else "no rollout yet",
+        written=datetime.now().astimezone().isoformat(timespec="seconds"),
+        info=run_info(root),
+        curves=[
+            {
+                "id": Path(name).stem,
+                "name": name,
+                "uri": _data_uri(root / CURVES_DIR / name),
+                "caption": caption,
+            }
+            for name, caption in CURVE_FILES
+            if (root / CURVES_DIR / name).is_file()
+        ],
+        summary=_summary(train),
+        eval_keys=eval_keys,
+        evals=[
+            {"step": r["step"], "cells": [format_value(r.get(k)) for k in eval_keys]} for r in evals
+        ],
+        sample_sections=[
+            sample_section(root, "eval", "eval"),
+            sample_section(root, "samples", "train"),
+        ],
+        config=config_path.read_text() if config_path.exists() else "(no config.yaml)",
+    )
 
 
 def write_report(output_dir: str | Path) -> Path:

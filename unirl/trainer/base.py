@@ -30,6 +30,7 @@ from unirl.trainer.console import TRAIN_LOG, ConsoleLog
 from unirl.trainer.model_card import write_model_card
 from unirl.trainer.output import DRIVER_STATE, OutputDir, resolve_resume, write_json_atomic
 from unirl.trainer.roles import light_track, pixels_of
+from unirl.trainer.run_info import RunInfo
 from unirl.trainer.stage import Stage, order_stages, propagate_rewards
 from unirl.trainer.stop import StopRequest, stop_line
 from unirl.types import STATUS_OK, Images, RolloutReq, RolloutTrack, Videos
@@ -201,8 +202,25 @@ class StageTrainer:
         The console goes to ``train.log`` as well, with the traceback of a failure
         (``ConsoleLog``); a resumed run appends to it."""
         resuming = self.cfg.resume not in (None, "", "none", "null")
+        self.run_info: RunInfo | None = None  # run.json, once the run passed its checks
         with ConsoleLog(self.out.root / TRAIN_LOG, append=resuming):
-            return self._run(after_loop)
+            try:
+                code = self._run(after_loop)
+            except BaseException:
+                self._end_run_info("failed")
+                raise
+            self._end_run_info("finished" if code == 0 else "stopped")
+            return code
+
+    def _end_run_info(self, status: str) -> None:
+        """``run.json`` gets the run's end, and the report shows it (never raises)."""
+        if self.run_info is None:
+            return
+        try:
+            self.run_info.end(status)
+        except OSError as exc:  # a full disk must not hide how the run ended
+            print(f"[unirl] warning: could not write {self.run_info.path}: {exc}", flush=True)
+        refresh_run_views(self.out.root)
 
     def _run(self, after_loop: Callable[[Any, Any], None] | None) -> int:
         cfg = self.cfg
@@ -222,6 +240,7 @@ class StageTrainer:
             if drift is not None:
                 print(drift, flush=True)
         self.out.write_config(self.data)
+        self.run_info = RunInfo(self.out.root, resumed=resume_from is not None)
         if self.eval_held_out:
             print(
                 f"[unirl] eval: the last {len(self.eval_held_out)} prompts of "

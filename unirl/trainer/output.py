@@ -124,11 +124,12 @@ class OutputDir:
 
     def clear_run(self) -> list[str]:
         """Remove what an earlier run left (``overwrite=true``): checkpoints, galleries, the
-        exported adapters (``lora/`` and ``lora_ema/``: a new run without EMA must not leave
-        the old EMA for ``tools.export`` to pick), the metrics files, the curves and the
-        report. Returns the names removed."""
+        exported adapters and models (``lora/``, ``lora_ema/``, ``model/``, ``model_ema/``: a
+        new run without EMA must not leave the old EMA for ``tools.export`` to pick), the
+        metrics files, the curves, the report and ``run.json``. Returns the names removed."""
         removed = []
-        for name in ("checkpoints", "samples", "eval", "curves", "lora", "lora_ema", "tensorboard"):
+        folders = ("checkpoints", "samples", "eval", "curves", "lora", "lora_ema", "model")
+        for name in (*folders, "model_ema", "tensorboard"):
             if (self.root / name).is_dir():
                 shutil.rmtree(self.root / name)
                 removed.append(name + "/")
@@ -138,9 +139,10 @@ class OutputDir:
                 if path.exists():
                     path.unlink()
                     removed.append(path.name)
-        if (self.root / "report.html").exists():
-            (self.root / "report.html").unlink()
-            removed.append("report.html")
+        for name in ("report.html", "run.json"):
+            if (self.root / name).exists():
+                (self.root / name).unlink()
+                removed.append(name)
         return removed
 
     def prune_checkpoints(self, keep: int, *, current: Path) -> list[Path]:
