@@ -7,16 +7,28 @@ from typing import Any
 from unirl.config.entry import hydra_entry
 
 DEFAULT_RECIPE = "diffusion/sd3_tiny_trainside"
+ENTRYPOINT = "unirl.train_diffusion"
+
+
+def check(data: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """Every check before Ray (the recipe is this entrypoint's, the validators, the editing
+    inputs); returns the ``RunConfig`` and the validators' objects."""
+    from unirl.config.entrypoint import check_entrypoint
+    from unirl.config.validate import validate
+    from unirl.trainer.diffusion import check_diffusion_recipe
+
+    check_entrypoint(data, ENTRYPOINT)
+    cfg, objs = validate(data)
+    check_diffusion_recipe(cfg, objs)
+    return cfg, objs
 
 
 def run(data: dict[str, Any]) -> int:
     """Validate the composed recipe before any Ray work; then dry-run or train."""
     from unirl.config.dry_run import print_dry_run
-    from unirl.config.validate import validate
-    from unirl.trainer.diffusion import check_edit_inputs, plan_roles, run_diffusion
+    from unirl.trainer.diffusion import plan_roles, run_diffusion
 
-    cfg, objs = validate(data)
-    check_edit_inputs(cfg)
+    cfg, objs = check(data)
     if cfg.dry_run:
         print_dry_run(cfg, objs, plan_roles(cfg))
         return 0

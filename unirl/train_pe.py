@@ -11,24 +11,32 @@ from typing import Any
 from unirl.config.entry import hydra_entry
 
 DEFAULT_RECIPE = "pe/pe_tiny_trainside"
+ENTRYPOINT = "unirl.train_pe"
+
+
+def check(data: dict[str, Any]) -> tuple[Any, ...]:
+    """Every check before Ray: the recipe is this entrypoint's, the engine, the policy's
+    blocks, then the ``pe`` block and the drawer's. Returns ``(cfg, objs, pe, drawer_cfg,
+    drawer_objs)``."""
+    from unirl.config.entrypoint import check_entrypoint
+    from unirl.config.validate import validate
+    from unirl.trainer.pe_config import check_pe_engine, check_pe_recipe
+
+    check_entrypoint(data, ENTRYPOINT)
+    check_pe_engine(data)  # trainside ComposedEngine or a served policy, before anything else
+    cfg, objs = validate(data)
+    pe, drawer_cfg, drawer_objs = check_pe_recipe(cfg, data, objs)
+    return cfg, objs, pe, drawer_cfg, drawer_objs
 
 
 def run(data: dict[str, Any]) -> int:
     """Validate the composed recipe (the policy's blocks, then the ``pe`` block and the
     drawer's) before any Ray work; then dry-run or train."""
     from unirl.config.dry_run import print_dry_run, print_section
-    from unirl.config.validate import validate
     from unirl.trainer.pe import run_pe
-    from unirl.trainer.pe_config import (
-        check_pe_engine,
-        check_pe_recipe,
-        drawer_summary,
-        plan_roles,
-    )
+    from unirl.trainer.pe_config import drawer_summary, plan_roles
 
-    check_pe_engine(data)  # trainside ComposedEngine or a served policy, before anything else
-    cfg, objs = validate(data)
-    pe, drawer_cfg, drawer_objs = check_pe_recipe(cfg, data, objs)
+    cfg, objs, pe, drawer_cfg, drawer_objs = check(data)
     if cfg.dry_run:
         print_dry_run(cfg, objs, plan_roles(cfg, pe))
         print_section("drawer (pe.diffusion)", drawer_summary(pe, drawer_cfg, drawer_objs))

@@ -9,23 +9,34 @@ from typing import Any
 from unirl.config.entry import hydra_entry
 
 DEFAULT_RECIPE = "unified_model/unified_tiny"
+ENTRYPOINT = "unirl.train_unified_model"
+
+
+def check(data: dict[str, Any]) -> tuple[Any, ...]:
+    """Every check before Ray: the recipe is this entrypoint's, the text stage's blocks, then
+    the ``unified`` block and the image stage's. Returns ``(cfg, objs, unified, sampling)``."""
+    from unirl.config.entrypoint import check_entrypoint
+    from unirl.config.validate import validate
+    from unirl.trainer.unified_model import check_unified_recipe
+
+    check_entrypoint(data, ENTRYPOINT)
+    cfg, objs = validate(data)
+    unified, sampling = check_unified_recipe(cfg, objs)
+    return cfg, objs, unified, sampling
 
 
 def run(data: dict[str, Any]) -> int:
     """Validate the composed recipe (the text stage's blocks, then the ``unified`` block and
     the image stage's) before any Ray work; then dry-run or train."""
     from unirl.config.dry_run import print_dry_run, print_section
-    from unirl.config.validate import validate
     from unirl.trainer.unified_model import (
         check_trainable_here,
-        check_unified_recipe,
         image_summary,
         plan_roles,
         run_unified,
     )
 
-    cfg, objs = validate(data)
-    unified, sampling = check_unified_recipe(cfg, objs)
+    cfg, objs, unified, sampling = check(data)
     if cfg.dry_run:
         print_dry_run(cfg, objs, plan_roles(cfg, unified))
         print_section(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import subprocess
@@ -13,15 +14,9 @@ import yaml
 
 from unirl.config import ConfigError
 from unirl.config.entry import compose_recipe, examples_dir
+from unirl.config.entrypoint import ENTRYPOINT_OF_FOLDER as ENTRY_BY_DOMAIN
 from unirl.config.validate import validate
 
-ENTRY_BY_DOMAIN = {
-    "diffusion": "unirl.train_diffusion",
-    "llm": "unirl.train_vlm",
-    "vlm": "unirl.train_vlm",
-    "pe": "unirl.train_pe",
-    "unified_model": "unirl.train_unified_model",
-}
 # recipes the generic validators refuse on purpose, each with the line naming what is missing
 REFUSED: dict[str, str] = {}
 RECIPES = sorted(
@@ -45,25 +40,64 @@ def test_recipe_composes_and_validates(recipe: str, tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=REFUSED[recipe]):
             validate(data)
         return
-    cfg, objs = validate(data)
+    cfg, objs = importlib.import_module(ENTRY_BY_DOMAIN[recipe.split("/")[0]]).check(data)[:2]
     assert cfg.dry_run is True
     assert objs["sampling"].samples_per_prompt >= 1
 
 
 @pytest.mark.parametrize("case", BROKEN, ids=lambda p: p.stem)
 def test_broken_recipe_fails_with_its_message(case: Path, tmp_path: Path) -> None:
+    """Each case is refused by the pre-Ray checks of the entrypoint it is run under (its
+    ``entrypoint`` key, else the one its base recipe declares): the same ``check`` the
+    entrypoint's ``run`` calls before any Ray work, ``dry_run`` or not."""
     spec = yaml.safe_load(case.read_text())
-    assert set(spec) == {"base", "overrides", "expect"}, (
-        f"{case.name}: keys must be base/overrides/expect"
-    )
+    assert (
+        {"base", "overrides", "expect"}
+        <= set(spec)
+        <= {
+            "base",
+            "overrides",
+            "expect",
+            "entrypoint",
+        }
+    ), f"{case.name}: keys must be base/overrides/expect (and optionally entrypoint)"
+    # a fresh output_dir first (a case may set its own): a user's earlier run in the
+    # recipe's default folder must not answer before the check under test
+    data = compose_recipe(spec["base"], [f"output_dir={tmp_path / 'run'}", *spec["overrides"]])
+    entry = spec.get("entrypoint") or ENTRY_BY_DOMAIN[spec["base"].split("/")[0]]
     with pytest.raises(ConfigError) as info:
-        # a fresh output_dir first (a case may set its own): a user's earlier run in the
-        # recipe's default folder must not answer before the check under test
-        validate(
-            compose_recipe(spec["base"], [f"output_dir={tmp_path / 'run'}", *spec["overrides"]])
-        )
+        importlib.import_module(entry).check(data)
     assert re.search(spec["expect"], str(info.value)), f"{case.name}: got {info.value}"
     assert "\n" not in str(info.value), f"{case.name}: the message must be one line"
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_declares_its_entrypoint(recipe: str) -> None:
+    text = (examples_dir() / f"{recipe}.yaml").read_text()
+    declared = re.findall(r"^entrypoint: (\S+)", text, flags=re.M)
+    assert declared == [ENTRY_BY_DOMAIN[recipe.split("/")[0]]], recipe
+
+
+def test_every_entrypoint_refuses_every_other_domain_and_names_the_right_one() -> None:
+    """One recipe per entrypoint, run under each other entrypoint (dry run): the line names
+    the entrypoint that runs it."""
+    one_each = {
+        "unirl.train_diffusion": "diffusion/sd3_tiny_trainside",
+        "unirl.train_vlm": "vlm/qwen_vl_tiny_grpo",
+        "unirl.train_pe": "pe/pe_tiny_trainside",
+        "unirl.train_unified_model": "unified_model/unified_tiny",
+    }
+    for owner, recipe in one_each.items():
+        data = compose_recipe(recipe, ["dry_run=true"])
+        for entry in one_each:
+            if entry == owner:
+                continue
+            with pytest.raises(ConfigError) as info:
+                importlib.import_module(entry).check(data)
+            assert str(info.value) == (
+                f"this recipe belongs to {owner} (declares entrypoint: {owner}), not {entry}; "
+                f"run python -m {owner} with the same --config-name and overrides"
+            )
 
 
 def test_broken_messages_are_distinct() -> None:

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from unirl.config.entrypoint import Entrypoint
 from unirl.config.pool import PoolConfig
 from unirl.config.require import ConfigError, require
 from unirl.config.typecheck import (
@@ -112,7 +113,7 @@ class EvalConfig:
     """How many eval prompts (the first of ``prompts_path``, or the held-out ones)."""
     samples_per_prompt: PositiveInt = 1
     """Images (or videos) drawn per eval prompt."""
-    seed: int = 1234
+    seed: NonNegativeInt = 1234
     """Seed of the eval rollouts' random draws (initial noise, token sampling) in place of the
     top-level ``seed``; the draws also depend on the sample ids, which include the step the
     eval runs at, so each eval draws afresh."""
@@ -164,6 +165,10 @@ class RunConfig(PoolConfig):
     Component blocks stay as ``_target_`` configs (validated by signature in
     ``unirl.config.validate``, which also builds their typed configs)."""
 
+    entrypoint: Entrypoint | None = None
+    """The module that runs the recipe (``unirl.train_diffusion``, ``unirl.train_vlm``,
+    ``unirl.train_pe``, ``unirl.train_unified_model``); another entrypoint refuses it before
+    anything is built. Every bundled recipe declares it."""
     batch_size: PositiveInt = 8
     """Prompts per rollout; each is sampled ``sampling.samples_per_prompt`` times (one group)."""
     layout: Literal["colocate", "separate"] = "colocate"
@@ -186,7 +191,7 @@ class RunConfig(PoolConfig):
     """``auto`` (the newest checkpoint that verifies) or a ``checkpoints/step_XXXXXX`` folder."""
     overwrite: bool = False
     """Clear an earlier run in ``output_dir`` instead of refusing to start."""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """The run's seed: sampling noise and SDE-step draws; recipes pass ``${seed}`` to the data order,
     LoRA init and shuffling."""
     dry_run: bool = False

@@ -400,6 +400,81 @@ def check_gather_for_sampling(cfg: RunConfig, objs: dict[str, Any]) -> None:
     )
 
 
+def check_token_budget(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    """A token budget per micro-batch (``stack.max_tokens_per_micro_batch``, or the unified
+    stack's ``stack.text.``) holds at least one whole sequence: a completion of
+    ``sampling.max_new_tokens`` after a prompt of one token or more."""
+    stack, sampling = objs.get("stack"), objs.get("sampling")
+    max_new = getattr(sampling, "max_new_tokens", None)
+    if max_new is None:
+        return
+    for key, owner in (("stack", stack), ("stack.text", getattr(stack, "text", None))):
+        budget = getattr(owner, "max_tokens_per_micro_batch", None)
+        if budget is None:
+            continue
+        require(
+            budget > max_new,
+            f"{key}.max_tokens_per_micro_batch={budget} is smaller than one sequence (a prompt "
+            f"plus up to sampling.max_new_tokens={max_new} completion tokens), so every long "
+            f"sequence would overrun it; raise it above the longest prompt + {max_new} (e.g. "
+            f"{max_new + 512}) or lower sampling.max_new_tokens",
+        )
+
+
+def reward_component_names(block: Any) -> list[str] | None:
+    """The component names a ``RewardService`` block attaches (``component_rewards``), read from
+    the block: a weighted backend's ``weights`` keys (which it requires to be exactly its
+    components' names), a single scorer's ``name``; None when the block does not say."""
+    backend = block.get("backend") if isinstance(block, dict) else None
+    if not isinstance(backend, dict) or "_target_" not in backend:
+        return None
+    weights = backend.get("weights")
+    if isinstance(backend.get("components"), dict) and isinstance(weights, dict):
+        return sorted(str(k) for k in weights)
+    name = _setting_of(backend, "reward.backend", "name")
+    return [name] if isinstance(name, str) and name else None
+
+
+def check_component_weights(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    """``advantage.component_weights`` names components the reward produces (a misspelt one
+    used to fail on the first rollout)."""
+    weights = cfg.advantage.component_weights
+    known = reward_component_names(cfg.reward)
+    if weights is None or known is None:
+        return
+    unknown = sorted(set(weights) - set(known))
+    if not unknown:
+        return
+    import difflib
+
+    close = {u: difflib.get_close_matches(u, known, n=1, cutoff=0.6) for u in unknown}
+    hints = [f"{u!r} -> {c[0]!r}" for u, c in close.items() if c]
+    hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
+    raise ConfigError(
+        f"advantage.component_weights has key(s) {unknown} that the reward does not produce"
+        f"{hint}; its components are {known}: use those names or set "
+        "advantage.component_weights=null"
+    )
+
+
+def _setting_of(block: dict[str, Any], where: str, key: str) -> Any:
+    """``block[key]``, else the default its ``_target_`` declares for ``key`` (a dataclass
+    field or a signature parameter), else None."""
+    if key in block:
+        return block[key]
+    target = locate(str(block["_target_"]), where)
+    if dataclasses.is_dataclass(target):
+        for f in dataclasses.fields(target):
+            if f.name == key and f.default is not dataclasses.MISSING:
+                return f.default
+        return None
+    try:
+        param = inspect.signature(target).parameters.get(key)
+    except (TypeError, ValueError):
+        return None
+    return None if param is None or param.default is param.empty else param.default
+
+
 def check_component_hooks(cfg: RunConfig, objs: dict[str, Any]) -> None:
     """Each component class may judge its own block before anything is built, with the whole
     recipe in view: ``check_config(block, recipe)`` (a classmethod; reads configs and files,
@@ -438,11 +513,13 @@ def check_data(cfg: RunConfig, objs: dict[str, Any]) -> None:
 
 
 def check_output_dir(cfg: RunConfig, objs: dict[str, Any]) -> None:
-    """A fresh run never lands on an earlier run's history or checkpoints silently: it needs
-    an empty (or new) ``output_dir``, ``resume`` to continue, or ``overwrite=true``."""
+    """``output_dir`` is a folder this process can write (or create), and a fresh run never
+    lands on an earlier run's history or checkpoints silently: it needs an empty (or new)
+    ``output_dir``, ``resume`` to continue, or ``overwrite=true``."""
+    root = Path(cfg.output_dir).expanduser()
+    check_writable_folder(root, "output_dir")
     if cfg.resume not in (None, "", "none", "null") or cfg.overwrite:
         return
-    root = Path(cfg.output_dir).expanduser()
     found = [
         name
         for name in ("metrics.jsonl", "eval_metrics.jsonl", "checkpoints")
@@ -453,6 +530,37 @@ def check_output_dir(cfg: RunConfig, objs: dict[str, Any]) -> None:
         f"output_dir {str(root)!r} already holds a run ({', '.join(found)}); pass resume=auto to "
         "continue it, overwrite=true to replace it, or another output_dir",
     )
+
+
+def check_writable_folder(root: Path, key: str) -> None:
+    """``root`` is a folder, or can be made one, that this process may write: refused in one
+    line when it (or the nearest part of its path that exists) is a file or not writable."""
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        where = "is a file" if existing == root else f"is under {str(existing)!r}, which is a file"
+        raise ConfigError(
+            f"{key} {str(root)!r} {where}, not a folder; give a folder (new or empty) for the "
+            f"run to write, e.g. {key}=outputs/<name>"
+        )
+    writable = os.access(existing, os.W_OK | os.X_OK)
+    if writable and hasattr(os, "geteuid") and os.geteuid() == 0:
+        # root passes os.access on any local folder; a read-only mount still refuses it
+        writable = not _read_only_mount(existing)
+    require(
+        writable,
+        f"{key} {str(root)!r} is not writable by this user ({str(existing)!r} "
+        f"{'is' if existing == root else 'would hold it and is'} read-only here); choose a "
+        f"folder you can write, e.g. {key}=outputs/<name>",
+    )
+
+
+def _read_only_mount(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def check_device(cfg: RunConfig, objs: dict[str, Any]) -> None:
@@ -492,6 +600,8 @@ CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
     check_reference_policy,
     check_old_adapter_rollout,
     check_gather_for_sampling,
+    check_component_weights,
+    check_token_budget,
     check_component_hooks,
     check_data,
     check_output_dir,

@@ -190,4 +190,23 @@ def _media_ref(entry: Any, file: Path, where: str) -> MediaRef:
     resolved = (file.parent / uri).resolve()
     if not resolved.exists():
         raise PromptFileError(f"{where}: media file not found: {uri!r} (resolved to {resolved})")
+    if _is_lfs_pointer(resolved):
+        raise PromptFileError(
+            f"{where}: media file {uri!r} is a Git LFS pointer, not the {modality} itself (the "
+            "repository was cloned without its LFS objects); run 'git lfs pull' in that "
+            "repository, or point the file at the real media"
+        )
     return MediaRef(modality=modality, role=role, uri=str(resolved))
+
+
+LFS_POINTER_HEADER = b"version https://git-lfs.github.com/spec/"
+
+
+def _is_lfs_pointer(path: Path) -> bool:
+    """True when ``path`` is a Git LFS pointer file (a few lines of text standing in for the
+    real file in a clone made without its LFS objects); reads the first bytes only."""
+    try:
+        with path.open("rb") as handle:
+            return handle.read(len(LFS_POINTER_HEADER)) == LFS_POINTER_HEADER
+    except OSError:
+        return False

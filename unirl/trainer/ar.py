@@ -35,10 +35,11 @@ TRACK = "text"
 PLACED_ENGINES = ("trainside", "sglang")
 
 
-def check_ar_recipe(cfg: RunConfig) -> None:
+def check_ar_recipe(cfg: RunConfig, objs: dict[str, Any] | None = None) -> None:
     """Before any Ray work: what this trainer can place. The sampling block is
     ``ARSamplingParams``; the engine is trainside or SGLang's text server (our own dedicated
-    engine has no text variant yet: refused here by name)."""
+    engine has no text variant yet: refused here by name). ``objs`` (the validators' objects)
+    is not read yet; the entrypoint passes it as to every domain check."""
     target = str((cfg.sampling or {}).get("_target_", ""))
     require(
         target.rsplit(".", 1)[-1] == "ARSamplingParams",

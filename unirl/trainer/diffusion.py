@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from hydra.utils import instantiate
 
-from unirl.config.require import require
+from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
 from unirl.config.validate import declared, engine_kind, locate
 from unirl.data.media import ReferenceImages, has_references
@@ -48,27 +48,40 @@ def plan_roles(cfg: RunConfig) -> list[tuple[str, str, str]]:
     ]
 
 
-def _reward_targets(block: Any) -> list[str]:
-    """Every ``_target_`` inside the reward block (components, guards, nested backends)."""
-    if isinstance(block, dict):
-        found = [str(block["_target_"])] if "_target_" in block else []
-        return found + [t for v in block.values() for t in _reward_targets(v)]
-    if isinstance(block, list):
-        return [t for v in block for t in _reward_targets(v)]
-    return []
+def check_diffusion_recipe(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    """What ``unirl.train_diffusion`` checks before Ray beyond the generic validators: the
+    editing inputs (train and eval prompt files) and a reward that can score what the family
+    decodes (videos need video scorers)."""
+    check_edit_inputs(cfg)
+    check_reward_media(cfg)
+
+
+def _references_of(path: str) -> bool:
+    from unirl.data import read_prompt_file
+
+    return has_references(read_prompt_file(path))
 
 
 def check_edit_inputs(cfg: RunConfig) -> None:
     """An editing prompt file (every line has a reference image) needs a family that takes
-    references, and a reward that compares result with source needs an editing file; both
-    refused here, before Ray, with one line."""
-    from unirl.data import read_prompt_file
-    from unirl.data.media import has_references
-
+    references, a reward that compares result with source needs an editing file, and the eval
+    file of an editing recipe is an editing set too (and of a plain one, plain); each refused
+    here, before Ray, with one line."""
     path = (cfg.data_source or {}).get("path")
     if not path:
         return
-    edits = has_references(read_prompt_file(str(path)))
+    edits = _references_of(str(path))
+    if cfg.eval.prompts_path:
+        eval_edits = _references_of(cfg.eval.prompts_path)
+        kind = "an editing set (every prompt has a reference image)" if edits else "plain prompts"
+        require(
+            eval_edits == edits,
+            f"eval.prompts_path {cfg.eval.prompts_path!r} "
+            f"{'has no reference images' if edits else 'has reference images'}, but "
+            f"data_source.path {path!r} is {kind}; give an eval file of the same kind "
+            "(datasets/make_edit_prompts.py writes editing sets), or eval.prompts_path=null to "
+            "hold out prompts of the training file",
+        )
     if cfg.bundle and "_target_" in cfg.bundle:
         family = locate(str(cfg.bundle["_target_"]), "bundle")
         takes = bool(getattr(family, "takes_references", False))
@@ -78,7 +91,16 @@ def check_edit_inputs(cfg: RunConfig) -> None:
             f"but {family.__name__} takes no reference images; use an editing family "
             "(unirl.models.flux2.Flux2KleinBundle) or a prompt file without 'media'",
         )
-    for target in _reward_targets(cfg.reward):
+        needs = getattr(family, "requires_references", None)
+        if callable(needs) and needs(dict(cfg.bundle)):
+            require(
+                edits,
+                f"bundle.path={cfg.bundle.get('path')!r} is an image-to-video model (it starts "
+                f"every video from a first frame), but data_source.path {path!r} has no "
+                "reference images; give every line a 'media' image (datasets/video/i2v.jsonl "
+                "shows the format) or use a text-to-video model",
+            )
+    for _, target in _reward_scorers(cfg.reward, "reward"):
         scorer = locate(target, "reward")
         if getattr(scorer, "needs_references", False):
             require(
@@ -87,6 +109,66 @@ def check_edit_inputs(cfg: RunConfig) -> None:
                 f"image, but data_source.path {path!r} has no reference images; use an "
                 "editing prompt file (datasets/make_edit_prompts.py) or another reward",
             )
+
+
+def _reward_scorers(block: Any, where: str) -> list[tuple[str, str]]:
+    """``(where, _target_)`` of every block inside the reward block (components, guards,
+    nested backends), outermost first."""
+    if isinstance(block, dict):
+        found = [(where, str(block["_target_"]))] if "_target_" in block else []
+        for key, value in block.items():
+            found += _reward_scorers(value, f"{where}.{key}")
+        return found
+    if isinstance(block, list):
+        return [f for i, v in enumerate(block) for f in _reward_scorers(v, f"{where}[{i}]")]
+    return []
+
+
+def _image_only_scorers(block: Any, where: str) -> list[tuple[str, str]]:
+    """``(where, _target_)`` of the reward backends in ``block`` that score images only (no
+    ``score_video`` of their own). A weighted backend is judged by its components; a video
+    scorer (``PerFrame`` around an image scorer included) is not looked into."""
+    from unirl.reward.base import RewardBackend
+    from unirl.reward.multi import WeightedRewardBackend
+
+    if isinstance(block, list):
+        return [f for i, v in enumerate(block) for f in _image_only_scorers(v, f"{where}[{i}]")]
+    if not isinstance(block, dict):
+        return []
+    if "_target_" in block:
+        cls = locate(str(block["_target_"]), where)
+        weighted = isinstance(cls, type) and issubclass(cls, WeightedRewardBackend)
+        if isinstance(cls, type) and issubclass(cls, RewardBackend) and not weighted:
+            takes_video = cls.score_video is not RewardBackend.score_video
+            return [] if takes_video else [(where, str(block["_target_"]))]
+    return [
+        f
+        for key, value in block.items()
+        if key != "_target_"
+        for f in _image_only_scorers(value, f"{where}.{key}")
+    ]
+
+
+def check_reward_media(cfg: RunConfig) -> None:
+    """A video family's track holds videos: every reward backend on it scores videos (an
+    image scorer is refused here, before Ray, rather than on the first rollout)."""
+    from unirl.models.common.geometry import VideoLatentGeometry
+
+    target = str((cfg.bundle or {}).get("_target_", ""))
+    if not target:
+        return
+    family = locate(target, "bundle")
+    if not (isinstance(family, type) and issubclass(family, VideoLatentGeometry)):
+        return
+    image_only = _image_only_scorers(cfg.reward, "reward")
+    if image_only:
+        where, scorer = image_only[0]
+        raise ConfigError(
+            f"{where}: {scorer} scores images, but {family.__name__} decodes videos; wrap it "
+            f"as {{_target_: unirl.reward.local.PerFrame, aggregate: mean, scorer: {{...}}}} to "
+            "score each frame, or use a video reward (unirl.reward.local.VideoPickScore, "
+            "TemporalConsistency)"
+        )
 
 
 class DiffusionTrainer(StageTrainer):

@@ -182,6 +182,11 @@ def check_unified_recipe(
         f"unified.image.sampling.guidance_scale={sampling.guidance_scale}: the transfusion "
         "family has no unconditional branch; set it to 1",
     )
+    size_check = getattr(bundle, "check_image_sizes", None)
+    if callable(size_check):
+        size_check(
+            dict(cfg.bundle or {}), sampling.height, sampling.width, "unified.image.sampling"
+        )
     require(
         sampling.samples_per_prompt == 1,
         f"unified.image.sampling.samples_per_prompt={sampling.samples_per_prompt}: one image per "

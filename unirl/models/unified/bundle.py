@@ -105,6 +105,31 @@ class TransfusionBundle(Qwen3Bundle):
             )
 
     @classmethod
+    def check_image_sizes(cls, block: dict[str, Any], height: int, width: int, where: str) -> None:
+        """Before Ray, from configs only (the tiny VAE's ``config.json``, the bundle block):
+        ``height`` / ``width`` are multiples of VAE factor x ``patch_size`` and their patch grid
+        fits ``max_grid``; each refused in one line naming ``<where>.height`` / ``.width``."""
+        knobs = {k: v for k, v in block.items() if not str(k).startswith("_")}
+        config = cls.config_class(**knobs)
+        vae = json.loads((tiny_vae_folder() / "config.json").read_text())
+        scale = 2 ** (len(vae["block_out_channels"]) - 1)
+        side = scale * config.patch_size
+        for key, size in (("height", height), ("width", width)):
+            if size % side:
+                lower, upper = max(side, size - size % side), size - size % side + side
+                raise ConfigError(
+                    f"{where}.{key}={size} is not a multiple of {side} (VAE factor {scale} x "
+                    f"bundle.patch_size={config.patch_size}); use {lower} or {upper}"
+                )
+        grid = max(height, width) // side
+        if grid > config.max_grid:
+            raise ConfigError(
+                f"{where}.height x width = {height}x{width} make a {grid}-patch side, over "
+                f"bundle.max_grid={config.max_grid}; lower the size to at most "
+                f"{config.max_grid * side} or raise bundle.max_grid"
+            )
+
+    @classmethod
     def trainable_on_meta(cls, block: dict[str, Any]) -> nn.Module | None:
         """The whole :class:`TransfusionModel` on the meta device (LoRA-target checks)."""
         lm = super().trainable_on_meta({**block, "path": "tiny"})

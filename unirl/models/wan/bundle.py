@@ -88,6 +88,20 @@ class WanBundle(VideoLatentGeometry, FlowMatchingBundle):
         return architecture_configs(path)
 
     @classmethod
+    def requires_references(cls, block: dict[str, Any]) -> bool:
+        """True when ``block.path`` is an image-to-video model (its transformer reads more
+        channels than the VAE writes: noise, mask and first frame), read from its configs; such
+        a model needs a first frame for every prompt (checked before Ray by the trainer)."""
+        try:
+            architecture = cls.architecture(cls._path_of(block))
+        except ModelSourceError:
+            return False  # the path's own line comes from check_config
+        if architecture is None:
+            return False
+        transformer, vae = architecture
+        return int(transformer.get("in_channels", 16)) != int(vae.get("z_dim", 16))
+
+    @classmethod
     def check_image_size(cls, architecture: tuple[dict, dict], key: str, size: int) -> None:
         transformer, vae = architecture
         vae_factor = 2 ** len(vae.get("temperal_downsample", (False, True, True)))
