@@ -170,6 +170,7 @@ def load_checkpoint(backend: CheckpointedBackend, path: str | Path) -> dict[str,
     payload = run_on_rank0(backend.rank, lambda: ckpt.read_checkpoint(path)) or {}
     meta = broadcast_object(payload.get("meta"))
     _check_meta(backend, meta, payload, path)
+    recipe = _recipe_hyperparameters(backend)
     backend.zero_grad()
     reshard(backend.module)
     # Two calls, not set_state_dict(model, optim): with broadcast_from_rank0, torch 2.13's
@@ -188,6 +189,7 @@ def load_checkpoint(backend: CheckpointedBackend, path: str | Path) -> dict[str,
         _load_ema(backend, backend.ema, payload.get("ema"), bool(meta["has_ema"]))
     scheduler, extra = broadcast_object((payload.get("scheduler"), payload.get("extra")))
     backend.scheduler.load_state_dict(scheduler)
+    _apply_recipe_hyperparameters(backend, recipe)
     backend.step = int(meta["step"])
     if int(meta["world_size"]) == backend.world_size:
         ckpt.restore_rng_state(scatter_objects(payload.get("rng")))
@@ -198,6 +200,36 @@ def load_checkpoint(backend: CheckpointedBackend, path: str | Path) -> dict[str,
             stacklevel=3,  # the caller of FSDPBackend.load_checkpoint
         )
     return dict(extra)
+
+
+def _recipe_hyperparameters(backend: CheckpointedBackend) -> dict[str, Any]:
+    """What the recipe set for the optimizer, read from the backend before the checkpoint
+    loads: each group's base lr (the schedule's ``base_lrs``) and its other hyperparameters
+    (weight decay, betas, eps); the checkpoint's copies of them must not win."""
+    return {
+        "base_lrs": list(backend.scheduler.base_lrs),
+        "groups": [
+            {k: v for k, v in group.items() if k not in ("params", "lr", "initial_lr")}
+            for group in backend.optimizer.param_groups
+        ],
+    }
+
+
+def _apply_recipe_hyperparameters(backend: CheckpointedBackend, recipe: dict[str, Any]) -> None:
+    """After a load: the optimizer state (moments, step counts) and the schedule's position are
+    the checkpoint's, the hyperparameters the recipe's. So a resume with a changed
+    ``backend.optimizer.lr`` (announced as ``backend.optimizer.lr: 0.003 -> 0.001``) trains and
+    logs at the new lr times the schedule's factor at the restored step."""
+    scheduler = backend.scheduler
+    scheduler.base_lrs = list(recipe["base_lrs"])
+    factors = [fn(scheduler.last_epoch) for fn in scheduler.lr_lambdas]
+    for group, base, knobs, factor in zip(
+        backend.optimizer.param_groups, recipe["base_lrs"], recipe["groups"], factors, strict=True
+    ):
+        group.update(knobs)
+        group["initial_lr"] = base
+        group["lr"] = base * factor
+    scheduler._last_lr = [group["lr"] for group in backend.optimizer.param_groups]
 
 
 def _check_meta(
