@@ -195,6 +195,46 @@ def checkpoint_problem(path: Path) -> str | None:
     return None
 
 
+# what a checkpoint cannot be loaded into when it changes: the model family, the LoRA's shape
+# (a full fine-tune vs an adapter, rank, targets, adapters) and the algorithm (its state is in
+# driver_state.json); for every stage (``pe.diffusion.``, ``unified.image.`` prefixes too)
+INCOMPATIBLE_ON_RESUME = re.compile(
+    r"(^|\.)(bundle\._target_|algorithm\._target_|entrypoint"
+    r"|backend\.lora\.(rank|targets|extra_adapters|adapter_name))$"
+)
+
+
+def incompatible_resume(
+    data: dict[str, Any], resume_from: Path, recorded: dict[str, Any] | None
+) -> str | None:
+    """The one-line refusal of a resume whose recipe changes what the checkpoint's weights and
+    state were made for (:data:`INCOMPATIBLE_ON_RESUME`, read from ``driver_state.json``'s
+    recorded recipe), or ``None``. Runs on the driver before any Ray work, so a changed model
+    family is refused before a model is built."""
+    if recorded is None:
+        return None
+    old, new = _flatten(recorded), _flatten(redact_secrets(data))
+
+    def lora(flat: dict[str, Any]) -> Any:  # a LoRA block, or none: a full fine-tune
+        return "adapter" if any(k.startswith("backend.lora.") for k in flat) else "full"
+
+    changed = [
+        f"{key}: {_short(old.get(key, '(absent)'))} -> {_short(new.get(key, '(absent)'))}"
+        for key in sorted(old.keys() | new.keys())
+        if INCOMPATIBLE_ON_RESUME.search(key) and old.get(key, _ABSENT) != new.get(key, _ABSENT)
+    ]
+    if lora(old) != lora(new):
+        changed.insert(0, f"backend.lora: {lora(old)} -> {lora(new)} fine-tune")
+    if not changed:
+        return None
+    return (
+        f"resume: checkpoint {resume_from.name} cannot be loaded by this recipe "
+        f"({'; '.join(changed[:4])}): a checkpoint resumes the same model family, LoRA shape "
+        "and algorithm; set them back, or start a fresh run (another output_dir, or "
+        "overwrite=true)"
+    )
+
+
 def resolve_resume(cfg: RunConfig, out: OutputDir) -> Path | None:
     """``resume``: null (fresh run), ``auto`` (the newest complete, loadable checkpoint in
     output_dir, if any; each newer one skipped is named with why, in one line) or a checkpoint
