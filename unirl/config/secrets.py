@@ -52,3 +52,36 @@ def redact_secrets(data: Any) -> Any:
     if isinstance(data, str):
         return _URL_PASSWORD.sub(rf"\g<1>{REDACTED}\g<3>", data)
     return data
+
+
+_URL_PASSWORD_ANYWHERE = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s'\"]+:)([^@/\s'\"]+)(@)")
+
+
+def secret_values(data: Any) -> set[str]:
+    """Every credential in ``data``: the values under credential-like keys and the passwords of
+    ``scheme://user:password@host`` URLs (strings of 4 characters or more, so that masking
+    them in free text cannot eat ordinary words)."""
+    found: set[str] = set()
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if is_secret_key(str(key)) and isinstance(value, str | int) and value not in ("", None):
+                found.add(str(value))
+            else:
+                found |= secret_values(value)
+    elif isinstance(data, list | tuple):
+        for value in data:
+            found |= secret_values(value)
+    elif isinstance(data, str):
+        found |= {m.group(2) for m in _URL_PASSWORD_ANYWHERE.finditer(data)}
+    return {s for s in found if len(s) >= 4}
+
+
+def redact_text(text: str, secrets: set[str] | frozenset[str] = frozenset()) -> str:
+    """``text`` (a console line, a log, an error message) with the password of every
+    ``scheme://user:password@host`` URL in it masked and every string of ``secrets``
+    (:func:`secret_values` of the recipe) replaced by ``REDACTED``."""
+    text = _URL_PASSWORD_ANYWHERE.sub(rf"\g<1>{REDACTED}\g<3>", text)
+    for secret in sorted(secrets, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text

@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -174,9 +175,18 @@ class WandbTracker:
             raise ImportError(
                 "logging.trackers has 'wandb' but wandb is not installed: pip install 'unirl-mm[wandb]'"
             ) from exc
-        self.run = wandb.init(
-            project=project or "unirl", name=run_name, dir=str(output_dir), config=config
-        )
+        from unirl.config.secrets import redact_text, secret_values
+
+        # W&B records the command line in its run files (wandb-metadata.json, uploaded with an
+        # online run): it sees it with the recipe's credentials masked
+        argv, secrets = sys.argv, secret_values(config) | secret_values(_overrides(sys.argv))
+        sys.argv = [redact_text(a, secrets) for a in argv]
+        try:
+            self.run = wandb.init(
+                project=project or "unirl", name=run_name, dir=str(output_dir), config=config
+            )
+        finally:
+            sys.argv = argv
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(_clean(metrics), step=step)
@@ -190,6 +200,13 @@ class WandbTracker:
 
     def close(self) -> None:
         self.run.finish()
+
+
+def _overrides(argv: list[str]) -> dict[str, str]:
+    """``{last key part: value}`` of the ``key=value`` arguments (``reward.token=abc`` ->
+    ``{"token": "abc"}``), so a credential given on the command line is known as one."""
+    pairs = (a.lstrip("+~").split("=", 1) for a in argv if "=" in a)
+    return {key.rsplit(".", 1)[-1]: value for key, value in pairs}
 
 
 class MultiTracker:

@@ -292,6 +292,16 @@ class TrainStack(OptimizerSteps):
             f"track's segment is a {type(segment).__name__}; use stack.micro_batch_size",
         )
         lengths = tokens.lengths.cpu()
+        over = int((lengths > budget).sum())
+        if over and not getattr(self, "_warned_over_budget", False):
+            self._warned_over_budget = True  # once per run: the first rollout that has one
+            print(
+                f"[unirl] warning: {over} of {len(lengths)} sequences on this rank are longer "
+                f"than stack.max_tokens_per_micro_batch={budget} (longest "
+                f"{int(lengths.max())} tokens); each trains in a micro-batch of its own, over "
+                f"the budget; raise it to at least {int(lengths.max())}",
+                flush=True,
+            )
         parts = [lengths[u * mini : (u + 1) * mini] for u in range(cfg.num_updates_per_batch)]
         counts = torch.tensor([len(pack_by_tokens(p, budget)) for p in parts], dtype=torch.long)
         if torch.distributed.is_available() and torch.distributed.is_initialized():

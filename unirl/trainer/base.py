@@ -20,7 +20,7 @@ import torch
 from unirl.algorithms.advantages import advantages_for
 from unirl.config.require import ConfigError
 from unirl.config.run import RunConfig
-from unirl.config.secrets import redact_secrets
+from unirl.config.secrets import redact_secrets, secret_values
 from unirl.distributed.group import DevicePool, DevicePoolConfig
 from unirl.logging import LocalTracker, build_trackers, contact_sheet, edit_sheet, video_sheet
 from unirl.logging.progress import RolloutProgress
@@ -28,7 +28,13 @@ from unirl.logging.report import refresh_run_views
 from unirl.train.checkpoint import CheckpointError, fault_point, write_failure
 from unirl.trainer.console import TRAIN_LOG, ConsoleLog
 from unirl.trainer.model_card import write_model_card
-from unirl.trainer.output import DRIVER_STATE, OutputDir, resolve_resume, write_json_atomic
+from unirl.trainer.output import (
+    DRIVER_STATE,
+    OutputDir,
+    incompatible_resume,
+    resolve_resume,
+    write_json_atomic,
+)
 from unirl.trainer.roles import light_track, pixels_of
 from unirl.trainer.run_info import RunInfo
 from unirl.trainer.stage import Stage, order_stages, propagate_rewards
@@ -85,6 +91,27 @@ def reward_metrics(scored: RolloutTrack) -> dict[str, float]:
     for key, value in mean_over_ranks(shards).items():
         out[key] = value * len(shards) if is_count(key) else value
     return out
+
+
+def degenerate_sampling_warnings(cfg: RunConfig) -> list[str]:
+    """Legal settings that make training a no-op, as warning lines printed on the first
+    rollout: greedy token sampling (``sampling.temperature=0``) draws the same completion for
+    every sample of a group, so every advantage, and every gradient, is zero."""
+    from unirl.types import ARSamplingParams
+
+    sampling = cfg.sampling or {}
+    target = str(sampling.get("_target_", "")) if isinstance(sampling, dict) else ""
+    if target.rsplit(".", 1)[-1] != "ARSamplingParams":
+        return []
+    params = ARSamplingParams(**{k: v for k, v in sampling.items() if not k.startswith("_")})
+    group = params.samples_per_prompt
+    if params.temperature != 0 or group < 2:
+        return []
+    return [
+        f"[unirl] warning: sampling.temperature=0 samples greedily: the {group} completions of "
+        "each prompt are identical, so every group's advantages and the gradients are zero and "
+        "the run trains nothing; set sampling.temperature > 0 (e.g. 1.0) to train"
+    ]
 
 
 def is_count(key: str) -> bool:
@@ -203,7 +230,8 @@ class StageTrainer:
         (``ConsoleLog``); a resumed run appends to it."""
         resuming = self.cfg.resume not in (None, "", "none", "null")
         self.run_info: RunInfo | None = None  # run.json, once the run passed its checks
-        with ConsoleLog(self.out.root / TRAIN_LOG, append=resuming):
+        secrets = secret_values(self.data)  # masked on the console and in train.log
+        with ConsoleLog(self.out.root / TRAIN_LOG, append=resuming, secrets=secrets):
             try:
                 code = self._run(after_loop)
             except BaseException:
@@ -226,6 +254,10 @@ class StageTrainer:
         cfg = self.cfg
         resume_from = resolve_resume(cfg, self.out)  # verified here, before any Ray work
         state = self._driver_state(resume_from) if resume_from is not None else None
+        if resume_from is not None and state is not None:  # before any model is built
+            refusal = incompatible_resume(self.data, resume_from, state.get("config"))
+            if refusal is not None:
+                raise ConfigError(refusal)
         if state is not None:  # the prompt position too: a mismatch is refused here
             self.data_source.load_state_dict(state["data"])
         if cfg.overwrite and resume_from is None:
@@ -315,6 +347,10 @@ class StageTrainer:
     def one_rollout(self, rollout_index: int) -> dict[str, float]:
         """One turn of the loop; returns the rollout's metrics row."""
         cfg = self.cfg
+        if not getattr(self, "_warned_sampling", False):  # the run's first rollout
+            self._warned_sampling = True
+            for line in degenerate_sampling_warnings(cfg):
+                print(line, flush=True)
         t_start = time.perf_counter()
         prompts = self.data_source.next_batch()
         req = self.build_request(prompts, rollout_index)

@@ -5,6 +5,10 @@ there in full (one ``[unirl] error:`` line, then the traceback, remote traceback
 The entrypoint prints only that line and where the log is (``unirl.config.entry``): a worker
 failure leads with what went wrong (the role, method, rank and the remote error) instead of
 ending a long Ray traceback with it. ``failure_line`` is that line.
+
+Credentials never reach either side: every URL password (``scheme://user:TOKEN@host``) and
+every credential of the recipe (``secrets``: :func:`unirl.config.secrets.secret_values`) is
+masked on the console and in the log, the failure line included.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from types import TracebackType
 from typing import Any, TextIO
 
 from unirl.config.require import UserFacingError
+from unirl.config.secrets import redact_text
 from unirl.distributed.group.errors import RemoteCallError
 
 TRAIN_LOG = "train.log"
@@ -42,8 +47,9 @@ class _LogFile:
     (a progress bar) only its last state, as a terminal would show it. Each stream keeps its
     own unfinished line, so a bar on stderr does not swallow a line printed to stdout."""
 
-    def __init__(self, file: TextIO) -> None:
+    def __init__(self, file: TextIO, secrets: frozenset[str] = frozenset()) -> None:
         self._file = file
+        self._secrets = secrets  # masked in every line (redact_text)
         self._pending: dict[str, str] = {}
         self._lock = threading.Lock()  # Ray prints worker output from its own thread
 
@@ -53,7 +59,7 @@ class _LogFile:
                 return
             *done, self._pending[stream] = (self._pending.get(stream, "") + text).split("\n")
             for line in done:
-                self._file.write(_ANSI.sub("", line.rsplit("\r", 1)[-1]) + "\n")
+                self._file.write(self._clean(line) + "\n")
             if done:
                 self._file.flush()  # a killed run leaves its log up to date
 
@@ -64,9 +70,12 @@ class _LogFile:
                 return
             for line in self._pending.values():
                 if line:
-                    self._file.write(_ANSI.sub("", line.rsplit("\r", 1)[-1]) + "\n")
+                    self._file.write(self._clean(line) + "\n")
             self._pending.clear()
             self._file.flush()
+
+    def _clean(self, line: str) -> str:
+        return redact_text(_ANSI.sub("", line.rsplit("\r", 1)[-1]), self._secrets)
 
     def close(self) -> None:
         self.end_lines()
@@ -84,9 +93,9 @@ class _Tee:
         self._name = name
 
     def write(self, text: str) -> int:
-        written = self._stream.write(text)
+        self._stream.write(redact_text(text, self._log._secrets))
         self._log.write(text, self._name)
-        return written
+        return len(text)
 
     def write_log(self, text: str) -> None:
         """Into the log only: the per-rollout line a terminal shows as its progress bar
@@ -110,16 +119,19 @@ class ConsoleLog:
     one appends to it. A failure is written in full and the exception is marked for the
     entrypoint: ``unirl_failure_line`` (:func:`failure_line`) and ``unirl_train_log``."""
 
-    def __init__(self, path: Path, *, append: bool) -> None:
+    def __init__(
+        self, path: Path, *, append: bool, secrets: set[str] | frozenset[str] = frozenset()
+    ) -> None:
         self.path = Path(path)
         self.append = append
+        self.secrets = frozenset(secrets)  # the recipe's credentials, masked in both streams
         self._log: _LogFile | None = None
         self._saved: tuple[TextIO, TextIO] | None = None
 
     def __enter__(self) -> ConsoleLog:
         flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if self.append else os.O_TRUNC)
         file = os.fdopen(os.open(self.path, flags, 0o600), "w", encoding="utf-8")
-        self._log = _LogFile(file)
+        self._log = _LogFile(file, self.secrets)
         started = datetime.now().astimezone().isoformat(timespec="seconds")
         self._log.write(f"# unirl run started {started} (pid {os.getpid()})\n")
         self._saved = (sys.stdout, sys.stderr)
@@ -143,6 +155,7 @@ class ConsoleLog:
             record = f"[unirl] error: {failure_line(exc)}\n"
             self._log.write(record + "".join(traceback.format_exception(exc)))
             if isinstance(exc, Exception):
-                exc.unirl_failure_line = failure_line(exc)  # type: ignore[attr-defined]
+                line = redact_text(failure_line(exc), self.secrets)
+                exc.unirl_failure_line = line  # type: ignore[attr-defined]
                 exc.unirl_train_log = str(self.path)  # type: ignore[attr-defined]
         self._log.close()

@@ -30,3 +30,30 @@ def user_turn(tokenizer: Any, text: str, *, enable_thinking: bool) -> str:
             enable_thinking=enable_thinking,
         )
     )
+
+
+_WARNED_TRUNCATION: set[str] = set()
+
+
+def warn_truncated_prompts(
+    tokenizer: Any, texts: list[str], max_length: int, key: str, *, add_special_tokens: bool = True
+) -> int:
+    """Count the prompts of ``texts`` longer than ``max_length`` tokens (what the encoder's
+    ``truncation=True`` cuts) and, the first time this process meets one for ``key`` (the
+    recipe key that sets the length, e.g. ``bundle.max_sequence_length``), print one warning
+    line naming the longest prompt and the fix. Returns the count."""
+    lengths = [
+        len(ids) for ids in tokenizer(list(texts), add_special_tokens=add_special_tokens).input_ids
+    ]
+    over = [i for i, n in enumerate(lengths) if n > max_length]
+    if over and key not in _WARNED_TRUNCATION:
+        _WARNED_TRUNCATION.add(key)
+        longest = max(over, key=lambda i: lengths[i])
+        shown = texts[longest] if len(texts[longest]) <= 80 else texts[longest][:77] + "..."
+        print(
+            f"[unirl] warning: {len(over)} of {len(texts)} prompts are longer than "
+            f"{key}={max_length} tokens and are cut to it (the longest, {lengths[longest]} "
+            f"tokens: {shown!r}); raise {key} or shorten the prompts (warned once per process)",
+            flush=True,
+        )
+    return len(over)

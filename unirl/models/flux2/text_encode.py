@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from unirl.models.common.text_encode import module_device, user_turn
+from unirl.models.common.text_encode import module_device, user_turn, warn_truncated_prompts
 
 
 @functools.cache
@@ -45,8 +45,10 @@ def encode_klein_prompts(
     if not texts:
         raise ValueError("encode_klein_prompts: no texts to encode")
     layers = tuple(pipeline_text_layers() if layers is None else layers)
+    turns = [user_turn(tokenizer, t, enable_thinking=False) for t in texts]
+    warn_truncated_prompts(tokenizer, turns, max_sequence_length, "bundle.max_sequence_length")
     tokens = tokenizer(
-        [user_turn(tokenizer, t, enable_thinking=False) for t in texts],
+        turns,
         padding="max_length",
         truncation=True,
         max_length=max_sequence_length,

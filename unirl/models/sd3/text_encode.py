@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from unirl.models.common.text_encode import module_device, module_dtype
+from unirl.models.common.text_encode import module_device, module_dtype, warn_truncated_prompts
 
 
 @dataclass
@@ -64,6 +64,9 @@ def t5_embeds(
     tokenizer: Any, encoder: torch.nn.Module, texts: Sequence[str], max_sequence_length: int
 ) -> torch.Tensor:
     """``hidden[N, max_sequence_length, D_t5]``: T5 encoder last hidden state."""
+    warn_truncated_prompts(
+        tokenizer, list(texts), max_sequence_length, "bundle.max_sequence_length"
+    )
     ids = _token_ids(tokenizer, texts, max_sequence_length, add_special_tokens=True)
     return encoder(ids.to(module_device(encoder)))[0]
 
@@ -104,6 +107,9 @@ def sd3_token_ids(
     )
     if stack.text_encoder_3 is None:
         return ids
+    warn_truncated_prompts(
+        stack.tokenizer_3, list(texts), max_sequence_length, "bundle.max_sequence_length"
+    )
     return (
         *ids,
         _token_ids(stack.tokenizer_3, texts, max_sequence_length, add_special_tokens=True),

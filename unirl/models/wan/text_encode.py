@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from unirl.models.common.text_encode import warn_truncated_prompts
+
 
 def _device_of(module: torch.nn.Module) -> torch.device:
     return next(module.parameters()).device
@@ -44,8 +46,10 @@ def encode_umt5_prompts(
 
     if not texts:
         raise ValueError("encode_umt5_prompts: no texts to encode")
+    cleaned = [prompt_clean(t) for t in texts]
+    warn_truncated_prompts(tokenizer, cleaned, max_sequence_length, "bundle.max_sequence_length")
     tokens = tokenizer(
-        [prompt_clean(t) for t in texts],
+        cleaned,
         padding="max_length",
         max_length=max_sequence_length,
         truncation=True,

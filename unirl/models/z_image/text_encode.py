@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from unirl.models.common.text_encode import module_device, user_turn
+from unirl.models.common.text_encode import module_device, user_turn, warn_truncated_prompts
 from unirl.types import Packed
 
 
@@ -32,8 +32,10 @@ def encode_z_image_prompts(
     ``i`` (at most ``max_sequence_length``)."""
     if not texts:
         raise ValueError("encode_z_image_prompts: no texts to encode")
+    turns = [user_turn(tokenizer, t, enable_thinking=True) for t in texts]
+    warn_truncated_prompts(tokenizer, turns, max_sequence_length, "bundle.max_sequence_length")
     tokens = tokenizer(
-        [user_turn(tokenizer, t, enable_thinking=True) for t in texts],
+        turns,
         padding="max_length",
         max_length=max_sequence_length,
         truncation=True,
