@@ -71,20 +71,37 @@ GENERATED_TOKENS = "bench/generated_tokens"
 TRAINED_TOKENS = "bench/trained_tokens"
 
 
+def _own_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m unirl.tools.bench",
+        add_help=False,
+        usage="%(prog)s --config-name=<domain>/<recipe> [options] [key=value ...]",
+        description="Run a recipe's loop for warmup + iters rollouts and report samples/s, "
+        "seconds per phase, peak memory and FLOPs / MFU as JSON. Hydra's options and the "
+        "recipe's keys follow.",
+    )
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rollouts first (1)")
+    parser.add_argument("--iters", type=int, default=3, help="timed rollouts (3)")
+    parser.add_argument("--json", type=str, default=None, help="where to write the JSON")
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="the card's peak for MFU (known cards: auto)",
+    )
+    parser.add_argument("--no-flops", action="store_true", help="skip the FLOP-counting pass")
+    parser.add_argument(
+        "--profile", type=str, default=None, help="one more rollout under torch.profiler, to DIR"
+    )
+    return parser
+
+
 def _parse_own_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--iters", type=int, default=3)
-    parser.add_argument("--json", type=str, default=None)
-    parser.add_argument("--peak-tflops", type=float, default=None)
-    parser.add_argument("--no-flops", action="store_true")
-    parser.add_argument("--profile", type=str, default=None)
-    return parser.parse_known_args(argv)
+    return _own_parser().parse_known_args(argv)
 
 
-OPTS, _REST = (
-    _parse_own_args(sys.argv[1:]) if __name__ == "__main__" else (_parse_own_args([])[0], [])
-)
+OPTS = _parse_own_args([])[0]
+_REST: list[str] = []  # the command line left after the benchmark's own options
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> float:
@@ -332,8 +349,21 @@ def run(data: dict[str, Any]) -> int:
     return 0
 
 
-main = hydra_entry("diffusion/sd3_tiny_trainside", run)
+main_hydra = hydra_entry("diffusion/sd3_tiny_trainside", run)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The benchmark's command line: its own options (above), then Hydra's and the recipe's.
+    ``--help`` prints the benchmark's options before Hydra's help."""
+    global OPTS, _REST
+    given = sys.argv[1:] if argv is None else argv
+    OPTS, rest = _parse_own_args(given)
+    _REST = rest
+    if "--help" in rest or "-h" in rest:
+        print(_own_parser().format_help(), flush=True)
+    sys.argv = [sys.argv[0], *rest]
+    main_hydra()
+
 
 if __name__ == "__main__":
-    sys.argv = [sys.argv[0], *_REST]
     main()
