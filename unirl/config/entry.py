@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 
 from unirl.config.require import ConfigError, UserFacingError
 from unirl.config.run import RunConfig
+from unirl.config.secrets import redact_text, secret_values
 
 # the recipes (and, beside them, ``datasets/``): the clone's, or the copy a wheel ships under
 # ``unirl/_bundled/`` (setup.py) when the package runs from site-packages
@@ -320,34 +321,38 @@ def override_refusal(line: CommandLine, default_config: str, entry: str) -> str 
     return f"override '{given}': the recipe has no key '{missing}'{hint}; {fix}"
 
 
-def report_failure(exc: Exception) -> None:
+def report_failure(exc: Exception, secrets: set[str] | frozenset[str] = frozenset()) -> None:
     """One ``[unirl] error:`` line first, then where the traceback is. A failure inside a run
     arrives with ``unirl_failure_line`` and ``unirl_train_log`` set by the trainer's console
     log (which knows remote failures: role, method, rank and the remote error in one line);
-    anything else gets ``Type: first line`` and its traceback here."""
+    anything else gets ``Type: first line`` and its traceback here. URL passwords and the
+    recipe's credentials (``secrets``) are masked in both."""
     line = getattr(exc, "unirl_failure_line", None)
     if not line:
         first = next(iter(str(exc).strip().splitlines()), "")
         line = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-    print(f"[unirl] error: {line}", file=sys.stderr, flush=True)
+    print(f"[unirl] error: {redact_text(line, secrets)}", file=sys.stderr, flush=True)
     log = getattr(exc, "unirl_train_log", None)
     if log:
         print(f"[unirl] the full traceback is in {log}", file=sys.stderr, flush=True)
     else:
-        traceback.print_exception(exc, file=sys.stderr)
+        text = "".join(traceback.format_exception(exc))
+        print(redact_text(text, secrets), file=sys.stderr, end="", flush=True)
 
 
 def run_reporting(run: Callable[[dict[str, Any]], int | None], data: dict[str, Any]) -> int:
     """``run(data)``'s exit code; a failure is reported (see :func:`report_failure`), not
     raised: 2 for a configuration or user-facing error (one line, no traceback), 130 for an
     interrupt that stopped at once (one line), else 1."""
+    secrets = secret_values(data)  # never printed: masked in every line below
     try:
         return run(data) or 0
     except ConfigError as exc:
-        print(f"[unirl] configuration error: {exc}", file=sys.stderr, flush=True)
+        line = redact_text(str(exc), secrets)
+        print(f"[unirl] configuration error: {line}", file=sys.stderr, flush=True)
         return 2
     except UserFacingError as exc:  # a refused resume, a model path that resolves to nothing
-        print(f"[unirl] error: {exc}", file=sys.stderr, flush=True)
+        print(f"[unirl] error: {redact_text(str(exc), secrets)}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C before the loop's handler, or a second one
         why = str(exc) or "interrupted"
@@ -358,7 +363,7 @@ def run_reporting(run: Callable[[dict[str, Any]], int | None], data: dict[str, A
         )
         return 130
     except Exception as exc:
-        report_failure(exc)
+        report_failure(exc, secrets)
         return 1
 
 
@@ -419,6 +424,9 @@ def hydra_entry(
         if refused is None and not line.help:
             refused = override_refusal(line, default_config, _entry_module(run))
         if refused is not None:
+            given = {override_key(o): o.split("=", 1)[-1] for o in line.overrides if "=" in o}
+            line_secrets = secret_values({k.rsplit(".", 1)[-1]: v for k, v in given.items()})
+            refused = redact_text(refused, line_secrets)
             print(f"[unirl] configuration error: {refused}", file=sys.stderr, flush=True)
             sys.exit(2)
         swept.update(swept_keys(line.overrides))
