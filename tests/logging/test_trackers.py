@@ -4,6 +4,7 @@ event files when asked, a clear error for a missing optional tracker; contact sh
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 
@@ -114,8 +115,8 @@ def test_video_sheet_is_an_animated_gif_with_one_sheet_per_frame(tmp_path: Path)
 
 
 def test_external_trackers_get_eval_metrics_and_sheets_as_they_are(tmp_path: Path) -> None:
-    """``log_external`` skips the local tracker; TensorBoard stores the PNG / GIF bytes
-    unchanged as image summaries (its image tab plays the GIF)."""
+    """``log_external`` skips the local tracker; TensorBoard gets the PNG through
+    ``add_image`` (pixels unchanged) and a GIF's frames side by side through ``add_images``."""
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -130,6 +131,9 @@ def test_external_trackers_get_eval_metrics_and_sheets_as_they_are(tmp_path: Pat
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"images": 0})
     events.Reload()
     assert [(s.step, s.value) for s in events.Scalars("eval/reward/mean")] == [(4, 0.5)]
-    for tag, path in (("eval/png", png), ("eval/gif", gif)):
-        (image,) = events.Images(tag)
-        assert image.step == 4 and image.encoded_image_string == path.read_bytes()
+    (image,) = events.Images("eval/png")
+    shown = Image.open(io.BytesIO(image.encoded_image_string)).convert("RGB")
+    assert image.step == 4 and shown.tobytes() == Image.open(png).convert("RGB").tobytes()
+    (frames,) = events.Images("eval/gif")
+    width, height = Image.open(gif).size
+    assert frames.step == 4 and (frames.width, frames.height) == (3 * width, height)

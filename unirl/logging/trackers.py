@@ -142,22 +142,47 @@ class TensorBoardTracker:
         self.writer.flush()
 
     def log_media(self, step: int, name: str, path: Path) -> None:
-        """The file's bytes as an image summary: TensorBoard's image tab shows a PNG and plays
-        an animated GIF as is (no re-encoding, no moviepy)."""
-        from PIL import Image
-        from tensorboard.compat.proto.summary_pb2 import Summary
+        """A PNG sheet through ``SummaryWriter.add_image``; an animated GIF through
+        ``add_images`` as its frames side by side (TensorBoard's public video summary needs
+        moviepy, which is not a dependency)."""
+        import numpy as np
+        from PIL import Image, ImageSequence
 
+        if path.suffix == ".jsonl":  # a text run's samples: a markdown table in the text tab
+            columns, rows = sample_table(path)
+            lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+            self.writer.add_text(name, "\n".join(lines), step)
+            self.writer.flush()
+            return
         with Image.open(path) as img:
-            width, height = img.size
-        image = Summary.Image(
-            height=height, width=width, colorspace=3, encoded_image_string=path.read_bytes()
-        )
-        summary = Summary(value=[Summary.Value(tag=name, image=image)])
-        self.writer._get_file_writer().add_summary(summary, step)
+            frames = [np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(img)]
+        if len(frames) == 1:
+            self.writer.add_image(name, frames[0], step, dataformats="HWC")
+        else:
+            self.writer.add_images(name, np.stack(frames), step, dataformats="NHWC")
         self.writer.flush()
 
     def close(self) -> None:
         self.writer.close()
+
+
+def sample_table(path: Path) -> tuple[list[str], list[list[Any]]]:
+    """``(columns, rows)`` of a text run's samples file (one JSON object per line): every key
+    any row has, in first-seen order."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    columns: list[str] = []
+    for record in records:
+        columns += [k for k in record if k not in columns]
+    return columns, [[r.get(c) for c in columns] for r in records]
+
+
+def _cell(value: Any) -> str:
+    """One markdown table cell: pipes escaped, one line."""
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+WANDB_RUN_ID = "wandb_run_id"  # in the run folder: the W&B run a resumed run continues
 
 
 class WandbTracker:
@@ -181,21 +206,40 @@ class WandbTracker:
         # online run): it sees it with the recipe's credentials masked
         argv, secrets = sys.argv, secret_values(config) | secret_values(_overrides(sys.argv))
         sys.argv = [redact_text(a, secrets) for a in argv]
+        # one W&B run per run folder: its id is kept in the folder, so a resumed run (and any
+        # later start into the same folder) continues the same W&B run instead of a second one
+        id_file = Path(output_dir) / WANDB_RUN_ID
+        run_id = id_file.read_text().strip() if id_file.is_file() else None  # None: W&B's own
         try:
             self.run = wandb.init(
-                project=project or "unirl", name=run_name, dir=str(output_dir), config=config
+                project=project or "unirl",
+                name=run_name,
+                dir=str(output_dir),
+                config=config,
+                id=run_id,
+                resume="allow",
             )
         finally:
             sys.argv = argv
+        if not id_file.is_file():
+            id_file.write_text(self.run.id + "\n")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(_clean(metrics), step=step)
 
     def log_media(self, step: int, name: str, path: Path) -> None:
-        """A PNG as ``wandb.Image``, an animated GIF as ``wandb.Video`` (W&B plays GIFs)."""
+        """A PNG as ``wandb.Image``, an animated GIF as ``wandb.Video`` (W&B plays GIFs), a
+        text run's ``.jsonl`` samples as a ``wandb.Table``."""
         import wandb
 
-        item = wandb.Video(str(path)) if path.suffix == ".gif" else wandb.Image(str(path))
+        item: Any
+        if path.suffix == ".jsonl":
+            columns, rows = sample_table(path)
+            item = wandb.Table(columns=columns, data=rows)
+        elif path.suffix == ".gif":
+            item = wandb.Video(str(path))
+        else:
+            item = wandb.Image(str(path))
         self.run.log({name: item}, step=step)
 
     def close(self) -> None:

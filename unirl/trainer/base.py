@@ -471,9 +471,12 @@ class StageTrainer:
                 track, decoded=self.rollout.fetch_decoded(light_track(track)).decoded
             )
         prefix = f"{stage.prefix}_" if stage.prefix else ""
-        self.gallery(
+        sheet = self.gallery(
             self.out.root / "samples" / f"{prefix}rollout_{rollout_index:06d}.png", track, limit
         )
+        trackers = getattr(self, "trackers", None)
+        if trackers is not None:  # TensorBoard / W&B get the training samples too
+            trackers.log_external(rollout_index, {}, media={f"samples/{prefix}samples": sheet})
 
     # -- eval, checkpoints, export -----------------------------------------------------------------
 

@@ -126,7 +126,8 @@ class OutputDir:
         """Remove what an earlier run left (``overwrite=true``): checkpoints, galleries, the
         exported adapters and models (``lora/``, ``lora_ema/``, ``model/``, ``model_ema/``: a
         new run without EMA must not leave the old EMA for ``tools.export`` to pick), the
-        metrics files, the curves, the report and ``run.json``. Returns the names removed."""
+        metrics files, the curves, the report, ``run.json`` and the W&B run id (a new run is a
+        new W&B run). Returns the names removed."""
         removed = []
         folders = ("checkpoints", "samples", "eval", "curves", "lora", "lora_ema", "model")
         for name in (*folders, "model_ema", "tensorboard"):
@@ -139,7 +140,7 @@ class OutputDir:
                 if path.exists():
                     path.unlink()
                     removed.append(path.name)
-        for name in ("report.html", "run.json"):
+        for name in ("report.html", "run.json", "wandb_run_id"):
             if (self.root / name).exists():
                 (self.root / name).unlink()
                 removed.append(name)
