@@ -21,7 +21,7 @@ from unirl.algorithms.advantages import advantages_for
 from unirl.config.require import ConfigError
 from unirl.config.run import RunConfig
 from unirl.config.secrets import redact_secrets, secret_values
-from unirl.distributed.group import DevicePool, DevicePoolConfig
+from unirl.distributed.group import DevicePool, DevicePoolConfig, StalledCallError
 from unirl.logging import LocalTracker, build_trackers, contact_sheet, edit_sheet, video_sheet
 from unirl.logging.progress import RolloutProgress
 from unirl.logging.report import refresh_run_views
@@ -91,6 +91,24 @@ def reward_metrics(scored: RolloutTrack) -> dict[str, float]:
     for key, value in mean_over_ranks(shards).items():
         out[key] = value * len(shards) if is_count(key) else value
     return out
+
+
+@contextlib.contextmanager
+def after_failure_skip_stalled(cleanup: Callable[[], Any]) -> Iterator[None]:
+    """Run ``cleanup`` (calls on the workers) after the block, as a ``finally`` would, except
+    after a :class:`StalledCallError`: the stalled worker would stall the cleanup call too, so
+    the run would fail a second bound later naming the cleanup (``ops.end_sampling``) instead
+    of the call that stalled (``rollout.generate``). After another failure the cleanup still
+    runs, and an error of its own never replaces the one that ended the block."""
+    try:
+        yield
+    except StalledCallError:
+        raise
+    except BaseException:
+        with contextlib.suppress(Exception):
+            cleanup()
+        raise
+    cleanup()
 
 
 def degenerate_sampling_warnings(cfg: RunConfig) -> list[str]:
@@ -216,11 +234,8 @@ class StageTrainer:
         eval may also swap EMA weights in (see :meth:`evaluate`)."""
         for stage in self.trained:
             stage.ops.begin_sampling(mode)
-        try:
+        with after_failure_skip_stalled(lambda: [s.ops.end_sampling() for s in self.trained]):
             yield
-        finally:
-            for stage in self.trained:
-                stage.ops.end_sampling()
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -502,13 +517,12 @@ class StageTrainer:
         if not prompts:
             return
         used_ema = [bool(s.ops.use_eval_weights(self.cfg.eval.use_ema)[0]) for s in self.trained]
-        try:
+        with after_failure_skip_stalled(
+            lambda: [s.ops.use_eval_weights(False) for s in self.trained]
+        ):
             req = self.build_request(prompts, done, mode="eval")
             with self._sampling("eval"):
                 resp = self.rollout.generate(req)
-        finally:
-            for stage in self.trained:
-                stage.ops.use_eval_weights(False)
         metrics: dict[str, float] = {}
         sheets: dict[str, Path] = {}
         for stage in self.scored:
