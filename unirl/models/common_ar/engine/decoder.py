@@ -15,7 +15,6 @@ log-prob recorded — every op on the device, no host sync, so a CUDA graph can 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from unirl.models.common_ar.engine.kernels import Kernels
 from unirl.models.common_ar.generate import draw_tokens, policy_log_probs
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
@@ -71,59 +71,94 @@ def _lora_parts(module: nn.Module) -> tuple[nn.Module, list[tuple[nn.Module, nn.
 
 
 class MergedLinear:
-    """``x @ (W + Σ s·B·A)ᵀ + b`` with the merged weight held in its own buffer (the base
-    weight is never touched, so "unmerging" is exact by construction). ``refresh()`` recomputes
-    the buffer in place (fp32 sum, cast once) when the adapters' checksum changed."""
+    """One matmul for one or more projections of the same input (q/k/v, gate/up):
+    ``x @ [W₁ + Σ s·B·A; W₂ + …]ᵀ + b``, the merged weights held in the engine's own buffer
+    (the trainer's weights are never touched, so "unmerging" is exact by construction).
+    ``outputs``: each projection's output width, to split the result."""
 
-    def __init__(self, module: nn.Module) -> None:
-        self.base, self.parts = _lora_parts(module)
-        weight = self.base.weight
-        self.bias = self.base.bias
-        self.weight = torch.empty_like(weight)
-        self.checksum: str | None = None
+    def __init__(self, modules: Sequence[nn.Module]) -> None:
+        pieces = [_lora_parts(m) for m in modules]
+        self.bases = [base for base, _ in pieces]
+        self.parts = [parts for _, parts in pieces]
+        self.outputs = [int(b.weight.shape[0]) for b in self.bases]
+        first = self.bases[0].weight
+        self.weight = torch.empty(
+            (sum(self.outputs), first.shape[1]), dtype=first.dtype, device=first.device
+        )
+        biases = [b.bias for b in self.bases]
+        self.bias: torch.Tensor | None = None
+        if any(x is not None for x in biases):
+            self.bias = torch.cat(
+                [
+                    x.detach() if x is not None else first.new_zeros(n)
+                    for x, n in zip(biases, self.outputs, strict=True)
+                ]
+            )
+        self.checksum: tuple[tuple[float, float, int, int], ...] | None = None
 
-    def adapters_checksum(self) -> str:
-        digest = hashlib.sha256()
-        for a, b, s in self.parts:
-            for t in (a.weight, b.weight):
-                digest.update(t.detach().float().cpu().numpy().tobytes())
-            digest.update(repr(s).encode())
-        digest.update(str(self.base.weight.data_ptr()).encode())
-        return digest.hexdigest()
+    def followed(self) -> list[torch.Tensor]:
+        """The tensors the merged weight follows: every base weight and adapter matrix."""
+        out = []
+        for base, parts in zip(self.bases, self.parts, strict=True):
+            out.append(base.weight)
+            for a, b, _ in parts:
+                out.extend((a.weight, b.weight))
+        return out
 
     @torch.no_grad()
-    def refresh(self) -> bool:
-        """Recompute the merged weight when the adapters changed; True when it did."""
-        checksum = self.adapters_checksum()
-        if checksum == self.checksum:
-            return False
-        merged = self.base.weight.detach().float()
-        for a, b, s in self.parts:
-            merged = merged + s * (b.weight.detach().float() @ a.weight.detach().float())
-        self.weight.copy_(merged.to(self.weight.dtype))
-        self.checksum = checksum
-        return True
+    def merge(self) -> None:
+        """Recompute the merged weight (fp32 sum, cast once)."""
+        row = 0
+        for base, parts, n in zip(self.bases, self.parts, self.outputs, strict=True):
+            merged = base.weight.detach().float()
+            for a, b, s in parts:
+                merged = merged + s * (b.weight.detach().float() @ a.weight.detach().float())
+            self.weight[row : row + n].copy_(merged.to(self.weight.dtype))
+            row += n
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
 
 
+class _Split:
+    """Several projections of one input run as the model's own modules (fused LoRA)."""
+
+    def __init__(self, modules: Sequence[nn.Module]) -> None:
+        self.modules = list(modules)
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [m(x) for m in self.modules]
+
+
+class _Merged:
+    """A :class:`MergedLinear` of several projections, its output split back."""
+
+    def __init__(self, merged: MergedLinear) -> None:
+        self.merged = merged
+
+    def __call__(self, x: torch.Tensor) -> Sequence[torch.Tensor]:
+        return self.merged(x).split(self.merged.outputs, dim=-1)
+
+
+Norm = tuple[torch.Tensor, float]
+Group = Callable[[torch.Tensor], Sequence[torch.Tensor]]
+
+
 @dataclass
 class LayerView:
-    """One decoder layer's callables (norms are the model's modules)."""
+    """One decoder layer: its norms' ``(weight, eps)``, its projections (``qkv`` and
+    ``gate_up`` return the split outputs, merged into one matmul or run as the model's
+    modules)."""
 
-    input_norm: nn.Module
-    q: Projection
-    k: Projection
-    v: Projection
+    input_norm: Norm
+    qkv: Group
     o: Projection
-    q_norm: nn.Module | None
-    k_norm: nn.Module | None
-    post_norm: nn.Module
-    gate: Projection
-    up: Projection
+    q_norm: Norm | None
+    k_norm: Norm | None
+    post_norm: Norm
+    gate_up: Group
     down: Projection
-    act: Callable[[torch.Tensor], torch.Tensor]
+    act: Callable[[torch.Tensor], torch.Tensor] | None  # None: SiLU (fused with the product)
 
 
 @dataclass
@@ -132,13 +167,15 @@ class DecoderView:
 
     embed: nn.Module
     layers: list[LayerView]
-    norm: nn.Module
+    norm: Norm
     lm_head: nn.Module
     rotary: nn.Module
     num_heads: int
     num_kv_heads: int
     head_dim: int
     scaling: float
+    position_axes: int  # 3 for multimodal rotary positions (Qwen-VL), else 1
+    kernels: Kernels
     merged: list[MergedLinear] = field(default_factory=list)
 
     @property
@@ -149,29 +186,66 @@ class DecoderView:
     def device(self) -> torch.device:
         return self.embed.weight.device
 
+    @torch.no_grad()
     def refresh_merged(self) -> int:
-        """Re-merge every LoRA projection whose adapters changed; returns how many did."""
-        return sum(m.refresh() for m in self.merged)
+        """Re-merge every merged projection whose weights changed; returns how many did.
+
+        The checksum of each followed tensor (base weight, adapter matrices) is its fp32
+        norm and sum, computed on the device and read back once, with its storage and its
+        in-place version counter: an optimizer step or a loaded checkpoint changes it."""
+        if not self.merged:
+            return 0
+        followed = [m.followed() for m in self.merged]
+        flat = [t.detach().float() for ts in followed for t in ts]
+        sums = torch.stack([t.sum() for t in flat])
+        norms = torch.stack(torch._foreach_norm(flat))
+        values = torch.stack([norms, sums], dim=1).tolist()
+        changed, at = 0, 0
+        for m, ts in zip(self.merged, followed, strict=True):
+            key = tuple((*values[at + j], t.data_ptr(), t._version) for j, t in enumerate(ts))
+            at += len(ts)
+            if key != m.checksum:
+                m.merge()
+                m.checksum = key
+                changed += 1
+        return changed
 
     def weight_pointers(self) -> tuple[int, ...]:
         """Storage of every tensor a captured step reads (a change invalidates the graphs)."""
-        module_ptrs = []
-        for mod in (self.embed, self.norm, self.lm_head):
-            module_ptrs.extend(p.data_ptr() for p in mod.parameters())
+        ptrs = [p.data_ptr() for mod in (self.embed, self.lm_head) for p in mod.parameters()]
+        ptrs.append(self.norm[0].data_ptr())
         for layer in self.layers:
             for part in vars(layer).values():
                 if isinstance(part, nn.Module):
-                    module_ptrs.extend(p.data_ptr() for p in part.parameters())
+                    ptrs.extend(p.data_ptr() for p in part.parameters())
                 elif isinstance(part, MergedLinear):
-                    module_ptrs.append(part.weight.data_ptr())
-        return tuple(module_ptrs)
+                    ptrs.append(part.weight.data_ptr())
+                elif isinstance(part, _Merged):
+                    ptrs.append(part.merged.weight.data_ptr())
+                elif isinstance(part, _Split):
+                    ptrs.extend(p.data_ptr() for m in part.modules for p in m.parameters())
+                elif isinstance(part, tuple):
+                    ptrs.append(part[0].data_ptr())
+        return tuple(ptrs)
 
 
-def decoder_view(model: nn.Module, *, lora: str = "fused") -> DecoderView:
-    """Read a :class:`DecoderView` from ``model`` (see :func:`causal_lm_of`); ``lora``:
-    ``fused`` calls peft's layers, ``merged`` replaces each LoRA projection by a
-    :class:`MergedLinear`. Raises ``ValueError`` naming what does not fit (a sharded weight,
-    a decoder without the Qwen layout, sliding-window layers)."""
+def _norm(module: nn.Module) -> Norm:
+    eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps", None)
+    if eps is None or not hasattr(module, "weight"):
+        raise ValueError(
+            f"the decode engine expects RMS norms with weight and variance_epsilon, found "
+            f"{type(module).__name__}; set pipeline.sampler=loop for this model"
+        )
+    return module.weight, float(eps)
+
+
+def decoder_view(model: nn.Module, *, lora: str = "fused", compiled: bool = False) -> DecoderView:
+    """Read a :class:`DecoderView` from ``model`` (see :func:`causal_lm_of`). ``lora``:
+    ``fused`` calls the model's (peft) projections; ``merged`` runs q/k/v and gate/up as one
+    matmul each over merged copies (:class:`MergedLinear`; o and down too when LoRA-wrapped).
+    ``compiled``: the elementwise pieces (norms, rotary, SwiGLU) through ``torch.compile``.
+    Raises ``ValueError`` naming what does not fit (a sharded weight, a decoder without the
+    Qwen layout, sliding-window layers)."""
     lm = causal_lm_of(model)
     for p in lm.parameters():
         if type(p).__name__ == "DTensor" or type(getattr(p, "data", None)).__name__ == "DTensor":
@@ -196,53 +270,54 @@ def decoder_view(model: nn.Module, *, lora: str = "fused") -> DecoderView:
         )
     merged: list[MergedLinear] = []
 
-    def proj(module: nn.Module) -> Projection:
+    def group(modules: Sequence[nn.Module]) -> Group:
+        if lora != "merged":
+            return _Split(modules)
+        m = MergedLinear(modules)
+        merged.append(m)
+        return _Merged(m)
+
+    def single(module: nn.Module) -> Projection:
         if lora == "merged" and _lora_parts(module)[1]:
-            m = MergedLinear(module)
+            m = MergedLinear([module])
             merged.append(m)
             return m
         return module
 
+    silu = getattr(config, "hidden_act", None) == "silu"
     layers = []
     for layer in decoder.layers:
         attn, mlp = layer.self_attn, layer.mlp
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         layers.append(
             LayerView(
-                input_norm=layer.input_layernorm,
-                q=proj(attn.q_proj),
-                k=proj(attn.k_proj),
-                v=proj(attn.v_proj),
-                o=proj(attn.o_proj),
-                q_norm=getattr(attn, "q_norm", None),
-                k_norm=getattr(attn, "k_norm", None),
-                post_norm=layer.post_attention_layernorm,
-                gate=proj(mlp.gate_proj),
-                up=proj(mlp.up_proj),
-                down=proj(mlp.down_proj),
-                act=mlp.act_fn,
+                input_norm=_norm(layer.input_layernorm),
+                qkv=group([attn.q_proj, attn.k_proj, attn.v_proj]),
+                o=single(attn.o_proj),
+                q_norm=_norm(q_norm) if q_norm is not None else None,
+                k_norm=_norm(k_norm) if k_norm is not None else None,
+                post_norm=_norm(layer.post_attention_layernorm),
+                gate_up=group([mlp.gate_proj, mlp.up_proj]),
+                down=single(mlp.down_proj),
+                act=None if silu else mlp.act_fn,
             )
         )
     first = decoder.layers[0].self_attn
-    head_dim = int(first.head_dim)
-    num_heads = int(config.num_attention_heads)
-    num_kv_heads = int(config.num_key_value_heads)
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
     return DecoderView(
         embed=decoder.embed_tokens,
         layers=layers,
-        norm=decoder.norm,
+        norm=_norm(decoder.norm),
         lm_head=lm_head,
         rotary=decoder.rotary_emb,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
+        num_heads=int(config.num_attention_heads),
+        num_kv_heads=int(config.num_key_value_heads),
+        head_dim=int(first.head_dim),
         scaling=float(first.scaling),
+        position_axes=3 if "mrope_section" in dict(rope or {}) else 1,
+        kernels=Kernels(compiled=compiled),
         merged=merged,
     )
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 @dataclass
@@ -351,20 +426,19 @@ def decode_step(view: DecoderView, state: SlotState, spec: SamplingSpec, b: int)
     visible = torch.arange(cache_len, device=cache_pos.device)[None, :] <= write[:, None]
     mask = visible[:, None, None, :]  # [b, 1, 1, L]: broadcast over kv heads and the group
     hidden = view.embed(state.last_token[:b])[:, None, :]  # [b, 1, D]
-    cos, sin = view.rotary(hidden, state.rope_pos[:b][:, None])  # [b, 1, head_dim]
+    positions = state.rope_pos[:b][:, None]
+    if view.position_axes == 3:  # text positions advance every multimodal axis alike
+        positions = positions[None].expand(3, -1, -1)
+    cos, sin = view.rotary(hidden, positions)  # [b, 1, head_dim]
     cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # [b, 1, 1, head_dim] over heads
     group = view.num_heads // view.num_kv_heads
+    ops = view.kernels
+    x = ops.rms_norm(hidden, *view.layers[0].input_norm)
     for i, layer in enumerate(view.layers):
-        x = layer.input_norm(hidden)
-        q = layer.q(x).view(b, 1, view.num_heads, view.head_dim)
-        k = layer.k(x).view(b, 1, view.num_kv_heads, view.head_dim)
-        v = layer.v(x).view(b, 1, view.num_kv_heads, view.head_dim)
-        if layer.q_norm is not None:
-            q = layer.q_norm(q)
-        if layer.k_norm is not None:
-            k = layer.k_norm(k)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k, v = layer.qkv(x)
+        q = ops.norm_rope(q.view(b, 1, view.num_heads, view.head_dim), layer.q_norm, cos, sin)
+        k = ops.norm_rope(k.view(b, 1, view.num_kv_heads, view.head_dim), layer.k_norm, cos, sin)
+        v = v.view(b, 1, view.num_kv_heads, view.head_dim)
         k_cache, v_cache = state.k_cache[i], state.v_cache[i]
         k_cache[slot, :, write] = k[:, 0].to(k_cache.dtype)
         v_cache[slot, :, write] = v[:, 0].to(v_cache.dtype)
@@ -373,10 +447,13 @@ def decode_step(view: DecoderView, state: SlotState, spec: SamplingSpec, b: int)
         attn = F.scaled_dot_product_attention(
             qg, k_cache[:b], v_cache[:b], attn_mask=mask, scale=view.scaling
         )
-        hidden = hidden + layer.o(attn.reshape(b, 1, view.num_heads * view.head_dim))
-        x = layer.post_norm(hidden)
-        hidden = hidden + layer.down(layer.act(layer.gate(x)) * layer.up(x))
-    logits = view.lm_head(view.norm(hidden))[:, 0].float()
+        out = layer.o(attn.reshape(b, 1, view.num_heads * view.head_dim))
+        hidden, x = ops.add_rms_norm(hidden, out, *layer.post_norm)
+        gate, up = layer.gate_up(x)
+        mlp = layer.down(ops.swiglu(gate, up) if layer.act is None else layer.act(gate) * up)
+        after = view.layers[i + 1].input_norm if i + 1 < len(view.layers) else view.norm
+        hidden, x = ops.add_rms_norm(hidden, mlp, *after)
+    logits = view.lm_head(x)[:, 0].float()
     sample_and_record(logits, state, spec, slot)
     state.cache_pos[:b] = (cache_pos + 1).clamp_max(cache_len - 1)
     state.rope_pos[:b] = state.rope_pos[:b] + 1

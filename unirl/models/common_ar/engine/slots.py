@@ -51,6 +51,8 @@ class DecodeEngineConfig:
       ``merged`` samples from a merged copy ``W + s·B·A`` of each LoRA projection (one matmul;
       the copy costs the projections' memory once more), re-merged when the adapters change.
     - ``cuda_graphs``: replay the decode step from a CUDA graph per slot bucket (CUDA only).
+    - ``compile``: fuse the step's elementwise pieces (norms, rotary, SwiGLU) with
+      ``torch.compile`` (CUDA only; a few seconds of compiling on the first call).
     - ``check_every``: decode steps between host checks (finished slots, refill, stop strings).
     - ``prefill_tokens``: padded tokens per prefill forward.
     """
@@ -58,6 +60,7 @@ class DecodeEngineConfig:
     max_slots: int | None = None
     lora: Literal["fused", "merged"] = "fused"
     cuda_graphs: bool = True
+    compile: bool = True
     check_every: int = 8
     prefill_tokens: int = 16384
 
@@ -221,7 +224,10 @@ class DecodeEngine:
     def view(self, model: nn.Module) -> DecoderView:
         """The decoder view of ``model`` (rebuilt when the module object changes)."""
         if self._view is None or self._view_of != id(model):
-            self._view = decoder_view(model, lora=self.config.lora)
+            cuda = next(model.parameters()).device.type == "cuda"
+            self._view = decoder_view(
+                model, lora=self.config.lora, compiled=self.config.compile and cuda
+            )
             self._view_of = id(model)
             self._kept = None
         return self._view
@@ -288,6 +294,7 @@ class DecodeEngine:
             waiting_for[k] = waiting_for.get(k, 0) + 1
         prefixes: dict[Hashable, Prefix] = {}
         slot_sample = [-1] * num_slots  # slot -> sample, -1 when free
+        ran = [0] * num_slots  # decode steps run since the slot's sample came in
         checked = [0] * num_slots  # tokens already scanned for stop strings
         results: list[Completion | None] = [None] * n
         uniforms = uniforms[:, :max_new_tokens].to(torch.float64)
@@ -303,23 +310,29 @@ class DecodeEngine:
                 slots = free[: len(take)]
                 self._admit(state, spec, take, slots, keys, prefixes, uniforms, prompts)
                 for slot, sample in zip(slots, take, strict=True):
-                    slot_sample[slot], checked[slot] = sample, 0
+                    slot_sample[slot], checked[slot], ran[slot] = sample, 0, 0
                     waiting_for[keys[sample]] -= 1
                     if waiting_for[keys[sample]] == 0:
                         del prefixes[keys[sample]]  # every sample of that prompt is in
             elif not pending:
-                self._compact(state, slot_sample, checked)
-            busy_top = max(i for i, s in enumerate(slot_sample) if s >= 0) + 1
-            bucket = next(b for b in _buckets(num_slots) if b >= busy_top)
+                self._compact(state, slot_sample, checked, ran)
+            busy = [i for i, s in enumerate(slot_sample) if s >= 0]
+            bucket = next(b for b in _buckets(num_slots) if b > busy[-1])
+            # no step past the longest possible remainder (the first token came from prefill)
+            steps = max(
+                1, min(self.config.check_every, max_new_tokens - 1 - min(ran[i] for i in busy))
+            )
             t0 = time.perf_counter()
             with autocast:
-                for _ in range(self.config.check_every):
+                for _ in range(steps):
                     self._step(kept, view, spec, bucket)
             active = state.active.tolist()  # the one host sync per check
+            for i in busy:
+                ran[i] += steps
             stats.decode_s += time.perf_counter() - t0
-            stats.decode_steps += self.config.check_every
-            stats.slot_steps += bucket * self.config.check_every
-            stats.busy_slot_steps += sum(active[:bucket]) * self.config.check_every
+            stats.decode_steps += steps
+            stats.slot_steps += bucket * steps
+            stats.busy_slot_steps += sum(active[:bucket]) * steps
             self._harvest(state, spec, slot_sample, checked, active, stop_strings, results)
         stats.decode_s = time.perf_counter() - t_start - stats.prefill_s
         if device.type == "cuda":
@@ -457,7 +470,9 @@ class DecodeEngine:
         self.stats.graph_captures += 1
         return graph
 
-    def _compact(self, state: SlotState, slot_sample: list[int], checked: list[int]) -> None:
+    def _compact(
+        self, state: SlotState, slot_sample: list[int], checked: list[int], ran: list[int]
+    ) -> None:
         """Move the busy slots into the lowest indices when that shrinks their bucket."""
         busy = [i for i, s in enumerate(slot_sample) if s >= 0]
         if not busy:
@@ -486,8 +501,8 @@ class DecodeEngine:
             buf[dst] = buf[src]
         state.active[src] = False
         for s, d in zip(movers, free_low, strict=True):
-            slot_sample[d], checked[d] = slot_sample[s], checked[s]
-            slot_sample[s], checked[s] = -1, 0
+            slot_sample[d], checked[d], ran[d] = slot_sample[s], checked[s], ran[s]
+            slot_sample[s], checked[s], ran[s] = -1, 0, 0
         self.stats.compactions += 1
 
     def _harvest(
