@@ -297,6 +297,8 @@ def create_app(config: ServiceConfig | Mapping[str, Any]) -> FastAPI:
         BodyLimit,
         max_bytes=config.server.max_request_bytes,
         timeout_s=config.server.body_timeout_s,
+        max_json_items=config.server.max_json_items,
+        max_json_depth=config.server.max_json_depth,
     )
     app.add_middleware(RequestGuard, token=server.token)  # outermost: runs before BodyLimit
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -44,6 +44,9 @@ class ServerConfig:
     held as 3 bytes (``uint8`` RGB) plus 12 (``float32``) while a scorer runs on it, so the
     default in-flight budget bounds decoded images to 0.4 GB, 2 GB while all are scored.
 
+    JSON shape (413 before parsing): at most ``max_json_items`` objects and arrays in a body
+    and ``max_json_depth`` levels of nesting, counted on the raw bytes, so a body of millions
+    of empty objects is refused before it becomes millions of dicts.
     Connections: at most ``max_connections`` open at once (a new one over the limit closes
     the longest-idle connection without a request in progress, or is answered 503 when none
     has been idle for ``min(1 s, header_timeout_s / 10)``); a connection must deliver a
@@ -66,6 +69,8 @@ class ServerConfig:
     max_request_pixels: int = 2**26
     max_inflight_pixels: int = 2**27
     max_connections: int = 64
+    max_json_items: int = 65536
+    max_json_depth: int = 32
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     keep_alive_s: float = 5.0
@@ -88,6 +93,8 @@ class ServerConfig:
             f"server.max_request_pixels={self.max_request_pixels} (or no request could run)",
         )
         require(self.max_connections >= 1, "server.max_connections must be >= 1")
+        require(self.max_json_items >= 64, "server.max_json_items must be >= 64")
+        require(self.max_json_depth >= 4, "server.max_json_depth must be >= 4")
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
             require(getattr(self, name) > 0, f"server.{name} must be > 0")
         require(self.batch_wait_ms >= 0.0, "server.batch_wait_ms must be >= 0")

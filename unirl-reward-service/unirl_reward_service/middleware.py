@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import re
 from collections.abc import Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -76,10 +77,19 @@ class BodyLimit:
     The body is read here (at most ``max_bytes``) and replayed to the app.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        timeout_s: float,
+        max_json_items: int = 65536,
+        max_json_depth: int = 32,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
+        self.max_json_items = max_json_items
+        self.max_json_depth = max_json_depth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -116,6 +126,10 @@ class BodyLimit:
                 f"(got {len(body)} bytes)",
             )
             return
+        shape = json_shape_problem(body, self.max_json_items, self.max_json_depth)
+        if shape is not None:
+            await send_error(send, 413, shape)
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -132,6 +146,32 @@ class BodyLimit:
             f"request body of {size} bytes exceeds server.max_request_bytes={self.max_bytes}; "
             "send fewer or smaller images per request"
         )
+
+
+_CONTAINER_BYTES = re.compile(rb"[\[\]{}]")
+
+
+def json_shape_problem(body: bytes | bytearray, max_items: int, max_depth: int) -> str | None:
+    """Why ``body`` would be too costly to parse, from its raw bytes, or ``None``: more than
+    ``max_items`` objects and arrays (``{`` and ``[`` counted, C speed, before any parsing), or
+    nesting deeper than ``max_depth``. Brackets inside strings count too (base64 has none), so
+    the count is an upper bound: a body is never let through on an undercount."""
+    items = body.count(b"{") + body.count(b"[")
+    if items > max_items:
+        return (
+            f"request body holds {items} JSON objects / arrays, over server.max_json_items="
+            f"{max_items}; send fewer samples per request (metadata objects count too)"
+        )
+    depth = deepest = 0
+    for match in _CONTAINER_BYTES.finditer(body):  # at most 2 x max_items matches
+        depth += 1 if match.group() in (b"{", b"[") else -1
+        deepest = max(deepest, depth)
+    if deepest > max_depth:
+        return (
+            f"request body nests JSON {deepest} levels deep, over server.max_json_depth="
+            f"{max_depth}; flatten the metadata"
+        )
+    return None
 
 
 async def send_error(
