@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from test_service_hardening import RSS_BOUND_MB, _free_port, peak_rss_rise_mb
+from test_service_hardening import RSS_BOUND_MB, _free_port, one_bit_png, peak_rss_rise_mb
 
 from unirl_reward_service.middleware import json_shape_problem
 
@@ -25,7 +25,11 @@ server:
   auth_token_env: UNIRL_JSON_TOKEN
 rewards:
   {REWARD}: {{_target_: unirl.reward.local.BrightnessTarget}}
+  stats: {{_target_: unirl.reward.local.ImageStats}}
 """
+# the README's promise: decoded pixels in flight at 3 bytes each, 15 while scored (2 GB at
+# the default max_inflight_pixels)
+STATED_BOUND_MB = 15 * 2**27 / 2**20
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +95,18 @@ def test_60_mb_of_empty_objects_is_413_before_parsing(default_server) -> None:
     )
     print(f"60 MB of empty objects: 413, server peak RSS +{rise['mb']:.1f} MB")
     assert rise["mb"] < RSS_BOUND_MB, rise
+
+
+def test_four_4096_images_to_image_stats_stay_under_the_stated_bound(default_server) -> None:
+    """The reported request: an 11 KB body of four 4096x4096 images (inside the default pixel
+    budgets) to the image-statistics reward took the server to 7.0 GB; the reward now works a
+    block of rows at a time."""
+    url, pid = default_server
+    body = {"reward": "stats", "images": [one_bit_png(4096)] * 4}
+    with peak_rss_rise_mb(pid) as rise:
+        answer = httpx.post(url + "/score", json=body, headers=AUTH, timeout=300)
+    assert answer.status_code == 200, answer.text[:500]
+    samples = answer.json()["results"]["stats"]["samples"]
+    assert [s["error"] for s in samples] == [None] * 4
+    print(f"four 4096x4096 images to ImageStats: 200, server peak RSS +{rise['mb']:.0f} MB")
+    assert rise["mb"] < STATED_BOUND_MB, rise

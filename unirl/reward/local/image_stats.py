@@ -58,6 +58,55 @@ def edge_density(images: Tensor, threshold: float) -> Tensor:
     return (magnitude > threshold).float().mean(dim=(1, 2))
 
 
+ROWS_PER_BLOCK = 256
+
+
+def streamed_stats(
+    images: Tensor, dark_threshold: float, bins: int, edge_threshold: float
+) -> dict[str, Tensor]:
+    """``dark_fraction``, ``color_entropy`` and ``edge_density`` (each ``[N]`` float32) of
+    ``images[N, 3, H, W]``, the same values as the whole-tensor functions above, computed
+    image by image, ``ROWS_PER_BLOCK`` rows at a time (plus a row each side for the Sobel
+    window): the working memory is that of one block, not ``N x H x W`` int64 codes and float
+    copies (four 4096x4096 images took 7 GB at once before)."""
+    n, _, h, w = images.shape
+    out = {k: torch.zeros(n, dtype=torch.float64) for k in ("dark", "entropy", "edges")}
+    for i in range(n):
+        dark = edges = 0
+        counts = torch.zeros(bins**3, dtype=torch.int64, device=images.device)
+        for r0 in range(0, h, ROWS_PER_BLOCK):
+            r1 = min(h, r0 + ROWS_PER_BLOCK)
+            block = images[i : i + 1, :, r0:r1].to(torch.float32)
+            dark += int((luminance(block) < dark_threshold).sum())
+            levels = (block.clamp(0.0, 1.0) * bins).to(torch.int32).clamp(max=bins - 1)
+            codes = (levels[:, 0] * bins + levels[:, 1]) * bins + levels[:, 2]
+            counts += torch.bincount(codes.flatten(), minlength=bins**3)
+            c0, c1 = max(r0, 1), min(r1, h - 1)  # window centres of this block
+            if c1 > c0:
+                window = images[i : i + 1, :, c0 - 1 : c1 + 1].to(torch.float32)
+                edges += int(_edge_magnitude(window).gt(edge_threshold).sum())
+        probs = counts.double() / counts.sum()
+        terms = torch.where(probs > 0, -probs * torch.log2(probs), torch.zeros_like(probs))
+        out["dark"][i] = dark / (h * w)
+        out["entropy"][i] = terms.sum()
+        out["edges"][i] = edges / ((h - 2) * (w - 2))
+    return {
+        "dark_fraction": out["dark"].float(),
+        "color_entropy": out["entropy"].float(),
+        "edge_density": out["edges"].float(),
+    }
+
+
+def _edge_magnitude(images: Tensor) -> Tensor:
+    """Sobel gradient magnitude ``[N, H-2, W-2]`` of the luminance, divided by 4."""
+    luma = luminance(images).unsqueeze(1)
+    kx = torch.tensor(
+        [[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], dtype=luma.dtype, device=luma.device
+    )
+    kernels = torch.stack([kx, kx.t()]).unsqueeze(1) / 4.0
+    return F.conv2d(luma, kernels).pow(2).sum(dim=1).sqrt()
+
+
 @dataclass(kw_only=True)
 class ImageStats(RewardBackend):
     """Per-image ``dark_fraction``, ``color_entropy`` (bits) and ``edge_density``.
@@ -90,15 +139,13 @@ class ImageStats(RewardBackend):
     def score(self, images: Tensor | None, prompts: list[str], metadata: list[dict]) -> ScoreResult:
         n = len(prompts)
         check_lengths(n, "ImageStats", metadata=metadata)
-        images = check_images(images, n, "ImageStats").to(self.device, torch.float32)
+        images = check_images(images, n, "ImageStats").to(self.device)
         require(
             images.shape[2] >= 3 and images.shape[3] >= 3,
             "ImageStats needs images of at least 3x3 pixels",
         )
-        with torch.no_grad():
-            scores = {
-                "dark_fraction": as_scores(dark_fraction(images, self.dark_threshold)),
-                "color_entropy": as_scores(color_entropy(images, self.entropy_bins)),
-                "edge_density": as_scores(edge_density(images, self.edge_threshold)),
-            }
-        return ScoreResult(scores=scores)
+        with torch.no_grad():  # block by block: bounded memory at any image size
+            stats = streamed_stats(
+                images, self.dark_threshold, self.entropy_bins, self.edge_threshold
+            )
+        return ScoreResult(scores={k: as_scores(v) for k, v in stats.items()})
