@@ -7,15 +7,28 @@ The diffusion adapter (``sglang/client.py``, ``sglang serve``) and the language-
 their own routes and call :func:`wait_until_healthy` after starting their server; both
 engines take ``sleep`` / ``wake_up`` from :class:`ServerSleep`. httpx is
 imported when a client is built or a server awaited, never at import.
+
+:meth:`SGLangServerClient.check_version` reads ``GET /server_info`` (both servers answer
+``version`` there) and compares it with ``SUPPORTED_SGLANG_VERSIONS``, the releases whose wire
+format the tests pin (``tests/fixtures/engines/sglang-<version>/``).
 """
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import time
 from typing import Any, ClassVar
 
 from unirl.distributed.group.dispatch import Dispatch, distributed
+
+SUPPORTED_SGLANG_VERSIONS: tuple[str, ...] = ("0.5.23",)
+
+logger = logging.getLogger(__name__)
+
+
+class UnsupportedServerVersion(RuntimeError):
+    """The server runs an SGLang release whose wire format is not pinned by the tests."""
 
 
 class SGLangServerClient:
@@ -45,6 +58,34 @@ class SGLangServerClient:
         if resp.status_code >= 400:
             raise RuntimeError(f"SGLang {path} -> HTTP {resp.status_code}: {data}")
         return data
+
+    def server_version(self) -> str | None:
+        """``version`` from ``GET /server_info``; ``None`` when the server has no such route."""
+        resp = self.http.get("/server_info")
+        if resp.status_code == 404:
+            return None
+        if resp.status_code >= 400:
+            raise RuntimeError(f"SGLang /server_info -> HTTP {resp.status_code}: {resp.text[:200]}")
+        version = resp.json().get("version")
+        return None if version is None else str(version)
+
+    def check_version(self, *, strict: bool = False) -> str | None:
+        """The server's version; one warning line (``strict``: an ``UnsupportedServerVersion``)
+        when it is not one of ``SUPPORTED_SGLANG_VERSIONS``."""
+        version = self.server_version()
+        if version in SUPPORTED_SGLANG_VERSIONS:
+            return version
+        line = (
+            f"SGLang server at {self.base_url} runs "
+            f"{'sglang ' + version if version else 'an unknown version (no /server_info version)'}; "
+            f"unirl's SGLang clients are tested against sglang {', '.join(SUPPORTED_SGLANG_VERSIONS)}"
+        )
+        if strict:
+            raise UnsupportedServerVersion(
+                f"{line} (set rollout.strict_version=false to run anyway)"
+            )
+        logger.warning(line)
+        return version
 
     def release_memory(self) -> dict[str, Any]:
         """Sleep: the server frees its GPU memory (``/release_memory_occupation``)."""
@@ -112,4 +153,10 @@ class ServerSleep:
         return out
 
 
-__all__ = ["SGLangServerClient", "ServerSleep", "wait_until_healthy"]
+__all__ = [
+    "SUPPORTED_SGLANG_VERSIONS",
+    "SGLangServerClient",
+    "ServerSleep",
+    "UnsupportedServerVersion",
+    "wait_until_healthy",
+]

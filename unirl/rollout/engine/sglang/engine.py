@@ -12,7 +12,7 @@ verify them with the server's SHA-256 checker before reporting success. See READ
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from unirl.distributed.weight_sync.checksum import tensor_checksum
 from unirl.distributed.weight_sync.group import free_port
 from unirl.distributed.weight_sync.manifest import SyncManifest, WeightSyncError
 from unirl.distributed.weight_sync.receiver import WeightReceiver
+from unirl.distributed.weight_sync.tensor_wire import DecodedBucket
 from unirl.models.common.engine_maps import EngineMapError, engine_maps_for
 from unirl.rollout.engine.dedicated.trajectory import (
     EngineContractError,
@@ -60,6 +61,8 @@ class SGLangEngine(ServerSleep, WeightReceiver):
     ``startup_timeout_s``: how long a launched server may take to answer ``/health``.
     ``storage_dtype``: the dtype the returned trajectories are stored in (the segment the
     trainer replays).
+    ``strict_version``: refuse a server whose ``/server_info`` version is not one of
+    ``SUPPORTED_SGLANG_VERSIONS`` (default: one warning line naming both).
     """
 
     engine_kind = "sglang"
@@ -87,6 +90,7 @@ class SGLangEngine(ServerSleep, WeightReceiver):
         request_timeout_s: float = 600.0,
         startup_timeout_s: float = 900.0,
         storage_dtype: str = "bf16",
+        strict_version: bool = False,
         client: Any = None,
     ) -> None:
         require(
@@ -118,6 +122,7 @@ class SGLangEngine(ServerSleep, WeightReceiver):
                 )
                 server_url = f"http://127.0.0.1:{port}"
             client = SGLangHttpClient(base_url=server_url, timeout_s=request_timeout_s)
+            client.check_version(strict=strict_version)
         self.client = client
         self.asleep = False
 
@@ -214,7 +219,33 @@ class SGLangEngine(ServerSleep, WeightReceiver):
     def _apply_synced(
         self, manifest: SyncManifest, tensors: Mapping[str, torch.Tensor]
     ) -> dict[str, Any]:
+        """Colocated syncs (``local`` / ``cuda_ipc``): one update with SGLang's own serializer
+        (CUDA tensors as IPC handles), then the SHA-256 check."""
         named = [(e.name, tensors[e.name].to(self.dtype)) for e in manifest.entries]
+        self._post_update(manifest, named, serialization="ipc")
+        return self._verified(manifest, named)
+
+    def _apply_tensor_buckets(
+        self, manifest: SyncManifest, buckets: Iterable[DecodedBucket]
+    ) -> dict[str, Any]:
+        """``tensor`` transport: each bucket is one update with the tensors' bytes inline (the
+        server may be on another node), then one SHA-256 check of everything."""
+        named: list[tuple[str, torch.Tensor]] = []
+        for bucket in buckets:
+            part = [(n, t.to(self.dtype)) for n, t in bucket.tensors.items()]
+            self._post_update(manifest, part, serialization="inline")
+            named.extend(part)
+        got = {n for n, _ in named}
+        missing = [e.name for e in manifest.entries if e.name not in got]
+        if missing:
+            raise WeightSyncError(
+                f"sglang: the buckets lack {len(missing)} manifest tensor(s): {missing[:8]}"
+            )
+        return self._verified(manifest, named)
+
+    def _post_update(
+        self, manifest: SyncManifest, named: list[tuple[str, torch.Tensor]], *, serialization: str
+    ) -> None:
         lora = manifest.lora_config if manifest.kind == "lora" else None
         out = self.client.update_weights_from_tensor(
             named,
@@ -222,11 +253,16 @@ class SGLangEngine(ServerSleep, WeightReceiver):
             weight_update_mode=("merge" if manifest.merged_lora else "lora") if lora else None,
             lora_rank=int(lora["r"]) if lora else None,
             lora_alpha=float(lora["lora_alpha"]) if lora else None,
+            serialization=serialization,
         )
         if not out.get("success", False):
             raise WeightSyncError(
                 f"sglang update_weights_from_tensor failed: {out.get('message', out)}"
             )
+
+    def _verified(
+        self, manifest: SyncManifest, named: list[tuple[str, torch.Tensor]]
+    ) -> dict[str, Any]:
         check = self.client.check_weights(
             self.target_module, {n: sha256_like_sglang(t) for n, t in named}
         )

@@ -16,8 +16,11 @@ written against its native routes:
 - ``POST /release_memory_occupation`` / ``/resume_memory_occupation`` — sleep / wake (the
   server runs with ``--enable-memory-saver``).
 
-No run against a real server was possible where this was written (no sglang install, no
-GPU); the adapter's contract tests drive it with a fake of this class.
+Pinned to sglang 0.5.23's wire format (``SUPPORTED_SGLANG_VERSIONS``, checked against
+``GET /server_info`` when the engine connects): ``tests/rollout/test_sglang_released.py`` feeds
+this class, over a real loopback HTTP server, a ``/generate`` answer made by the released
+package's own code (``tests/fixtures/engines/record_sglang.py``). No GPU run of a real server
+was possible where this was written.
 """
 
 from __future__ import annotations
@@ -49,15 +52,10 @@ def require_sglang_runtime() -> Any:
 
 class SGLangTextClient(SGLangServerClient):
     """Talks to one language-model server at ``base_url`` (e.g. ``http://127.0.0.1:30000``);
-    an error keeps the first 500 characters of a non-JSON answer."""
+    an error keeps the first 500 characters of a non-JSON answer. Needs only httpx; sglang
+    itself for ``update_weights_from_tensor`` (its serializer makes the CUDA IPC payload)."""
 
     error_text_chars = 500
-
-    def __init__(
-        self, *, base_url: str, timeout_s: float = 600.0, api_key: str | None = None
-    ) -> None:
-        require_sglang_runtime()
-        super().__init__(base_url=base_url, timeout_s=timeout_s, api_key=api_key)
 
     def generate(
         self,
@@ -94,6 +92,7 @@ class SGLangTextClient(SGLangServerClient):
     def update_weights_from_tensor(
         self, named_tensors: list[tuple[str, torch.Tensor]], *, tp_size: int = 1
     ) -> dict[str, Any]:
+        require_sglang_runtime()
         from sglang.srt.utils import MultiprocessingSerializer
 
         payload = MultiprocessingSerializer.serialize(named_tensors, output_str=True)

@@ -82,10 +82,12 @@ class SGLangLLMEngine(ServerSleep, WeightReceiver):
     ``check_names``: parameters read back after every full sync (the first ``check_values``
     of each). ``adapter_dir``: where LoRA syncs write the adapter folders the server loads
     (default: a temporary folder on this node). ``client``: a ready client (tests inject a
-    fake); when omitted, sglang must be installed. ``track_name``: the response track the
+    fake); when omitted, a launched server needs sglang installed. ``track_name``: the response track the
     completions fill (``text``; a prompt enhancer's policy track). ``request_timeout_s``: the
     HTTP timeout (s) of each request to the server; ``startup_timeout_s``: how long a
-    launched server may take to answer ``/health``.
+    launched server may take to answer ``/health``. ``strict_version``: refuse a server whose
+    ``/server_info`` version is not one of ``SUPPORTED_SGLANG_VERSIONS`` (default: one warning
+    line naming both).
     """
 
     engine_kind = "sglang"
@@ -138,6 +140,7 @@ class SGLangLLMEngine(ServerSleep, WeightReceiver):
         adapter_dir: str | None = None,
         request_timeout_s: float = 1800.0,
         startup_timeout_s: float = 900.0,
+        strict_version: bool = False,
         client: Any = None,
     ) -> None:
         require(tp_size >= 1, f"rollout.tp_size must be >= 1, got {tp_size}")
@@ -175,6 +178,7 @@ class SGLangLLMEngine(ServerSleep, WeightReceiver):
                 )
                 server_url = f"http://127.0.0.1:{port}"
             client = SGLangTextClient(base_url=server_url, timeout_s=request_timeout_s)
+            client.check_version(strict=strict_version)
         self.client = client
         self.asleep = False
 
