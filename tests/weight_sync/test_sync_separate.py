@@ -1,6 +1,6 @@
 """Separate layout on CPU (gloo): 1 train worker + 1 rollout worker with the tiny preset,
-several rollouts with LoRA sync (Ray object store) and with full sync (bucketed broadcast
-over the dedicated gloo group). After every sync an independent read of the trainer's live
+several rollouts with LoRA sync (Ray object store), with full sync (bucketed broadcast
+over the dedicated gloo group) and with full sync as checksummed tensor buckets. After every sync an independent read of the trainer's live
 weights equals the engine's read-back; every rollout's first update has ratio exactly 1
 (the engine's log-probs equal the trainer's replay, so the engine sampled with the synced
 weights); and one more update without a sync makes them differ (the check can fail)."""
@@ -80,6 +80,17 @@ def _train_with_checks(tmp_path: Path, overrides: list[str]) -> dict[str, Any]:
                 "backend.optimizer.lr=1.0e-4",
             ],
             "collective",
+        ),
+        (
+            "full",
+            [
+                "backend.lora=null",
+                "sync._target_=unirl.distributed.weight_sync.FullSync",
+                "sync.transport=tensor",
+                "+sync.bucket_mb=0.01",
+                "backend.optimizer.lr=1.0e-4",
+            ],
+            "tensor",
         ),
     ],
 )

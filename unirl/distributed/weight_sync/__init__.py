@@ -1,5 +1,6 @@
 """Trainer -> dedicated-engine weight transfer (LoRA and full; local, object store, a
-dedicated torch.distributed group, CUDA IPC), verified by read-back checksums. See README.md.
+dedicated torch.distributed group, CUDA IPC, checksummed tensor buckets over the engine's own
+API), verified by read-back checksums. See README.md.
 
 Importing this package loads torch but neither Ray nor peft (both load where used).
 """
@@ -34,10 +35,12 @@ from unirl.distributed.weight_sync.manifest import (
 from unirl.distributed.weight_sync.receiver import ModuleReceiver, WeightReceiver
 from unirl.distributed.weight_sync.remap import NameRemap, RemapRule, canonical_name
 from unirl.distributed.weight_sync.source import SyncSource
+from unirl.distributed.weight_sync.tensor_wire import DecodedBucket, decode_bucket, encode_bucket
 
 __all__ = [
     "Bucket",
     "CudaIpcSync",
+    "DecodedBucket",
     "FullSync",
     "IpcPayload",
     "LoraSync",
@@ -58,7 +61,9 @@ __all__ = [
     "check_manifest",
     "checksums",
     "compare_checksums",
+    "decode_bucket",
     "digest",
+    "encode_bucket",
     "expected_checksum",
     "free_port",
     "node_address",

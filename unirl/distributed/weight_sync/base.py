@@ -19,7 +19,7 @@ from unirl.distributed.weight_sync.manifest import SyncManifest, TensorMeta, Wei
 from unirl.distributed.weight_sync.remap import NameRemap, RemapRule, canonical_name
 
 _LORA_DICTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
-TRANSPORTS = ("auto", "local", "object_store", "collective", "cuda_ipc")
+TRANSPORTS = ("auto", "local", "object_store", "collective", "cuda_ipc", "tensor")
 
 
 def strip_adapter(name: str, adapter: str) -> str:
@@ -43,15 +43,22 @@ class WeightSync:
     ``wire_dtype``: dtype on the wire (``None``: the receiver's own dtype, cast on the sender).
     ``transport``: ``auto`` | ``local`` (colocated siblings hand tensors over in-process) |
     ``object_store`` (Ray object store, any layout) | ``collective`` (bucketed broadcast over a
-    dedicated torch.distributed group; separate layout) | ``cuda_ipc`` (``CudaIpcSync`` only).
-    ``bucket_mb``: bucket size of collective transfers. ``timeout_s`` bounds the group's
+    dedicated torch.distributed group; separate layout) | ``cuda_ipc`` (``CudaIpcSync`` only) |
+    ``tensor`` (checksummed byte buckets that the engine forwards through its own HTTP / RPC
+    API, e.g. an SGLang server or vLLM-Omni workers on a node without NCCL; any layout).
+    ``bucket_mb``: bucket size of collective and tensor transfers. ``timeout_s`` bounds the group's
     rendezvous and every collective.
     """
 
     kind: ClassVar[str] = "full"
     fixed_kind: ClassVar[bool] = True  # False: the kind is resolved against the backend
     default_transport: ClassVar[dict[str, str]] = {"colocate": "local", "separate": "collective"}
-    allowed_transports: ClassVar[tuple[str, ...]] = ("local", "object_store", "collective")
+    allowed_transports: ClassVar[tuple[str, ...]] = (
+        "local",
+        "object_store",
+        "collective",
+        "tensor",
+    )
 
     def __init__(
         self,
@@ -60,7 +67,9 @@ class WeightSync:
         name_remap: Sequence[RemapRule | Mapping[str, str]] | None = None,
         merged_lora: bool = False,
         wire_dtype: str | None = None,
-        transport: Literal["auto", "local", "object_store", "collective", "cuda_ipc"] = "auto",
+        transport: Literal[
+            "auto", "local", "object_store", "collective", "cuda_ipc", "tensor"
+        ] = "auto",
         bucket_mb: PositiveFloat = 512.0,
         timeout_s: PositiveFloat = 600.0,
     ) -> None:

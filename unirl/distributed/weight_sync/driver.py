@@ -5,7 +5,8 @@ Order of a sync (every step raises with the offending tensors named):
 1. plan once: the trainer's manifest (names after ``name_remap``, shapes, dtypes), checked by
    every engine rank against its own table (``prepare_sync``) — before any byte moves;
 2. move: ``local`` / ``cuda_ipc`` (each worker hands over in-process), ``object_store``
-   (trainer rank 0 puts once, engines read), ``collective`` (bucketed broadcast);
+   (trainer rank 0 puts once, engines read), ``collective`` (bucketed broadcast), ``tensor``
+   (checksummed byte buckets the engine forwards through its own API);
 3. verify: each engine rank's read-back checksums against the sender's expected ones.
 """
 
@@ -88,6 +89,15 @@ class WeightSyncDriver:
             # receivers check locally too (their error names the rank); the driver re-checks below
             checked = replace(manifest, expected=expected)
             reports = self.engine.receive_ref(sent[0]["box"], checked)
+        elif self.transport == "tensor":
+            sent = [
+                s
+                for s in self.source.export_buckets(manifest, self.sync.bucket_bytes)
+                if s is not None
+            ]
+            expected = sent[0]["expected"]
+            checked = replace(manifest, expected=expected)
+            reports = self.engine.receive_tensor_buckets(sent[0]["boxes"], checked)
         elif self.transport == "collective":
             self._join_group()
             pending = (

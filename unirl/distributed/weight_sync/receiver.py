@@ -8,15 +8,16 @@ request, and reads back bit-exact checksums.
 
 ``WeightReceiver`` is the mixin that gives an engine role its driver-callable receivers
 (``prepare_sync``, ``receive_tensors``, ``receive_ref``, ``join_sync_group``,
-``receive_collective``, ``receive_ipc``, ``checksums``). An engine supplies
-``_weight_receiver()``; engines whose weights live elsewhere (an external server) override
-``_sync_table`` / ``_apply_synced`` instead.
+``receive_collective``, ``receive_ipc``, ``receive_tensor_buckets``, ``checksums``). An
+engine supplies ``_weight_receiver()``; engines whose weights live elsewhere (an external
+server) override ``_sync_prepare`` / ``_apply_synced`` instead, and
+``_apply_tensor_buckets`` to forward the ``tensor`` transport's buckets one by one.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ from unirl.distributed.weight_sync.manifest import (
     compare_checksums,
 )
 from unirl.distributed.weight_sync.remap import canonical_name
+from unirl.distributed.weight_sync.tensor_wire import DecodedBucket, decode_bucket
 
 _LORA_DICTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
 
@@ -229,17 +231,32 @@ class WeightReceiver:
             out["merged"] = receiver.lora_merged()
         return out
 
+    def _apply_tensor_buckets(
+        self, manifest: SyncManifest, buckets: Iterable[DecodedBucket]
+    ) -> dict[str, Any]:
+        """The ``tensor`` transport's buckets (decoded, each verified): by default all of them,
+        then one :meth:`_apply_synced`. A server-backed engine forwards bucket by bucket."""
+        tensors: dict[str, torch.Tensor] = {}
+        for bucket in buckets:
+            tensors.update(bucket.tensors)
+        return self._apply_synced(manifest, tensors)
+
     # -- the receivers ---------------------------------------------------------------------------
 
-    def _report(
-        self, manifest: SyncManifest, tensors: Mapping[str, torch.Tensor], t0: float
-    ) -> dict[str, Any]:
+    def _check_prepared(self, manifest: SyncManifest) -> None:
         if self._sync_manifest is None or self._sync_manifest.names != manifest.names:
             raise WeightSyncError(
                 f"{type(self).__name__}: receive before prepare_sync (or with a different manifest); "
                 "the driver prepares every sync"
             )
-        out = self._apply_synced(manifest, tensors)
+
+    def _report(
+        self, manifest: SyncManifest, tensors: Mapping[str, torch.Tensor], t0: float
+    ) -> dict[str, Any]:
+        self._check_prepared(manifest)
+        return self._finish(manifest, self._apply_synced(manifest, tensors), t0)
+
+    def _finish(self, manifest: SyncManifest, out: dict[str, Any], t0: float) -> dict[str, Any]:
         if manifest.expected:
             compare_checksums(
                 manifest.expected, out["checksums"], where=f"{type(self).__name__} read-back"
@@ -320,6 +337,32 @@ class WeightReceiver:
         """Open CUDA IPC handles from a trainer in another process on this GPU and copy."""
         t0 = time.perf_counter()
         return self._report(manifest, open_ipc_payload(payload), t0)
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def receive_tensor_buckets(self, boxes: list[Any], manifest: SyncManifest) -> dict[str, Any]:
+        """Tensor transport: decode and verify each bucket (``[ObjectRef]`` boxes from
+        ``SyncSource.export_buckets``, or the encoded bytes themselves), in order, and apply
+        them (``_apply_tensor_buckets``)."""
+        t0 = time.perf_counter()
+        self._check_prepared(manifest)
+
+        def buckets() -> Iterator[DecodedBucket]:
+            for i, box in enumerate(boxes):
+                if isinstance(box, bytes | bytearray | memoryview):
+                    payload = box
+                else:
+                    import ray
+
+                    payload = ray.get(box[0])
+                bucket = decode_bucket(payload)
+                if (bucket.index, bucket.total) != (i, len(boxes)):
+                    raise WeightSyncError(
+                        f"{type(self).__name__}: got bucket {bucket.index} of {bucket.total} "
+                        f"as number {i} of {len(boxes)} (buckets reordered or lost)"
+                    )
+                yield bucket
+
+        return self._finish(manifest, self._apply_tensor_buckets(manifest, buckets()), t0)
 
     @distributed(dispatch=Dispatch.BROADCAST)
     def checksums(self, kind: str | None = None, names: list[str] | None = None) -> dict[str, int]:

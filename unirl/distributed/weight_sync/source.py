@@ -19,6 +19,7 @@ from unirl.distributed.weight_sync.checksum import tensor_checksum
 from unirl.distributed.weight_sync.group import SyncGroup, free_port, node_address
 from unirl.distributed.weight_sync.ipc import build_ipc_payload
 from unirl.distributed.weight_sync.manifest import SyncManifest, WeightSyncError, dtype_of
+from unirl.distributed.weight_sync.tensor_wire import encode_bucket
 
 
 class SyncSource:
@@ -100,6 +101,26 @@ class SyncSource:
             return None
         payload = {n: t.cpu() for n, t in wire.items()}
         return {"box": [ray.put(payload)], "expected": self._expected(manifest, wire)}
+
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def export_buckets(self, manifest: SyncManifest, bucket_bytes: int) -> dict[str, Any] | None:
+        """Tensor transport: every rank gathers; rank 0 encodes the buckets
+        (``tensor_wire.encode_bucket``: bytes with their own checksums), puts each in Ray's
+        object store and returns ``{"boxes": [[ObjectRef], ...], "expected": {...}, "bytes": n}``
+        (other ranks ``None``)."""
+        import ray
+
+        wire = self._wire(manifest)
+        if self._rank() != 0:
+            return None
+        buckets = plan_buckets(manifest.entries, bucket_bytes)
+        boxes = []
+        sent = 0
+        for i, bucket in enumerate(buckets):
+            payload = encode_bucket(bucket, wire, index=i, total=len(buckets))
+            boxes.append([ray.put(payload)])
+            sent += len(payload)
+        return {"boxes": boxes, "expected": self._expected(manifest, wire), "bytes": sent}
 
     @distributed(dispatch=Dispatch.RANK_ZERO)
     def sync_endpoint(self) -> tuple[str, int]:
