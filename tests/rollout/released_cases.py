@@ -99,3 +99,42 @@ def weight_update_tensors() -> list[tuple[str, torch.Tensor]]:
             ramp((4,), start=-1.0, step=0.25, dtype=torch.float32),
         ),
     ]
+
+
+# -- vLLM-Omni worker extension (collective_rpc) -------------------------------------------------
+
+
+def vllm_omni_full_tensors() -> list[tuple[str, torch.Tensor]]:
+    """Full weights for the stand-in worker's ``transformer`` (two ``Linear(4, 4)``)."""
+    return [
+        ("to_q.weight", ramp((4, 4), start=-1.0, step=0.125, dtype=torch.float32)),
+        ("to_q.bias", ramp((4,), start=0.5, step=0.25, dtype=torch.float32)),
+        ("to_k.weight", ramp((4, 4), start=1.0, step=-0.0625, dtype=torch.float32)),
+        ("to_k.bias", torch.zeros(4)),
+    ]
+
+
+def vllm_omni_lora_config() -> dict[str, Any]:
+    return {
+        "r": 2,
+        "lora_alpha": 4.0,
+        "target_modules": ["to_k", "to_q"],
+        "use_rslora": False,
+        "adapter_name": "default",
+    }
+
+
+def vllm_omni_lora_tensors() -> list[tuple[str, torch.Tensor]]:
+    """The adapter under the trainer's saved-state names (``lora_A.weight`` / ``lora_B.weight``)."""
+    out = []
+    for k, module in enumerate(("to_k", "to_q")):
+        out.append(
+            (
+                f"{module}.lora_A.weight",
+                ramp((2, 4), start=0.25 * k, step=0.125, dtype=torch.float32),
+            )
+        )
+        out.append(
+            (f"{module}.lora_B.weight", ramp((4, 2), start=-0.5, step=0.25, dtype=torch.float32))
+        )
+    return out

@@ -5,8 +5,12 @@ Written against vLLM-Omni's public Python entry point as published (``Omni(model
 ``return_trajectory_latents``). Two parts are assumptions this machine could not check
 (no GPU, and vLLM-Omni needs its own environment): the attribute names of the outputs
 (``images``, ``trajectory_latents``, ``trajectory_timesteps``, and a per-step log-prob field,
-``log_prob_attr``), and weight updates through vLLM's ``collective_rpc`` convention
-(``update_weights`` / ``weight_checksums`` / ``sleep`` / ``wake_up`` worker methods).
+``log_prob_attr``). Weight updates go through vLLM-Omni's ``collective_rpc`` (the sync
+``Omni`` has it on ``Omni.engine``) to the methods of unirl's worker extension
+(``worker_ext.UnirlWorkerExtension``, passed as ``worker_extension_cls`` unless
+``omni_kwargs`` names another) and to the workers' own ``sleep`` / ``wake_up``; that path is
+tested against vLLM-Omni 0.30.0's released wrapper and executor code
+(``tests/fixtures/engines/record_vllm_omni.py``).
 Video families: each entry of ``images`` is assumed to be one sample's frames (the adapter
 reads it as ``[T, H, W, 3]`` or ``[T, 3, H, W]``; see ``video.py``).
 Each assumption fails with a message naming it rather than guessing further.
@@ -19,6 +23,7 @@ from typing import Any
 import torch
 
 EXTRA_HINT = "pip install 'unirl-mm[vllm]'"
+WORKER_EXTENSION = "unirl.rollout.engine.vllm_omni.worker_ext.UnirlWorkerExtension"
 
 
 def require_vllm_omni() -> Any:
@@ -46,7 +51,8 @@ class OmniBackend:
         require_vllm_omni()
         from vllm_omni.entrypoints.omni import Omni
 
-        self.omni = Omni(model=model_path, **(omni_kwargs or {}))
+        kwargs = {"worker_extension_cls": WORKER_EXTENSION, **(omni_kwargs or {})}
+        self.omni = Omni(model=model_path, **kwargs)
         self.log_prob_attr = log_prob_attr
 
     def generate(self, prompt: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -78,13 +84,9 @@ class OmniBackend:
         return samples
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
-        rpc = getattr(self.omni, "collective_rpc", None)
-        if rpc is None:
-            raise RuntimeError(
-                f"vLLM-Omni's Omni has no collective_rpc here, so '{method}' cannot reach the diffusion "
-                "workers; this adapter needs a vLLM-Omni build with worker RPC for weight updates"
-            )
-        return list(rpc(method, args=args))
+        """``method(*args)`` on every diffusion worker: ``AsyncOmni`` answers
+        ``collective_rpc`` itself, the synchronous ``Omni`` (0.30) through its ``engine``."""
+        return rpc_results(self.omni, method, args)
 
     def update_weights(
         self,
@@ -104,10 +106,32 @@ class OmniBackend:
         return dict(self._rpc("weight_checksums", names)[0])
 
     def sleep(self) -> None:
-        self._rpc("sleep")
+        """vLLM-Omni's own worker ``sleep(level=1)``: weights offloaded."""
+        self._rpc("sleep", 1)
 
     def wake_up(self) -> None:
         self._rpc("wake_up")
+
+
+def rpc_results(omni: Any, method: str, args: tuple[Any, ...]) -> list[Any]:
+    """One result per worker replica of ``collective_rpc(method, args=args)`` on ``omni``
+    (an ``Omni``: through ``omni.engine``; anything with ``collective_rpc``: directly)."""
+    target = (
+        omni if callable(getattr(omni, "collective_rpc", None)) else getattr(omni, "engine", None)
+    )
+    rpc = getattr(target, "collective_rpc", None)
+    if not callable(rpc):
+        raise RuntimeError(
+            f"vLLM-Omni {type(omni).__name__} exposes no collective_rpc (neither itself nor its "
+            f"engine), so '{method}' cannot reach the diffusion workers; vLLM-Omni 0.30 is supported"
+        )
+    results = list(rpc(method, args=tuple(args)))
+    todo = [r for r in results if isinstance(r, dict) and r.get("todo")]
+    if todo:
+        raise RuntimeError(
+            f"vLLM-Omni answered collective_rpc('{method}') with {todo[0]} (not supported by a stage)"
+        )
+    return results
 
 
 def _to_tensor(image: Any) -> torch.Tensor:
