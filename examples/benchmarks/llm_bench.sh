@@ -17,7 +17,9 @@
 # Knobs (environment): PRESET (qwen3-4b-arch), DEVICE (cuda), PROMPT_TOKENS (128), NEW_TOKENS (256),
 #   PROMPTS (8), SPP (8), MICRO (8 samples per micro-batch), WARMUP (1), ITERS (2),
 #   FLOPS=1 (count FLOPs / MFU on our side), OURS_TIMEOUT (280 s), TRL_TIMEOUT (220 s),
-#   SKIP_OURS=1 / SKIP_TRL=1. Exit status: non-zero when either side failed.
+#   SKIP_OURS=1 / SKIP_TRL=1, OURS_ARGS (more overrides for our recipe, e.g. pipeline.sampler=loop),
+#   LIMIT=1 (first run ar_engine_bench.py at the same shape: the card's bandwidth limit for this
+#   decode and the fraction of it each side reaches). Exit status: non-zero when either side failed.
 set -uo pipefail
 out="$(mkdir -p "${1:-outputs/llm_bench}" && cd "${1:-outputs/llm_bench}" && pwd)"
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -56,8 +58,15 @@ cat "${out}/env.txt"
 "${py}" examples/benchmarks/make_fixed_prompts.py --preset "${preset}" --tokens "${prompt_tokens}" \
   --count "${prompts}" --out "${work}/prompts.jsonl" || exit 1
 
-rm -f "${out}/unirl.json" "${out}/trl.json" "${out}/summary.json"
+rm -f "${out}/unirl.json" "${out}/trl.json" "${out}/summary.json" "${out}/engine.json"
 status=0
+# 0. the bandwidth limit of this decode on this card (and the engine alone, for reference)
+if [[ -n "${LIMIT:-}" ]]; then
+  timeout -k 20 240 "${py}" examples/benchmarks/ar_engine_bench.py --preset "${preset}" \
+    --device "${device}" --prompts "${prompts}" --spp "${spp}" --prompt-tokens "${prompt_tokens}" \
+    --new-tokens "${new_tokens}" --modes merged,fused --iters 2 --json "${out}/engine.json" \
+    2>&1 | tail -4
+fi
 # 2. ours: the recipe through the benchmark CLI
 if [[ -z "${SKIP_OURS:-}" ]]; then
   flops=(--no-flops)
@@ -68,7 +77,7 @@ if [[ -z "${SKIP_OURS:-}" ]]; then
     data_source.path="${work}/prompts.jsonl" batch_size="${prompts}" \
     sampling.samples_per_prompt="${spp}" sampling.max_new_tokens="${new_tokens}" \
     stack.max_tokens_per_micro_batch="$((micro * (prompt_tokens + new_tokens)))" \
-    2>&1 | tee "${out}/unirl.log"
+    ${OURS_ARGS:-} 2>&1 | tee "${out}/unirl.log"
   rc=${PIPESTATUS[0]}
   cp "${work}/unirl/metrics.jsonl" "${out}/unirl_metrics.jsonl" 2>/dev/null || true
   if [[ ${rc} -ne 0 ]]; then
@@ -103,7 +112,10 @@ def load(name):
     p = out / name
     return json.loads(p.read_text()) if p.exists() else None
 
-ours, trl = load("unirl.json"), load("trl.json")
+ours, trl, engine = load("unirl.json"), load("trl.json"), load("engine.json")
+limit = None
+if engine:
+    limit = next((r.get("limit_tokens_per_s") for r in engine["rows"].values()), None)
 log = out / "unirl.log"
 found = re.search(r"trainable parameters: ([\d,]+)", log.read_text()) if log.exists() else None
 rows = {}
@@ -137,7 +149,10 @@ if trl:
         "peak_memory_gib": trl["peak_memory_gib"],
         "trainable_params": trl["trainable_params"],
     }
-summary = {"rows": rows}
+if limit:
+    for r in rows.values():
+        r["fraction_of_bandwidth_limit"] = r["generated_tokens_per_s"] / limit
+summary = {"rows": rows, "limit_tokens_per_s": limit}
 if len(rows) == 2:
     a, b = rows["unirl"], rows["trl"]
     summary["same_shapes"] = all(

@@ -262,3 +262,61 @@ def test_garbage_log_probs_at_masked_positions_do_not_poison_gradients(kind: str
     terms = run_update(algo, conditions, seg, 4, ADV)
     assert torch.equal(terms["ratio"], torch.ones_like(terms["ratio"]))
     assert all(torch.isfinite(p.grad).all() for p in policy.parameters())
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_current_source_equals_replay_in_one_update_without_the_replay(kind, mode) -> None:
+    """``old_logp_source=current``: π_old is the loss forward's own log-probs, so one update
+    gives the replay anchor's loss, terms and gradients exactly, with no policy call in
+    ``prepare_segment``; the recorded log-probs still give the rollout-vs-trainer gap."""
+    conditions, segment = _batch()
+    recorded = TinyLM().token_log_probs(conditions, segment).values.detach() + 0.25
+    segment = TextSegment(
+        tokens=segment.tokens,
+        loss_mask=segment.loss_mask,
+        log_probs=Packed(values=recorded, offsets=segment.tokens.offsets),
+    )
+    results = {}
+    for source in ("replay", "current"):
+        policy = TinyLM()
+        algo = _make(kind, policy, mode, kl=KLConfig(beta=0.1), old_logp_source=source)
+        algo.bind_reference(lambda policy=policy: _shifted(policy))
+        calls: list[int] = []
+
+        def counted(c, s, calls=calls, original=policy.token_log_probs):
+            calls.append(1)
+            return original(c, s)
+
+        policy.token_log_probs = counted  # type: ignore[method-assign]
+        algo.start_rollout(0)
+        prepared = anchor(algo, conditions, segment, 2, ADV)
+        anchor_calls = len(calls)
+        loss, terms = update(algo, prepared)
+        grads = [p.grad.clone() for p in policy.parameters()]
+        results[source] = (loss, terms, grads, anchor_calls, algo.after_train(0))
+    (l_r, t_r, g_r, calls_r, m_r), (l_c, t_c, g_c, calls_c, m_c) = (
+        results["replay"],
+        results["current"],
+    )
+    assert (calls_r, calls_c) == (2, 0)  # two micro-batches replayed; none with current
+    assert l_c == l_r
+    for key in t_r:
+        assert torch.equal(t_c[key], t_r[key]), key
+    assert torch.equal(t_c["ratio"], torch.ones_like(t_c["ratio"]))
+    for a, b in zip(g_c, g_r, strict=True):
+        assert torch.equal(a, b)
+    assert m_c["rollout/logp_gap"] == pytest.approx(0.25, abs=1e-6)
+    assert m_c["rollout/logp_gap"] == pytest.approx(m_r["rollout/logp_gap"], abs=1e-7)
+
+
+def test_current_source_is_refused_with_several_updates_per_rollout() -> None:
+    from unirl.train import TrainStack
+
+    algo = GRPO(policy=TinyLM(), old_logp_source="current")
+    with pytest.raises(
+        ConfigError, match=r"old_logp_source=current .* set stack.num_updates_per_batch=1"
+    ):
+        TrainStack(backend=None, algorithm=algo, num_updates_per_batch=2)
+    with pytest.raises(ConfigError, match="'replay', 'rollout' or 'current'"):
+        GRPO(policy=TinyLM(), old_logp_source="sampler")

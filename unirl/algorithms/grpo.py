@@ -42,7 +42,11 @@ class TokenPolicyLoss(StageAlgorithm):
     ``old_logp_source``: ``replay`` recomputes π_old with ``policy.token_log_probs`` at the
     training micro-batch geometry before any update (first ratio exactly 1); ``rollout``
     trusts ``segment.log_probs`` from the engine (vLLM / SGLang numerics differ from the
-    trainer's, so ratios start ≠ 1). ``loss_agg``: see :func:`unirl.algorithms.losses.aggregate`;
+    trainer's, so ratios start ≠ 1); ``current`` takes π_old from the loss forward itself
+    (detached): with one optimizer step per rollout (``stack.num_updates_per_batch=1``, which
+    the stack checks) every micro-batch's forward runs the weights that sampled, so that
+    forward *is* the replay and the no-grad replay pass is skipped (ratio exactly 1 as with
+    ``replay``; the rollout-vs-trainer gap is measured on that forward). ``loss_agg``: see :func:`unirl.algorithms.losses.aggregate`;
     ``norm_length`` is the constant divisor of ``seq-mean-token-sum-norm``.
     ``kl.beta > 0`` (``kl``: a :class:`~unirl.algorithms.kl.KLConfig`) adds β·k3 to the frozen
     reference (the policy under ``reference()``); an adaptive β follows the mean k3 of the
@@ -78,8 +82,9 @@ class TokenPolicyLoss(StageAlgorithm):
             "(the constant divisor; use the generation budget max_new_tokens)",
         )
         require(
-            old_logp_source in ("replay", "rollout"),
-            "algorithm.old_logp_source must be 'replay' or 'rollout'",
+            old_logp_source in ("replay", "rollout", "current"),
+            f"algorithm.old_logp_source must be 'replay', 'rollout' or 'current', got "
+            f"{old_logp_source!r}",
         )
         require(
             callable(getattr(policy, "token_log_probs", None)),
@@ -128,6 +133,8 @@ class TokenPolicyLoss(StageAlgorithm):
         """Anchor π_old (``log_probs``); measure the rollout-vs-replay gap when the engine
         recorded log-probs; keep them as ``rollout_log_probs`` when ``tis_cap`` needs them."""
         recorded = segment.log_probs
+        if self.old_logp_source == "current":  # π_old comes from the loss forward itself
+            return dataclasses.replace(segment, rollout_log_probs=recorded)
         if self.old_logp_source == "rollout" and recorded is None:
             raise ValueError("old_logp_source=rollout but the rollout recorded no log_probs")
         if self.tis_cap is not None and recorded is None:
@@ -202,7 +209,7 @@ class TokenPolicyLoss(StageAlgorithm):
         advantages: torch.Tensor,
         loss_scale: float,
     ) -> StepResult:
-        if segment.log_probs is None:
+        if segment.log_probs is None and self.old_logp_source != "current":
             raise ValueError(
                 f"{type(self).__name__} needs anchored log_probs; call prepare_segment first"
             )
@@ -214,7 +221,12 @@ class TokenPolicyLoss(StageAlgorithm):
         )
         current = self._log_probs(conditions, segment).values.float()
         device = current.device
-        old = segment.log_probs.values.float().to(device)
+        if self.old_logp_source == "current":
+            old = current.detach()
+            if segment.rollout_log_probs is not None:
+                self._observe_gap(segment.rollout_log_probs.values, old, segment)
+        else:
+            old = segment.log_probs.values.float().to(device)  # type: ignore[union-attr]
         if segment.loss_mask is not None:
             mask = segment.loss_mask.values.to(device).bool()
         else:

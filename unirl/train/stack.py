@@ -250,6 +250,13 @@ class TrainStack(OptimizerSteps):
             f"{type(algorithm).__name__} does not support several updates per rollout; "
             "set stack.num_updates_per_batch=1",
         )
+        require(
+            config.num_updates_per_batch == 1
+            or getattr(algorithm, "old_logp_source", None) != "current",
+            "algorithm.old_logp_source=current takes π_old from the loss forward, which is "
+            "only the sampling policy's in the first optimizer step: set "
+            "stack.num_updates_per_batch=1 or algorithm.old_logp_source=replay",
+        )
         super().__init__()
         self.backend = backend
         self.algorithm = algorithm
