@@ -198,7 +198,7 @@ def test_the_view_refuses_what_it_cannot_run() -> None:
             super().__init__()
             self.w = torch.nn.Linear(2, 2)
 
-    with pytest.raises(ValueError, match="pipeline.sampler=loop"):
+    with pytest.raises(ValueError, match=r"pipeline\.sampler=loop"):
         decoder_view(NotALM())
     with pytest.raises(ValueError, match="max_slots must be >= 1"):
         DecodeEngineConfig(max_slots=0)

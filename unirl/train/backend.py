@@ -542,8 +542,9 @@ class FSDPBackend:
         """The whole trained module — a full fine-tune, or the base with the trained LoRA
         fused in — as a ``save_pretrained`` folder with the bundle's tokenizer (or processor),
         which plain transformers loads; a bundle whose module is not a transformers model
-        writes it by its own ``save_pretrained(path, state)``. Call on every rank (the state
-        is gathered); rank 0 writes."""
+        writes it by its own ``save_pretrained(path, state, write_pretrained)`` (the writer is
+        passed down: ``models`` never imports ``train``). Call on every rank (the state is
+        gathered); rank 0 writes."""
         adapter = self.lora.adapter_name if self.lora is not None else None
         state = merged_state(self.module, adapter, full_tensor)
         bundle = self._bundle
@@ -551,7 +552,7 @@ class FSDPBackend:
 
         def write() -> Path:
             if own is not None:
-                return Path(own(path, state))
+                return Path(own(path, state, write_pretrained))
             tokenizer = getattr(bundle, "processor", None) or getattr(bundle, "tokenizer", None)
             return write_pretrained(path, self.module, state, tokenizer)
 

@@ -216,16 +216,17 @@ class TransfusionBundle(Qwen3Bundle):
 
     # -- export (``FSDPBackend.export_pretrained``) ----------------------------------------------
 
-    def save_pretrained(self, path: str | Path, state: dict[str, torch.Tensor]) -> Path:
+    def save_pretrained(
+        self, path: str | Path, state: dict[str, torch.Tensor], write_pretrained: Any
+    ) -> Path:
         """The trained model as three folders of one export: ``text/`` — the causal LM (the
         shared transformer with its LM head) and tokenizer, a ``save_pretrained`` folder plain
         transformers loads and generates from; ``vae/`` — the frozen VAE, a diffusers
         ``AutoencoderKL`` folder; ``image_head.safetensors`` + ``image_head.json`` — the image
         head's weights and shape (drawing needs this family's ``TransfusionModel``, which
-        neither library has). ``state``: the whole module's state (``lm.*``, ``image.*``)."""
+        neither library has). ``state``: the whole module's state (``lm.*``, ``image.*``);
+        ``write_pretrained(path, model, state, tokenizer)``: the backend's transformers writer."""
         from safetensors.torch import save_file
-
-        from unirl.train.export import write_pretrained
 
         path = Path(path)
         lm = {k[len("lm.") :]: v for k, v in state.items() if k.startswith("lm.")}
