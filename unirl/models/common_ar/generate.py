@@ -100,6 +100,19 @@ class StopStrings:
         return any(s in text for s in self.stops)
 
 
+def check_sampling_inputs(
+    prompts: Sequence[Sequence[int]], uniforms: torch.Tensor, max_new_tokens: int
+) -> None:
+    """Every prompt has a token and every sample a stream of ``>= max_new_tokens`` uniforms."""
+    b = len(prompts)
+    if uniforms.shape[0] != b or uniforms.shape[1] < max_new_tokens:
+        raise ValueError(
+            f"uniforms must be [B={b}, >= {max_new_tokens}], got {tuple(uniforms.shape)}"
+        )
+    if min(len(p) for p in prompts) == 0:
+        raise ValueError("every prompt needs at least one token")
+
+
 def cache_keyword(model: torch.nn.Module) -> str:
     """The keyword the model's ``forward`` takes its KV cache under (transformers renamed
     ``past_key_values`` to ``cache`` in its 5.x line)."""
@@ -142,14 +155,9 @@ def generate_completions(
     b = len(prompts)
     if b == 0:
         return []
-    if uniforms.shape[0] != b or uniforms.shape[1] < max_new_tokens:
-        raise ValueError(
-            f"uniforms must be [B={b}, >= {max_new_tokens}], got {tuple(uniforms.shape)}"
-        )
+    check_sampling_inputs(prompts, uniforms, max_new_tokens)
     device = next(model.parameters()).device
     longest = max(len(p) for p in prompts)
-    if min(len(p) for p in prompts) == 0:
-        raise ValueError("every prompt needs at least one token")
     input_ids = torch.full((b, longest), pad_token_id, dtype=torch.long)
     attention = torch.zeros((b, longest), dtype=torch.long)
     for i, p in enumerate(prompts):  # left padding: every row's next token sits at the end

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -350,6 +350,18 @@ class SlotState:
     out_log_probs: torch.Tensor  # [S, max_new] fp32
     stops: torch.Tensor  # [n_stop] long
     suppress: torch.Tensor  # [n_suppress] long
+
+    # the per-slot buffers (moved with a slot, saved around a graph capture)
+    BOOKKEEPING: ClassVar[tuple[str, ...]] = (
+        "last_token",
+        "cache_pos",
+        "rope_pos",
+        "step",
+        "active",
+        "uniforms",
+        "out_tokens",
+        "out_log_probs",
+    )
 
     @property
     def num_slots(self) -> int:

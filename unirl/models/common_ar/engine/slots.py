@@ -38,7 +38,14 @@ from unirl.models.common_ar.engine.decoder import (
     install_prefix,
     sample_and_record,
 )
-from unirl.models.common_ar.generate import LENGTH, STOP, Completion, StopStrings, cache_keyword
+from unirl.models.common_ar.generate import (
+    LENGTH,
+    STOP,
+    Completion,
+    StopStrings,
+    cache_keyword,
+    check_sampling_inputs,
+)
 
 
 @dataclass(kw_only=True)
@@ -262,12 +269,7 @@ class DecodeEngine:
         n = len(prompts)
         if n == 0:
             return []
-        if uniforms.shape[0] != n or uniforms.shape[1] < max_new_tokens:
-            raise ValueError(
-                f"uniforms must be [B={n}, >= {max_new_tokens}], got {tuple(uniforms.shape)}"
-            )
-        if min(len(p) for p in prompts) == 0:
-            raise ValueError("every prompt needs at least one token")
+        check_sampling_inputs(prompts, uniforms, max_new_tokens)
         self.stats = stats = EngineStats()
         view = self.view(model)
         stats.merged_refreshed = view.refresh_merged()
@@ -437,15 +439,8 @@ class DecodeEngine:
         a copy of the slot bookkeeping, so capturing changes no slot."""
         saved = {
             name: getattr(state, name).clone()
-            for name in (
-                "last_token",
-                "cache_pos",
-                "rope_pos",
-                "step",
-                "active",
-                "out_tokens",
-                "out_log_probs",
-            )
+            for name in SlotState.BOOKKEEPING
+            if name != "uniforms"
         }
         saved_cache = [
             (k[:bucket].clone(), v[:bucket].clone())
@@ -489,16 +484,7 @@ class DecodeEngine:
         dst = torch.as_tensor(free_low, dtype=torch.long, device=state.last_token.device)
         for cache in (*state.k_cache, *state.v_cache):
             cache[dst] = cache[src]
-        for name in (
-            "last_token",
-            "cache_pos",
-            "rope_pos",
-            "step",
-            "active",
-            "uniforms",
-            "out_tokens",
-            "out_log_probs",
-        ):
+        for name in SlotState.BOOKKEEPING:
             buf = getattr(state, name)
             buf[dst] = buf[src]
         state.active[src] = False
