@@ -159,7 +159,14 @@ class CausalLMPipeline:
     def token_log_probs(self, conditions: PromptConditions, segment: TextSegment) -> Packed:
         """log π(y_t | y_<t) at every loss token of the packed rows (0 elsewhere: prompt
         tokens, each row's first token), fp32, with the segment's offsets; differentiable
-        under the caller's grad mode. π is ``softmax(logits / conditions.temperature)``."""
+        under the caller's grad mode. π is ``softmax(logits / conditions.temperature)``.
+
+        Layout: with ``flash_attention_2`` the rows run packed as one ``[1, T]`` sequence whose
+        ``position_ids`` restart at each row (varlen attention, no padding); otherwise as a
+        right-padded ``[rows, longest]`` batch with plain causal attention (SDPA's causal
+        kernel; a padded tail only follows its row's tokens, so no row sees another or a pad).
+        A packed sequence under SDPA would need a dense block-diagonal mask over all ``T``
+        tokens: rows x more attention work than the padded batch."""
         bundle = self.bundle
         device = bundle.device
         tokens = segment.tokens.values.to(device)
@@ -172,16 +179,34 @@ class CausalLMPipeline:
         targets = wanted.nonzero()[:, 0]
         if targets.numel() == 0:
             raise ValueError("token_log_probs: the micro-batch holds no token to score")
-        with bundle.autocast():
-            out = bundle.model(
-                input_ids=tokens[None],
-                position_ids=positions[None],
-                use_cache=False,
-                logits_to_keep=targets - 1,  # the position before each target predicts it
-            )
-        logits = suppress(out.logits[0].float(), bundle.prompts.suppressed_token_ids)
+        if self._packed_replay():
+            with bundle.autocast():
+                out = bundle.model(
+                    input_ids=tokens[None],
+                    position_ids=positions[None],
+                    use_cache=False,
+                    logits_to_keep=targets - 1,  # the position before each target predicts it
+                )
+            logits = out.logits[0]
+        else:
+            lengths = offsets[1:] - offsets[:-1]
+            rows = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
+            width = int(lengths.max())
+            ids = torch.full((len(lengths), width), bundle.pad_token_id, device=device)
+            ids[rows, positions] = tokens
+            columns = torch.unique(positions[targets] - 1)  # logits only where a row needs one
+            with bundle.autocast():
+                out = bundle.model(input_ids=ids, use_cache=False, logits_to_keep=columns)
+            column_of = torch.full((width,), -1, dtype=torch.long, device=device)
+            column_of[columns] = torch.arange(len(columns), device=device)
+            logits = out.logits[rows[targets], column_of[positions[targets] - 1]]
+        logits = suppress(logits.float(), bundle.prompts.suppressed_token_ids)
         logits = logits / float(conditions.temperature)
         picked = torch.log_softmax(logits, dim=-1).gather(1, tokens[targets][:, None])[:, 0]
         values = torch.zeros(tokens.shape[0], dtype=torch.float32, device=device)
         values = values.index_put((targets,), picked)
         return Packed(values=values, offsets=segment.tokens.offsets)
+
+    def _packed_replay(self) -> bool:
+        """Rows packed into one sequence only where attention is varlen (flash-attention 2)."""
+        return getattr(self.bundle.config, "attn_implementation", "sdpa") == "flash_attention_2"
