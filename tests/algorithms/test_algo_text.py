@@ -320,3 +320,45 @@ def test_current_source_is_refused_with_several_updates_per_rollout() -> None:
         TrainStack(backend=None, algorithm=algo, num_updates_per_batch=2)
     with pytest.raises(ConfigError, match="'replay', 'rollout' or 'current'"):
         GRPO(policy=TinyLM(), old_logp_source="sampler")
+
+
+@pytest.mark.parametrize("clip", [(0.2, 0.28), (3e-4, 4e-4)])
+def test_gspo_equals_its_sequence_formula_in_float64(clip) -> None:
+    """GSPO: one length-normalised ratio per sequence, s_i = exp(mean_t(log π − log π_old))
+    over the sequence's loss tokens, clipped; loss −mean_i min(s_i A_i, clip(s_i) A_i). The
+    module's loss and gradient equal a float64 per-sequence loop (1e-6) with a wide and the
+    paper's tight clip, and every loss token of a sequence carries s_i. Dropping the
+    stop-gradient on s_i doubles the gradient and fails this test."""
+    from unirl.algorithms import GSPO
+
+    conditions, segment = _batch(seed=3)
+    policy = TinyLM()
+    algo = GSPO(policy=policy, clip_low=clip[0], clip_high=clip[1])
+    prepared = anchor(algo, conditions, segment, 2, ADV)
+    _move(policy, 0.05)
+    loss, terms = update(algo, prepared)
+    got = [p.grad.clone() for p in policy.parameters()]
+
+    ref = TinyLM().double()
+    ref.load_state_dict({k: v.double() for k, v in policy.state_dict().items()})
+    total = torch.zeros((), dtype=torch.float64)
+    ratios = []
+    for cond, seg, adv in prepared:
+        cond64 = TextEmbedConditions(embeds=cond.embeds.double())
+        cur = ref.token_log_probs(cond64, seg).values
+        for i in range(len(seg.tokens)):
+            lo, hi = int(seg.tokens.offsets[i]), int(seg.tokens.offsets[i + 1])
+            keep = seg.loss_mask.values[lo:hi].bool()
+            old = seg.log_probs.values[lo:hi].double()[keep]
+            s = torch.exp((cur[lo:hi][keep] - old).mean())
+            a = float(adv[i])
+            term = torch.maximum(-a * s, -a * torch.clamp(s, 1 - clip[0], 1 + clip[1]))
+            total = total + term / len(LENGTHS)
+            ratios.extend([float(s.detach())] * int(keep.sum()))
+    total.backward()
+    assert float(loss) == pytest.approx(float(total.detach()), abs=1e-6)
+    torch.testing.assert_close(
+        terms["ratio"].double(), torch.tensor(ratios, dtype=torch.float64), atol=1e-6, rtol=0
+    )
+    for g, p in zip(got, ref.parameters(), strict=True):
+        torch.testing.assert_close(g.double(), p.grad, atol=1e-6, rtol=0)

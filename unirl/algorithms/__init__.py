@@ -8,12 +8,13 @@ from unirl.algorithms.diffusionnft import DiffusionNFT, OldAdapterEMA, nft_loss
 from unirl.algorithms.drpo import DRPO
 from unirl.algorithms.flowdppo import FlowDPPO
 from unirl.algorithms.flowgrpo import FlowGRPO
-from unirl.algorithms.grpo import GRPO, TokenPolicy, TokenPolicyLoss
+from unirl.algorithms.grpo import GRPO, GSPO, TokenPolicy, TokenPolicyLoss
 from unirl.algorithms.kl import KLConfig
 
 __all__ = [
     "DRPO",
     "GRPO",
+    "GSPO",
     "DiffusionNFT",
     "FlowDPPO",
     "FlowGRPO",

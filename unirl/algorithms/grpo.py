@@ -1,4 +1,5 @@
-"""Token-level GRPO for autoregressive text tracks (docs/math.md, "AR GRPO and DRPO").
+"""Token-level GRPO and GSPO for autoregressive text tracks (docs/math.md, "AR GRPO, DRPO, GSPO
+ and Dr. GRPO").
 
     r_t = exp(log π_θ(y_t) − log π_old(y_t)),  ℓ_t = max(−A·r_t, −A·clip(r_t, 1 − ε_low, 1 + ε_high))
     L = aggregate(ℓ + β·k3(π_θ, π_ref), loss_mask, mode)
@@ -20,7 +21,14 @@ import torch
 
 from unirl.algorithms.base import StageAlgorithm, StepResult
 from unirl.algorithms.kl import KLConfig
-from unirl.algorithms.losses import LOSS_AGG_MODES, aggregate, grpo_clip_loss, k3_kl, pad_packed
+from unirl.algorithms.losses import (
+    LOSS_AGG_MODES,
+    aggregate,
+    clipped_surrogate,
+    grpo_clip_loss,
+    k3_kl,
+    pad_packed,
+)
 from unirl.config.require import require
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import Conditions, Packed, TextSegment
@@ -116,6 +124,19 @@ class TokenPolicyLoss(StageAlgorithm):
         self, log_prob: torch.Tensor, old_log_prob: torch.Tensor, adv: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(loss_terms[T], ratio[T])`` for packed tokens (fp32)."""
+
+    def policy_terms(
+        self,
+        log_prob: torch.Tensor,
+        old_log_prob: torch.Tensor,
+        adv: torch.Tensor,
+        offsets: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss_terms[T], ratio[T])`` with the rows' ``offsets`` and loss ``mask`` at hand;
+        a per-token loss only needs :meth:`token_terms` (a sequence-level one, GSPO, overrides
+        this)."""
+        return self.token_terms(log_prob, old_log_prob, adv)
 
     # -- anchoring ---------------------------------------------------------------------------
 
@@ -237,7 +258,7 @@ class TokenPolicyLoss(StageAlgorithm):
         zero = torch.zeros_like(current)
         lp = torch.where(mask, current, zero)
         old_lp = torch.where(mask, old, zero)
-        policy_terms, ratio = self.token_terms(lp, old_lp, adv)
+        policy_terms, ratio = self.policy_terms(lp, old_lp, adv, offsets.to(device), mask)
         tis_weight = None
         if self.tis_cap is not None:
             if segment.rollout_log_probs is None:
@@ -299,6 +320,17 @@ class TokenPolicyLoss(StageAlgorithm):
         return out
 
 
+def clip_fractions(terms: dict[str, torch.Tensor], low: float, high: float) -> dict[str, float]:
+    """Share of loss tokens whose ratio is above ``1 + high`` / below ``1 − low``."""
+    ratio = terms["ratio"].float()
+    if not ratio.numel():
+        return {"clipfrac/above": 0.0, "clipfrac/below": 0.0}
+    return {
+        "clipfrac/above": float((ratio > 1 + high).float().mean()),
+        "clipfrac/below": float((ratio < 1 - low).float().mean()),
+    }
+
+
 class GRPO(TokenPolicyLoss):
     """Token-level GRPO with DAPO's decoupled clip: ``clip_low`` = ε_low, ``clip_high`` = ε_high
     (set ``clip_high`` > ``clip_low``, e.g. 0.28 vs 0.2, for clip-higher)."""
@@ -334,12 +366,66 @@ class GRPO(TokenPolicyLoss):
         return grpo_clip_loss(log_prob, old_log_prob, adv, self.clip_low, self.clip_high)
 
     def summarize(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
-        out = super().summarize(terms)
-        ratio = terms["ratio"].float()
-        out["clipfrac/above"] = (
-            float((ratio > 1 + self.clip_high).float().mean()) if ratio.numel() else 0.0
+        return {**super().summarize(terms), **clip_fractions(terms, self.clip_low, self.clip_high)}
+
+
+class GSPO(TokenPolicyLoss):
+    """Group Sequence Policy Optimization (Zheng et al., 2025, "Group Sequence Policy
+    Optimization"): one importance ratio per sequence, the length-normalised
+    ``s_i = exp(mean_t(log π(y_t) − log π_old(y_t)))`` over the sequence's loss tokens, clipped
+    to ``[1 − clip_low, 1 + clip_high]`` (the paper's 3e-4 / 4e-4: a sequence ratio moves far
+    less than a token's). Token form: every loss token of sequence i carries
+    ``s_i,t = sg[s_i]·π(y_t)/sg[π(y_t)]`` (value ``s_i``, gradient ``s_i ∇log π(y_t)``), so with
+    ``loss_agg=seq-mean-token-mean`` the loss is the paper's ``−mean_i min(s_i A_i, clip(s_i)
+    A_i)`` and its gradient ``−A_i s_i mean_t ∇log π(y_t)`` for an unclipped sequence."""
+
+    def __init__(
+        self,
+        *,
+        policy: TokenPolicy,
+        clip_low: float = 3e-4,
+        clip_high: float = 4e-4,
+        loss_agg: str = "seq-mean-token-mean",
+        norm_length: int | None = None,
+        kl: KLConfig | Mapping[str, Any] | None = None,
+        old_logp_source: str = "replay",
+        tis_cap: float | None = None,
+    ) -> None:
+        require(0 < clip_low < 1, f"algorithm.clip_low must be in (0, 1), got {clip_low}")
+        require(clip_high > 0, f"algorithm.clip_high must be > 0, got {clip_high}")
+        super().__init__(
+            policy=policy,
+            loss_agg=loss_agg,
+            norm_length=norm_length,
+            kl=kl,
+            old_logp_source=old_logp_source,
+            tis_cap=tis_cap,
         )
-        out["clipfrac/below"] = (
-            float((ratio < 1 - self.clip_low).float().mean()) if ratio.numel() else 0.0
-        )
-        return out
+        self.clip_low = clip_low
+        self.clip_high = clip_high
+
+    def token_terms(
+        self, log_prob: torch.Tensor, old_log_prob: torch.Tensor, adv: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError("GSPO's ratio is per sequence: see policy_terms")
+
+    def policy_terms(
+        self,
+        log_prob: torch.Tensor,
+        old_log_prob: torch.Tensor,
+        adv: torch.Tensor,
+        offsets: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        lengths = offsets[1:] - offsets[:-1]
+        rows = torch.repeat_interleave(torch.arange(len(lengths), device=offsets.device), lengths)
+        tokens = torch.zeros(len(lengths), device=log_prob.device).index_add(0, rows, mask.float())
+        diff = torch.where(mask, log_prob - old_log_prob, torch.zeros_like(log_prob))
+        seq_log_ratio = torch.zeros(len(lengths), device=log_prob.device).index_add(0, rows, diff)
+        seq_log_ratio = seq_log_ratio / tokens.clamp_min(1.0)
+        seq_ratio = torch.exp(seq_log_ratio.detach())[rows]  # s_i on each of its tokens
+        ratio = seq_ratio * torch.exp(log_prob - log_prob.detach())
+        return clipped_surrogate(ratio, adv, self.clip_low, self.clip_high), ratio
+
+    def summarize(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
+        return {**super().summarize(terms), **clip_fractions(terms, self.clip_low, self.clip_high)}
