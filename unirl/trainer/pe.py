@@ -29,8 +29,9 @@ it trains on a dedicated engine (``pe.diffusion.rollout``: ``DedicatedEngine``, 
 otherwise it needs none: it samples with the module it trains (``pe.train_both``, colocate)
 or stays frozen.
 
-The ``pe`` block's types and every check before Ray are in ``pe_config``; the served
-layout in ``pe_served``.
+The ``pe`` block's types and every check before Ray are in ``pe_config``; the roles both
+layouts build (``stage_roles``, ``DrawerInfo``) in ``pe_roles``; the served layout in
+``pe_served``.
 
 Metrics: the image stage is the main one (``reward/mean`` is the image reward; ``train/*``
 when it trains), the policy's go under ``pe/`` (``pe/train/loss``, ``pe/reward/mean`` of the
@@ -50,13 +51,13 @@ from hydra.utils import instantiate
 
 from unirl.config.run import RunConfig
 from unirl.config.validate import declared, locate
-from unirl.distributed.group import DevicePool, Handle, placement, remote
-from unirl.distributed.group.dispatch import Dispatch, distributed
+from unirl.distributed.group import DevicePool, placement, remote
 from unirl.rollout.engine.composed import DrawRequest
 from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.ar import ARTrainOps, response_metrics
 from unirl.trainer.base import StageTrainer
 from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, PEConfig, check_pe_engine
+from unirl.trainer.pe_roles import DrawerInfo, stage_roles
 from unirl.trainer.request import (
     EVAL_ID_OFFSET,
     prompt_metadata,
@@ -74,60 +75,6 @@ from unirl.types import (
     RolloutReq,
     RolloutTrack,
 )
-
-# -- roles ----------------------------------------------------------------------------------------
-
-
-def stage_roles(
-    blocks: Any, prefix: str, *, algorithm_takes: str, ops_class: type
-) -> dict[str, Handle]:
-    """One stage's roles in the current placement block, named ``<prefix>_<role>``: bundle and
-    pipeline, then (when ``blocks.backend`` is set) backend, algorithm (given the pipeline as
-    ``algorithm_takes``), stack and ops."""
-    bundle = remote(blocks.bundle, name=f"{prefix}_bundle")
-    pipeline = remote(blocks.pipeline, name=f"{prefix}_pipeline", bundle=bundle)
-    roles = {"bundle": bundle, "pipeline": pipeline}
-    if blocks.backend is None:
-        return roles
-    backend = remote(blocks.backend, name=f"{prefix}_backend", bundle=bundle)
-    needs: dict[str, Any] = {algorithm_takes: pipeline}  # the policy / the pipeline it replays
-    algorithm = remote(blocks.algorithm, name=f"{prefix}_algorithm", **needs)
-    stack = remote(blocks.stack, name=f"{prefix}_stack", backend=backend, algorithm=algorithm)
-    ops = remote(
-        ops_class,
-        name=f"{prefix}_ops",
-        backend=backend,
-        pipeline=pipeline,
-        stack=stack,
-        algorithm=algorithm,
-    )
-    return {**roles, "backend": backend, "algorithm": algorithm, "stack": stack, "ops": ops}
-
-
-class DrawerInfo:
-    """What the driver needs from the drawer's family to author requests (a frozen drawer has
-    no ``TrainOps``): the latent of one image and the σ schedules of the train and eval step
-    counts at the sampling size."""
-
-    def __init__(self, *, pipeline: Any) -> None:
-        self.pipeline = pipeline
-
-    @distributed(dispatch=Dispatch.RANK_ZERO)
-    def describe(self, sampling: DiffusionSamplingParams) -> dict[str, Any]:
-        bundle = self.pipeline.bundle
-        height, width = int(sampling.height), int(sampling.width)
-        return {
-            "latent_shape": tuple(bundle.latent_shape_for(sampling)),
-            "sigmas": {
-                "train": bundle.sigmas(int(sampling.num_inference_steps), height, width),
-                "eval": bundle.sigmas(int(sampling.eval_num_inference_steps), height, width),
-            },
-            "params": sum(
-                p.numel() for m in bundle.trainable_modules.values() for p in m.parameters()
-            ),
-            "device": str(bundle.device),
-        }
-
 
 # -- the trainer ----------------------------------------------------------------------------------
 

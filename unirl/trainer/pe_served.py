@@ -23,8 +23,8 @@ from unirl.distributed.group import DevicePool, Handle, placement, remote
 from unirl.distributed.weight_sync import SyncSource, WeightSyncDriver, build_sync
 from unirl.trainer.ar import ARTrainOps
 from unirl.trainer.dedicated import DedicatedLayout, DedicatedRoles, SlabWorld, SyncedRollout
-from unirl.trainer.pe import DrawerInfo, stage_roles
 from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, PEConfig, compose_block
+from unirl.trainer.pe_roles import DrawerInfo, stage_roles
 from unirl.trainer.roles import RewardWorker, TrainOps
 from unirl.types import RolloutReq, RolloutTrack
 
