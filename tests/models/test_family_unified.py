@@ -1,5 +1,6 @@
 """The unified (transfusion) family proves the shared family contract (``family_tester.py``)
-for its image stage, on its ``tiny`` preset, plus its text stage's replay.
+for its image stage and the shared text-family contract (``text_family_tester.py``) for its
+text stage, on its ``tiny`` preset.
 
 Where the tester compares with a diffusers pipeline, this family has none (no transfusion
 model ships in diffusers); the references here are written in the test from the model's own
@@ -15,6 +16,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 from family_tester import FamilyTester
+from text_family_tester import TextFamilyTester
 
 from unirl.models.unified import (
     ContextConditions,
@@ -24,7 +26,7 @@ from unirl.models.unified import (
     image_attention_mask,
 )
 from unirl.sde import ODE
-from unirl.types import DiffusionRequest, RolloutReq, TextRequest, Texts
+from unirl.types import DiffusionRequest
 
 
 def euler_reference(bundle: Any, prompts: list[str], x_T: torch.Tensor, sigmas: torch.Tensor):
@@ -97,31 +99,6 @@ class TestUnifiedFamily(FamilyTester):
         pytest.skip("the transfusion family has only the tiny preset (no *-arch preset)")
 
 
-def test_text_stage_recorded_log_probs_equal_the_replay() -> None:
-    """The text stage: KV-cached sampling records the log-probs the packed replay computes
-    (the two are different kernels: 1e-5 bound, as for every causal-LM family)."""
-    bundle = TransfusionBundle(path="tiny", dtype="fp32", device="cpu", max_grid=8)
-    pipe = TransfusionTextPipeline(bundle=bundle, forward_batch_size=3)
-    prompts = ["a red fox in the snow", "a lighthouse", "blue sky", "a red fox in the snow"]
-    req = RolloutReq(
-        sample_ids=torch.arange(4),
-        group_ids=torch.arange(4),
-        primitives={"text": Texts(texts=prompts)},
-        stage_params={
-            "text": TextRequest(seed_ids=torch.arange(4), max_new_tokens=8, temperature=1.0)
-        },
-        seed=3,
-    )
-    track = pipe.generate(req).tracks["text"]
-    seg = track.segment
-    replay = pipe.token_log_probs(track.conditions, seg).values
-    m = seg.loss_mask.values
-    assert int(m.sum()) == sum(meta["response_tokens"] for meta in track.metadata) > 0
-    gap = float((replay[m] - seg.log_probs.values[m]).abs().max())
-    assert gap < 1e-5, gap
-    assert torch.all(replay[~m] == 0)
-
-
 def test_image_tokens_see_the_text_and_each_other_text_stays_causal() -> None:
     mask = image_attention_mask(torch.tensor([[0, 1, 1]]), 2)[0, 0]
     expected = torch.tensor(
@@ -156,3 +133,14 @@ def test_only_the_tiny_preset_is_accepted() -> None:
 
     with pytest.raises(ConfigError, match="only the 'tiny' preset"):
         TransfusionBundle.check_config({"path": "tencent/HunyuanImage-3.0"}, None)
+
+
+class TestUnifiedTextFamily(TextFamilyTester):
+    """The text stage: the reference ``generate`` is the wrapped causal LM's (``model.lm``)."""
+
+    pipeline_class = TransfusionTextPipeline
+    bundle_class = TransfusionBundle
+    bundle_fields: ClassVar[dict[str, Any]] = {"max_grid": 8}
+
+    def hf_model(self, bundle: Any) -> Any:
+        return bundle.model.lm

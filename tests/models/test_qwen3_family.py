@@ -1,6 +1,8 @@
-"""The Qwen3 family on its tiny preset: presets and sources, the sampler (per-sample seeds,
-stops, truncation, KV cache = full forward), the packed token policy (rows independent,
-recorded log-probs = replay), LoRA targets, and the real-shape arch preset on meta."""
+"""The Qwen3 family on its tiny preset: the shared text-family contract
+(``text_family_tester.py``: greedy generation = transformers', recorded log-probs = replay,
+first GRPO ratio exactly 1, LoRA round trip, a sample alone = in a batch), plus presets and
+sources, stops, truncation, the packed token policy (rows independent), LoRA targets, and the
+real-shape arch preset on meta."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import math
 
 import pytest
 import torch
+from text_family_tester import TextFamilyTester
 
 from unirl.config import ConfigError
 from unirl.models.common_ar.generate import draw_tokens, policy_log_probs
@@ -63,19 +66,6 @@ def test_arch_preset_has_the_released_shapes_on_meta() -> None:
     assert 4.00e9 < count < 4.05e9, count
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     assert set(Qwen3Bundle.lora_default_targets) <= names
-
-
-def test_samples_depend_on_their_seed_id_only(bundle: Qwen3Bundle) -> None:
-    pipe = Qwen3Pipeline(bundle=bundle)
-    together = pipe.generate(request(PROMPTS, [10, 11, 12, 13])).tracks["text"]
-    alone = pipe.generate(request([PROMPTS[2]], [12])).tracks["text"]
-    row = together.segment.tokens.row(2)
-    assert torch.equal(alone.segment.tokens.row(0), row)
-    assert alone.decoded.texts[0] == together.decoded.texts[2]
-    other = pipe.generate(request([PROMPTS[2]], [99])).tracks["text"]
-    assert not torch.equal(other.segment.tokens.row(0), row)
-    again = pipe.generate(request(PROMPTS, [10, 11, 12, 13])).tracks["text"]
-    assert torch.equal(again.segment.tokens.values, together.segment.tokens.values)
 
 
 def test_track_layout_and_recorded_log_probs_equal_the_packed_replay(bundle: Qwen3Bundle) -> None:
@@ -183,3 +173,8 @@ def test_a_save_pretrained_folder_loads_as_the_same_model(bundle: Qwen3Bundle, t
     formatter = Qwen3Bundle.prompt_formatter({"path": str(tmp_path)})  # tokenizer only
     assert formatter.encode_prompts(PROMPTS) == bundle.encode_prompts(PROMPTS)
     assert formatter.stop_token_ids == bundle.stop_token_ids
+
+
+class TestQwen3TextFamily(TextFamilyTester):
+    pipeline_class = Qwen3Pipeline
+    bundle_class = Qwen3Bundle

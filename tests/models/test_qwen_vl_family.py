@@ -1,14 +1,17 @@
 """The Qwen2.5-VL family on its tiny preset: the image layout and multimodal positions
 against transformers' own, the sampler with images and its replay, vision tokens kept out
-of completions, and the arch presets' shapes on meta."""
+of completions, the arch presets' shapes on meta, and the shared text-family contract
+(``text_family_tester.py``) with one image per prompt."""
 
 from __future__ import annotations
 
 import inspect
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 import torch
+from text_family_tester import TextFamilyTester
 
 from unirl.models.qwen_vl import QwenVLBundle, QwenVLPipeline
 from unirl.models.qwen_vl.vision import mrope_positions, patchify
@@ -153,3 +156,22 @@ def test_first_ratio_is_exactly_one_with_images(kind: str) -> None:
     first, second = out["steps"]
     assert first["ratio/min"] == 1.0 == first["ratio/max"]
     assert second["ratio/min"] != 1.0 or second["ratio/max"] != 1.0
+
+
+class TestQwenVLTextFamily(TextFamilyTester):
+    """Every prompt carries its own image (a function of the prompt's row); transformers'
+    ``generate`` gets the same image as ``pixel_values`` / ``image_grid_thw``."""
+
+    pipeline_class = QwenVLPipeline
+    bundle_class = QwenVLBundle
+    bundle_fields: ClassVar[dict[str, Any]] = {"image_size": 56}
+
+    def media(self, rows: list[int]) -> dict[str, Any]:
+        pixels = torch.rand(4, 3, 56, 56, generator=torch.Generator().manual_seed(0))
+        return {"image": Images(pixels=pixels[rows])}
+
+    def hf_inputs(self, req: RolloutReq, i: int) -> dict[str, Any]:
+        image = req.primitives["image"]
+        assert isinstance(image, Images)
+        pixel_values, grid = patchify(image.pixels[i])
+        return {"pixel_values": pixel_values, "image_grid_thw": grid[None]}

@@ -31,14 +31,8 @@ IMAGE_TRACK = "image"
 
 
 class TransfusionTextPipeline(CausalLMPipeline):
-    """:class:`~unirl.models.common_ar.pipeline.CausalLMPipeline` for a ``TransfusionBundle``."""
-
-    def __init__(
-        self, *, bundle: Any, forward_batch_size: int | None = None, track_name: str = TEXT_TRACK
-    ) -> None:
-        super().__init__(
-            bundle=bundle, forward_batch_size=forward_batch_size, track_name=track_name
-        )
+    """:class:`~unirl.models.common_ar.pipeline.CausalLMPipeline` for a ``TransfusionBundle``
+    (track ``text``; every knob of the shared pipeline, ``sampler`` and ``engine`` included)."""
 
 
 class TransfusionImagePipeline(FlowMatchingPipeline):
