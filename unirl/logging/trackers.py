@@ -8,13 +8,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Protocol
-
-
-class Tracker(Protocol):
-    def log(self, step: int, metrics: dict[str, float]) -> None: ...
-
-    def close(self) -> None: ...
+from typing import Any
 
 
 def _clean(metrics: dict[str, Any]) -> dict[str, float]:

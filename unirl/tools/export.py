@@ -96,14 +96,6 @@ def export_folder(
     return folder, form
 
 
-def adapter_folder(run: Path, checkpoint: str | None, weights: str, stage: str | None) -> Path:
-    """The exported LoRA folder of ``run`` (its end, or a checkpoint's ``export/``)."""
-    folder, form = export_folder(run, checkpoint, weights, stage)
-    if form != "lora":
-        raise ConfigError(f"{folder} is a full fine-tune, not a LoRA adapter")
-    return folder
-
-
 def is_text_adapter(adapter: Path) -> bool:
     """A causal-LM adapter (``task_type: CAUSAL_LM`` in its ``adapter_config.json``)."""
     config = adapter / "adapter_config.json"

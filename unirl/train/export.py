@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 DIFFUSERS_WEIGHTS = "pytorch_lora_weights.safetensors"
-PEFT_CONFIG = "adapter_config.json"
 PEFT_WEIGHTS = "adapter_model.safetensors"
 
 

@@ -216,9 +216,6 @@ class Worker:
         self._contexts.pop(role, None)
         self._specs.pop(role, None)
 
-    def role_names(self) -> list[str]:
-        return sorted(self._roles)
-
     # ---- torch.distributed ---------------------------------------------------------------
 
     def init_process_group(
@@ -277,11 +274,3 @@ class Worker:
                 f"{self.rank_info.rank}; call handle.init_process_group() from the driver first"
             )
         return group
-
-    def destroy_process_groups(self) -> None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        self._groups.clear()
-        self._group_names.clear()

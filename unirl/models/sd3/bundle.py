@@ -189,14 +189,6 @@ class SD3Bundle(VAELatentGeometry, FlowMatchingBundle):
             negative_pooled_prompt_embeds=negative.pooled_prompt_embeds.expand(n, -1),
         )
 
-    def negative_embeds(
-        self, negative_prompt: str | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(embeds[1, L, D], pooled[1, Dp])`` of the negative prompt, encoded once and cached."""
-        negative = self.negative_conditions(negative_prompt)
-        assert isinstance(negative, SD3Conditions)
-        return negative.prompt_embeds, negative.pooled_prompt_embeds
-
     def cfg_conditions(self, conditions: SD3Conditions) -> SD3Conditions:
         """``[negative rows; prompt rows]`` (2·N) for one batched CFG forward."""
         return conditions.cfg_pairs()

@@ -56,7 +56,6 @@ __all__ = [
     "arch_spec",
     "architecture_configs",
     "cache_root",
-    "classify_model_source",
     "resolve_model_source",
     "tiny_preset_path",
 ]
@@ -82,14 +81,6 @@ def tiny_preset_path(
 def arch_spec(name: str) -> SD3ArchSpec:
     """The architecture spec of an ``*-arch`` preset."""
     return SOURCES.arch_spec(ARCH_SPECS, name)
-
-
-def classify_model_source(path_or_preset: str) -> tuple[str, str]:
-    """``(kind, name)`` with kind ``tiny`` | ``arch`` | ``folder`` | ``hub``, without building,
-    loading or downloading anything (what ``dry_run`` checks). Raises
-    :class:`ModelSourceError` for a name that is none of them or a folder that is not a
-    diffusers SD3 layout."""
-    return SOURCES.classify(path_or_preset)
 
 
 def architecture_configs(path_or_preset: str) -> tuple[dict, dict] | None:

@@ -53,13 +53,6 @@ def clip_states(encoder: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tens
     return out.hidden_states[-2], out[0]
 
 
-def clip_embeds(
-    tokenizer: Any, encoder: torch.nn.Module, texts: Sequence[str], max_length: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(hidden[N, 77, D], pooled[N, P])``: penultimate hidden states and projected pooled output."""
-    return clip_states(encoder, _token_ids(tokenizer, texts, max_length))
-
-
 def t5_embeds(
     tokenizer: Any, encoder: torch.nn.Module, texts: Sequence[str], max_sequence_length: int
 ) -> torch.Tensor:
