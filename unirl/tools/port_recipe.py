@@ -11,6 +11,10 @@ for, checks each ported block against the signature of the class it now names (t
 validator applies), and lists every field it could not carry over — with the field's path in
 the old recipe and why — in its report and at the top of the new file. Nothing is dropped
 without a line in that list. docs/migration.md has the table.
+
+Longer than the house's ~600 lines: about a third is the rule tables (``TARGET_RULES``,
+``KEY_WHY``, the top-level maps), data a reader scans rather than code; the porter's passes
+stay in one class so each old field's path is tracked in one place.
 """
 
 from __future__ import annotations
@@ -28,7 +32,13 @@ from typing import Any
 import yaml
 
 from unirl.config.require import ConfigError
-from unirl.config.run import COMPONENT_BLOCKS, RunConfig
+from unirl.config.run import (
+    COMPONENT_BLOCKS,
+    AdvantageConfig,
+    EvalConfig,
+    LoggingConfig,
+    RunConfig,
+)
 
 
 @dataclass(frozen=True)
@@ -56,9 +66,15 @@ class TargetRule:
 _MODEL_KEYS = {
     "pretrained_model_name_or_path": "path",
     "pretrained_model_path": "path",
+    "pretrained_model_ckpt_path": "path",
     "model_path": "path",
     "torch_dtype": "dtype",
+    "model_precision": "dtype",
+    "use_gradient_checkpointing": "gradient_checkpointing",
+    "max_prompt_length": "max_prompt_tokens",
 }
+# upstream model packages whose family here has another name
+FAMILY_ALIASES = {"wan21": "wan", "wan22": "wan"}
 _SCORER_KEYS = {"base_device": "device"}
 
 # Upstream class name (the last part of its ``_target_``) -> rule. Keyed by class name, not
@@ -72,13 +88,14 @@ TARGET_RULES: dict[str, TargetRule] = {
             "lora_cfg": "lora",
             "ema_cfg": "ema",
             "lr_scheduler_cfg": "lr_schedule",
+            "scheduler_cfg": "lr_schedule",
             "block_class_names": "fsdp.block_class_names",
         },
         sub_targets={"fsdp": "unirl.train.FSDPConfig"},
     ),
     "FSDPConfig": TargetRule(
         new="unirl.train.FSDPConfig",
-        keys={"fsdp_mode": "data_parallel"},
+        keys={"fsdp_mode": "data_parallel", "use_torch_compile": "compile"},
         values={"fsdp_mode": {"full": "shard", "no_shard": "replicate"}},
     ),
     "OptimizerConfig": TargetRule(
@@ -98,7 +115,8 @@ TARGET_RULES: dict[str, TargetRule] = {
     "EmaFullConfig": TargetRule(new="unirl.train.EMAConfig", keys={"ema_decay": "decay"}),
     "EMAConfig": TargetRule(new="unirl.train.EMAConfig", keys={"ema_decay": "decay"}),
     "LrSchedulerConfig": TargetRule(
-        new="unirl.train.LRScheduleConfig", keys={"scheduler_type": "kind", "name": "kind"}
+        new="unirl.train.LRScheduleConfig",
+        keys={"scheduler_type": "kind", "name": "kind", "type": "kind"},
     ),
     "LRScheduleConfig": TargetRule(new="unirl.train.LRScheduleConfig"),
     "TrainStack": TargetRule(new="unirl.train.TrainStack"),
@@ -108,8 +126,17 @@ TARGET_RULES: dict[str, TargetRule] = {
         sub_targets={"kl": "unirl.algorithms.KLConfig"},
     ),
     "FlowGRPO": TargetRule(new="unirl.algorithms.FlowGRPO"),
+    "GRPO": TargetRule(
+        new="unirl.algorithms.GRPO", keys={"clip_range": "clip_low", "clip_range_high": "clip_high"}
+    ),
     "DiffusionSamplingParams": TargetRule(
-        new="unirl.types.DiffusionSamplingParams", keys={"noise_level": "eta"}
+        new="unirl.types.DiffusionSamplingParams",
+        keys={"noise_level": "eta", "scheduler": "sde_steps"},
+    ),
+    "ARSamplingParams": TargetRule(new="unirl.types.ARSamplingParams"),
+    "AllSDEScheduler": TargetRule(
+        new="unirl.sde.RandomSubsetSchedule",
+        keys={"num_sde_steps": "num_steps", "timestep_fraction": "fraction"},
     ),
     "FlowSDEStrategy": TargetRule(new="unirl.sde.FlowSDE", keys={"noise_level": "eta"}),
     "DanceSDEStrategy": TargetRule(new="unirl.sde.DanceSDE", keys={"noise_level": "eta"}),
@@ -118,6 +145,10 @@ TARGET_RULES: dict[str, TargetRule] = {
     "OCRRewardScorer": TargetRule(new="unirl.reward.local.OCRScorer", keys=_SCORER_KEYS),
     "OCRScorer": TargetRule(new="unirl.reward.local.OCRScorer", keys=_SCORER_KEYS),
     "PickScoreRewardScorer": TargetRule(new="unirl.reward.local.PickScore", keys=_SCORER_KEYS),
+    "VideoPickScoreScorer": TargetRule(new="unirl.reward.local.VideoPickScore", keys=_SCORER_KEYS),
+    "MCExactMatchRewardScorer": TargetRule(
+        new="unirl.reward.local.MultipleChoice", keys=_SCORER_KEYS
+    ),
     "RemoteRewardBackend": TargetRule(
         new="unirl.reward.RemoteRewardBackend", keys={"base_url": "url"}
     ),
@@ -128,6 +159,63 @@ TARGET_RULES: dict[str, TargetRule] = {
     "TrainsideEngine": TargetRule(new="unirl.rollout.TrainsideEngine"),
     "TrainsideEngineConfig": TargetRule(new="unirl.rollout.TrainsideEngine"),
     "TrainSideEngine": TargetRule(new="unirl.rollout.TrainsideEngine"),
+    "TrainsideRolloutEngine": TargetRule(new="unirl.rollout.TrainsideEngine"),
+    "SGLangLLMRolloutEngine": TargetRule(
+        new="unirl.rollout.engine.sglang_llm.SGLangLLMEngine",
+        keys={"pretrained_model_ckpt_path": "model_path"},
+    ),
+    "TensorWeightSync": TargetRule(
+        new="unirl.distributed.weight_sync.FullSync",
+        keys={"bucket_size_mb": "bucket_mb", "lora_merged": "merged_lora"},
+    ),
+    "MathVerifyRewardScorer": TargetRule(
+        new="unirl.reward.local.math_reward.MathAnswer", keys=_SCORER_KEYS
+    ),
+}
+
+# Reasons for upstream keys with no counterpart here, whichever class they sit in (checked
+# after ``KNOWN_WHY``).
+KEY_WHY: dict[str, str] = {
+    "autocast_precision": "no autocast switch here: the bundle's dtype and the backend's "
+    "param_dtype decide the compute dtype",
+    "trajectory_precision": "the pipeline's storage_dtype holds the trajectory's dtype here; "
+    "set it there if it matters",
+    "logprob_precision": "log-probabilities are always computed in float32 here",
+    "shift": "the flow shift comes from the checkpoint's scheduler config here",
+    "stage_attr": "the algorithm finds its stage through the pipeline here",
+    "stage_attrs": "the trainside engine samples every stage of the pipeline it is given",
+    "conditions_cls": "the conditions type comes from the family's pipeline here",
+    "params": "the trainer hands the rollout's sampling params to the loss",
+    "clip_schedule": "the clip range is constant here",
+    "init_same_noise": "every sample draws its own noise here",
+    "seed": "sampling noise is seeded from the top-level seed and the rollout index",
+    "num_timesteps": "the schedule reads T from sampling.num_inference_steps",
+    "bias": "this project's LoRA trains no biases",
+    "task_type": "peft's task type is set by the family (CAUSAL_LM for text adapters)",
+    "mixed_precision": "mixed precision follows param_dtype here (always on below fp32)",
+    "adam_beta1": "set optimizer.betas: [beta1, beta2] by hand (default (0.9, 0.999))",
+    "adam_beta2": "set optimizer.betas: [beta1, beta2] by hand (default (0.9, 0.999))",
+    "processor_id": "the scorer loads its CLIP processor from the fixed checkpoint here",
+    "model_id": "the scorer loads the fixed published checkpoint here",
+    "defer_grad_sync": "gradients are reduced once per optimizer step here already",
+    "forward_prefetch": "FSDP2's default prefetch is used here; there is no switch",
+    "sampling_temperature": "the loss reads sampling.temperature here",
+    "freeze_vision_tower": "the vision tower is always frozen here",
+    "root_wrap": "FSDP2 wraps the root module here always",
+    "enable_thinking": "set bundle.response_prefix to shape the chat template by hand",
+    "max_new_tokens": "sampling.max_new_tokens sets it here (the engine reads the sampling params)",
+    "temperature": "sampling.temperature sets it here",
+    "top_p": "sampling.top_p sets it here",
+    "concurrency": "the engine sends the whole rollout at once; the server batches it",
+    "samples_pre_expanded": "the trainer always expands prompts by samples_per_prompt here",
+    "chat_template_kwargs": "the chat template is the bundle's (bundle.chat_template)",
+    "engine_kwargs": "pass server flags as the engine's server_args list by hand",
+    "flush_cache": "the engine flushes its cache after every weight update here",
+    "truncated_reward": "a truncated completion is scored as written here",
+    "loss_agg_mode": "set algorithm.loss_agg by hand (token-mean, seq-mean-token-mean, ...); "
+    "the names differ",
+    "horizon": "no fixed-length normaliser here",
+    "device": "this scorer runs on the CPU here; it takes no device",
 }
 
 # Specific reasons for fields that the signature check drops (new class, new key) -> why; a
@@ -153,7 +241,13 @@ KNOWN_WHY: dict[tuple[str, str], str] = {
 }
 
 # keys a block keeps for a moment because the recipe pass moves them elsewhere
-RELOCATED = {("unirl.types.DiffusionSamplingParams", "sde_strategy"): "pipeline.strategy"}
+RELOCATED = {
+    ("unirl.types.DiffusionSamplingParams", "sde_strategy"): "pipeline.strategy",
+    ("unirl.data.PromptFileSource", "eval_data_path"): "eval.prompts_path",
+    ("unirl.data.PromptFileSource", "prompts_per_rollout"): "batch_size",
+}
+# nested blocks of upstream that our flat classes take as their own keys
+FLATTENED = ("config", "args")
 
 TOP_LEVEL_WHY = {
     "transfer_queue": (
@@ -161,6 +255,17 @@ TOP_LEVEL_WHY = {
         "tensor transport"
     ),
     "zero_copy": "a TransferQueue setting; this project has no TransferQueue",
+    "transport_kind": "this project has one transport (Ray between the roles); no choice",
+    "workers_per_device": "one worker per device here",
+    "dump_dir": "no rollout dumps here; samples/ in the run folder keeps completions and images",
+    "ar_rollout": "the unified model here samples text and image from one engine "
+    "(rollout:); there are no per-stage rollout engines",
+    "dit_rollout": "the unified model here samples text and image from one engine "
+    "(rollout:); there are no per-stage rollout engines",
+    "diffusion": "PE here trains one policy (the AR rewriter, at the top level) and draws with "
+    "a frozen drawer under `pe:`; carry the drawer's model by hand (examples/pe/)",
+    "ar": "PE here keeps the rewriter's blocks at the top level; the `ar:` block's fields "
+    "are carried there (see the lines below for what was not)",
 }
 
 # upstream's ``run:`` / ``evaluation:`` blocks: old key -> new dotted path
@@ -174,7 +279,31 @@ RUN_KEYS = {
     "num_devices": "num_devices",
 }
 EVALUATION_KEYS = {"eval_steps": "eval_interval"}
-TOP_LEVEL_RENAMES = {"prompts_per_rollout": "batch_size", "model": "bundle"}
+TOP_LEVEL_RENAMES = {
+    "prompts_per_rollout": "batch_size",
+    "model": "bundle",
+    "weight_sync_interval": "sync_interval",
+}
+# upstream's advantage switches at the top level: key -> {value: (advantage field, value)}
+ADVANTAGE_SWITCHES: dict[str, dict[Any, tuple[str, str]]] = {
+    "adv_use_global_std": {True: ("std", "batch"), False: ("std", "group")},
+    "adv_normalization_scope": {"group": ("scope", "group"), "global": ("scope", "global")},
+    "normalize_adv_by_std": {False: ("std", "none")},
+}
+# upstream's ``logging:`` block: key -> our ``logging.<key>``
+LOGGING_KEYS = {
+    "project_name": "wandb_project",
+    "run_name": "wandb_run_name",
+    "media_max_items": "gallery_max_images",
+    "media_log_interval": "gallery_interval",
+}
+LOGGING_WHY = {
+    "entity": "no W&B entity field here: set WANDB_ENTITY in the environment",
+    "tags": "no W&B tags here",
+    "log_media": "galleries are on while logging.gallery_interval > 0 (set 0 to turn off)",
+    "report_to_wandb": "logging.trackers is a list here: add 'wandb' to it by hand "
+    "(the old value is not a plain true/false)",
+}
 OUR_DEFAULTS = ["/unirl_run", "_self_"]
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
 
@@ -213,13 +342,35 @@ def _family_class(old_target: str, suffix: str) -> str | None:
     parts = old_target.split(".")
     if len(parts) < 3 or parts[:2] != ["unirl", "models"]:
         return None
-    package = f"unirl.models.{parts[2]}"
+    package = f"unirl.models.{FAMILY_ALIASES.get(parts[2], parts[2])}"
     try:
         module = importlib.import_module(package)
     except ImportError:
         return None
     found = [n for n in getattr(module, "__all__", dir(module)) if n.endswith(suffix)]
     return f"{package}.{found[0]}" if len(found) == 1 else None
+
+
+def _class_name(target: str) -> str:
+    """The class a ``_target_`` names: ``a.b.SD3Bundle.from_config`` -> ``SD3Bundle``."""
+    parts = target.split(".")
+    while len(parts) > 1 and parts[-1].startswith("from_"):
+        parts.pop()
+    return parts[-1]
+
+
+def _flatten(spec: dict[str, Any], prefix: str) -> list[tuple[str, Any]]:
+    """``{run: {data_path: x}}`` under ``args`` -> ``[("args.run.data_path", x)]``; a nested
+    block with a ``_target_`` stays one item."""
+    out: list[tuple[str, Any]] = []
+    for key, value in spec.items():
+        if key == "_target_":
+            continue
+        if isinstance(value, dict) and "_target_" not in value:
+            out += _flatten(value, f"{prefix}.{key}")
+        else:
+            out.append((f"{prefix}.{key}", value))
+    return out
 
 
 class _Porter:
@@ -234,7 +385,7 @@ class _Porter:
     # -- one component block ------------------------------------------------------------------
 
     def new_target(self, old: str, old_path: str, block_name: str) -> str | None:
-        name = old.rpartition(".")[2]
+        name = _class_name(old)
         if block_name in ("bundle", "pipeline") and old.startswith("unirl.models."):
             ours = _family_class(old, "Bundle" if block_name == "bundle" else "Pipeline")
             if ours is not None:
@@ -251,28 +402,28 @@ class _Porter:
         """Port ``block`` (found at ``old_path``, going to ``new_path``); ``None`` when it
         cannot be carried (the gap is recorded)."""
         if isinstance(block, list):
-            out = []
+            kept: list[Any] = []
             for i, item in enumerate(block):
                 ported = self.block(item, f"{old_path}[{i}]", f"{new_path}[{i}]", block_name)
                 if ported is not None:
-                    out.append(ported)
-            return out
+                    kept.append(ported)
+            return kept
         if not isinstance(block, dict):
             self.moved[old_path] = new_path
             return block
         if "_target_" not in block:
-            out = {}
+            nested: dict[str, Any] = {}
             for key, value in block.items():
                 ported = self.block(value, f"{old_path}.{key}", f"{new_path}.{key}", key)
                 if ported is not None:
-                    out[key] = ported
+                    nested[key] = ported
             self.moved[old_path] = new_path
-            return out
+            return nested
         old_target = str(block["_target_"])
         target = self.new_target(old_target, old_path, block_name)
         if target is None:
             return None
-        rule = TARGET_RULES.get(old_target.rpartition(".")[2], TargetRule(new=target))
+        rule = TARGET_RULES.get(_class_name(old_target), TargetRule(new=target))
         if block_name in ("bundle", "pipeline") and old_target.startswith("unirl.models."):
             rule = TargetRule(new=target, keys=_MODEL_KEYS)
         cls = _locate(target)
@@ -281,14 +432,18 @@ class _Porter:
         accepted = _accepted(cls)
         out: dict[str, Any] = {"_target_": target}
         self.moved[old_path] = new_path
+        self.moved[f"{old_path}._target_"] = f"{new_path}._target_"
         items = list(block.items())
         # a nested spec (``config: {_target_: ...Spec, ...}``) whose class our target does not
         # take: its fields become the block's own (ours are flat)
-        spec = block.get("config")
-        if isinstance(spec, dict) and accepted is not None and "config" not in accepted:
-            items = [(k, v) for k, v in items if k != "config"]
-            items += [(f"config.{k}", v) for k, v in spec.items() if k != "_target_"]
-            self.moved[f"{old_path}.config"] = new_path
+        for nest in FLATTENED:
+            spec = block.get(nest)
+            if isinstance(spec, dict) and accepted is not None and nest not in accepted:
+                items = [(k, v) for k, v in items if k != nest]
+                items += _flatten(spec, nest)
+                self.moved[f"{old_path}.{nest}"] = new_path
+                if "_target_" in spec:  # the spec class folds into ours
+                    self.moved[f"{old_path}.{nest}._target_"] = f"{new_path}._target_"
         for key, value in items:
             if key == "_target_":
                 continue
@@ -298,10 +453,18 @@ class _Porter:
                 continue
             old_key_path = f"{old_path}.{key}"
             plain = key.rpartition(".")[2]
+            if key == "config.device" and value == "auto" and "base_device" in block:
+                # upstream's spec: "auto" = the scorer's base_device, carried as `device`
+                self.moved[old_key_path] = f"{new_path}.device"
+                continue
             new_key = rule.keys.get(plain, plain)
             head = new_key.split(".")[0]
             if accepted is not None and head not in accepted and (target, head) not in RELOCATED:
-                why = KNOWN_WHY.get((target, head), f"{target} takes no {head!r}")
+                segments = [head, *reversed(key.split(".")[:-1])]
+                why = next((KEY_WHY[k] for k in segments if k in KEY_WHY), None)
+                why = f"{target} takes no {head!r}: {why}" if why else f"{target} takes no {head!r}"
+                if (target, head) in KNOWN_WHY:
+                    why = KNOWN_WHY[(target, head)]
                 self.gap(old_key_path, why)
                 continue
             if plain in rule.values and not isinstance(value, dict):
@@ -358,6 +521,22 @@ class _Porter:
                         why = f"no counterpart of {key}.{sub} here (RunConfig has no such field)"
                         self.gap(f"{key}.{sub}", why)
                 continue
+            if key in ADVANTAGE_SWITCHES:
+                self.advantage_switch(new, key, value)
+                continue
+            if key == "logging" and isinstance(value, dict):
+                new["logging"] = self.logging(value)
+                continue
+            if key == "ar" and isinstance(value, dict):  # PE's rewriter: our top level
+                self.gap(key, TOP_LEVEL_WHY[key])
+                for sub, block in value.items():
+                    if sub not in COMPONENT_BLOCKS:
+                        self.gap(f"ar.{sub}", f"no component block {sub!r} here")
+                        continue
+                    ported = self.block(block, f"ar.{sub}", sub, sub)
+                    if ported is not None:
+                        new[sub] = ported
+                continue
             name = TOP_LEVEL_RENAMES.get(key, key)
             if key in TOP_LEVEL_WHY:
                 self.gap(key, TOP_LEVEL_WHY[key])
@@ -369,13 +548,145 @@ class _Porter:
                 ported = self.block(value, key, name, name)
                 if ported is not None:
                     new[name] = ported
+            elif isinstance(value, dict) and name in _DATACLASS_BLOCKS:
+                new[name] = self.plain_block(value, key, name)
             else:
                 new[name] = copy.deepcopy(value)
                 self.moved[key] = name
+        if "device" not in new and "/unirl_run" not in (old.get("defaults") or []):
+            new["device"] = "cuda"
+            self.notes.append("device: cuda (upstream runs on GPUs; ours defaults to the CPU)")
         self.sde_strategy_to_pipeline(new)
+        self.relocate(new)
+        self.fill_sde_steps(new)
+        self.symmetric_clip(new)
+        self.text_sampling(new)
+        self.text_engine(new)
         for old_path, dotted, value in later:
             self.put_later(new, old_path, dotted, value)
         return new
+
+    def advantage_switch(self, new: dict[str, Any], key: str, value: Any) -> None:
+        table = ADVANTAGE_SWITCHES[key]
+        if value not in table:
+            self.gap(key, f"{key}={value!r} keeps this project's default advantage settings")
+            self.moved[key] = "advantage"
+            return
+        field_name, ours = table[value]
+        new.setdefault("advantage", {})[field_name] = ours
+        self.moved[key] = f"advantage.{field_name}"
+
+    def logging(self, old: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        ours = {f.name for f in dataclasses.fields(LoggingConfig)}
+        for key, value in old.items():
+            path = f"logging.{key}"
+            if key in ours:
+                out[key] = copy.deepcopy(value)
+                self.moved[path] = path
+            elif key == "report_to_wandb" and isinstance(value, bool):
+                out["trackers"] = ["local", "wandb"] if value else ["local"]
+                self.moved[path] = "logging.trackers"
+            elif key == "log_media" and value is False:
+                out["gallery_interval"] = 0
+                self.moved[path] = "logging.gallery_interval"
+            elif key in LOGGING_KEYS and value is not None:
+                if key == "media_log_interval" and old.get("log_media") is False:
+                    self.gap(path, "galleries are off (log_media: false)")
+                    continue
+                out[LOGGING_KEYS[key]] = value
+                self.moved[path] = f"logging.{LOGGING_KEYS[key]}"
+            elif key in LOGGING_KEYS or (key in LOGGING_WHY and value in (None, True)):
+                self.moved[path] = "logging"  # unset upstream: our default is the same
+            elif key in LOGGING_WHY:
+                self.gap(path, LOGGING_WHY[key])
+            else:
+                self.gap(path, f"no logging.{key} here (LoggingConfig has no such field)")
+        return out
+
+    def plain_block(self, old: dict[str, Any], key: str, name: str) -> dict[str, Any]:
+        """A top-level block typed by one of ``RunConfig``'s dataclasses (``advantage``,
+        ``eval``): keys that dataclass has are kept, others listed."""
+        known = {f.name for f in dataclasses.fields(_DATACLASS_BLOCKS[name])}
+        out: dict[str, Any] = {}
+        for sub, value in old.items():
+            if sub in known:
+                out[sub] = copy.deepcopy(value)
+                self.moved[f"{key}.{sub}"] = f"{name}.{sub}"
+            else:
+                self.gap(f"{key}.{sub}", f"no {name}.{sub} here ({name} has no such field)")
+        return out
+
+    def relocate(self, new: dict[str, Any]) -> None:
+        """Move the keys ``RELOCATED`` names out of their block to where they go."""
+        for (target, key), dest in RELOCATED.items():
+            if dest == "pipeline.strategy":
+                continue  # sde_strategy_to_pipeline
+            for name in COMPONENT_BLOCKS:
+                block = new.get(name)
+                if not isinstance(block, dict) or block.get("_target_") != target:
+                    continue
+                if key not in block:
+                    continue
+                value = block.pop(key)
+                old_path = next(o for o, n in self.moved.items() if n == dest)
+                head, _, rest = dest.partition(".")
+                if not rest:
+                    if value != "${" + head + "}" and head in new and new[head] != value:
+                        self.gap(old_path, f"{head} is set too ({new[head]!r}); kept it")
+                    continue
+                current = new.setdefault(head, {})
+                if rest in current and current[rest] != value:
+                    self.gap(old_path, f"{dest} is set too ({current[rest]!r}); kept it")
+                else:
+                    current[rest] = value
+
+    def fill_sde_steps(self, new: dict[str, Any]) -> None:
+        """Upstream's ``num_sde_steps: null`` is every step of the window; ours counts them:
+        ``int(hi·T) − int(lo·T)``."""
+        sampling = new.get("sampling")
+        steps = sampling.get("sde_steps") if isinstance(sampling, dict) else None
+        if not isinstance(steps, dict) or steps.get("num_steps", 0) is not None:
+            return
+        assert isinstance(sampling, dict)
+        total = sampling.get("num_inference_steps")
+        lo, hi = steps.get("fraction", (0.0, 1.0))
+        if not isinstance(total, int):
+            self.gap("sampling.scheduler.num_sde_steps", "null (every step) needs a literal T")
+            steps.pop("num_steps")
+            return
+        steps["num_steps"] = int(hi * total) - int(lo * total)
+        self.notes.append(
+            f"sampling.sde_steps.num_steps: {steps['num_steps']} (null upstream: every step "
+            "of the window)"
+        )
+
+    def text_sampling(self, new: dict[str, Any]) -> None:
+        """Upstream's ``top_k: 0`` is "off"; ours spells off ``-1``."""
+        sampling = new.get("sampling")
+        if isinstance(sampling, dict) and sampling.get("top_k") == 0:
+            sampling["top_k"] = -1
+            self.notes.append("sampling.top_k: -1 (0 upstream: off)")
+
+    def text_engine(self, new: dict[str, Any]) -> None:
+        """Upstream's SGLang LLM engine starts its own server from its model path; ours reads
+        the prompt knobs from the recipe's bundle block and is told to launch."""
+        rollout = new.get("rollout")
+        if not isinstance(rollout, dict) or rollout.get("_target_") != _SGLANG_LLM:
+            return
+        added = {"_recursive_": False, "bundle": "${bundle}", "launch": True}
+        for key, value in added.items():
+            if key not in rollout:
+                rollout[key] = value
+                self.notes.append(f"rollout.{key}: {value} (the engine here needs it)")
+
+    def symmetric_clip(self, new: dict[str, Any]) -> None:
+        """Upstream's GRPO ``clip_range`` alone clips both sides; ours has two fields."""
+        algorithm = new.get("algorithm")
+        if not isinstance(algorithm, dict) or algorithm.get("_target_") != "unirl.algorithms.GRPO":
+            return
+        if "clip_low" in algorithm and "clip_high" not in algorithm:
+            algorithm["clip_high"] = algorithm["clip_low"]
 
     def defaults(self, entries: Any) -> None:
         for i, entry in enumerate(entries or []):
@@ -470,6 +781,8 @@ class _Porter:
 
 
 _DROP = object()
+_SGLANG_LLM = "unirl.rollout.engine.sglang_llm.SGLangLLMEngine"
+_DATACLASS_BLOCKS = {"advantage": AdvantageConfig, "eval": EvalConfig}
 
 
 def port_recipe(old: dict[str, Any]) -> Ported:
