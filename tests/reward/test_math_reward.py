@@ -113,3 +113,30 @@ def test_through_the_reward_service_on_a_text_track() -> None:
     assert metrics["reward/answer/mean"] == pytest.approx(1 / 3)
     with pytest.raises(Exception, match="metadata\\['answer'\\]"):
         MathAnswer().score_texts(["\\boxed{1}"], ["q"], [{}])
+
+
+# answers the hand-written translator alone called different; math-verify matches them
+MISSED_BY_HAND = [
+    ("x \\in [1, 2]", "[1,2]"),
+    ("\\{1,2\\}", "\\{2,1\\}"),
+    ("3 \\text{ cm}", "3"),
+    ("a=1, b=2", "1, 2"),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), MISSED_BY_HAND)
+def test_math_verify_matches_what_the_hand_written_check_missed(a: str, b: str) -> None:
+    from unirl.reward.local.math_reward import _sympy_equivalent
+    from unirl.reward.local.text_match import math_equal
+
+    assert not math_equal(a, b) and not _sympy_equivalent(a, b)
+    assert math_equivalent(a, b)
+
+
+def test_math_verify_never_sees_costly_input() -> None:
+    from unirl.reward.local.math_reward import _math_verify_equivalent
+
+    start = time.perf_counter()
+    for text in ("9^{9^{9}}", "2^{1000}", "100000!", "1" * 60, "x" * 300):
+        assert not _math_verify_equivalent(text, "1"), text
+    assert time.perf_counter() - start < 1.0

@@ -9,6 +9,12 @@ relative 1e-9, expressions with free symbols at three fixed points. Model text n
 ``eval`` unchecked: only digits, operators, brackets and a short list of names are let
 through, numbers over 40 digits and exponents over 100 are refused (not equal), and
 anything sympy cannot parse is simply "not equal".
+
+What that translator cannot read (sets, intervals written ``x \\in [1, 2]``, units in
+``\\text{}``, ``a=1, b=2`` against ``1, 2``) goes to math-verify (the grader verl uses), behind
+the same size bounds: no answer over 200 characters, 40 digits, a factorial, a nested
+exponent or one of three digits reaches it. Its own timeouts are off (they need the main
+thread's signals; reward workers score off it), so the bounds are what keeps it quick.
 """
 
 from __future__ import annotations
@@ -174,6 +180,12 @@ def math_equivalent(predicted: str, reference: str) -> bool:
     """Whether two answers are the same value (see the module docstring)."""
     if math_equal(predicted, reference):
         return True
+    if _sympy_equivalent(predicted, reference):
+        return True
+    return _math_verify_equivalent(predicted, reference)
+
+
+def _sympy_equivalent(predicted: str, reference: str) -> bool:
     p_text, r_text = latex_to_sympy_text(predicted), latex_to_sympy_text(reference)
     if not p_text or not r_text:
         return False
@@ -185,6 +197,31 @@ def math_equivalent(predicted: str, reference: str) -> bool:
             return False
         return all(_close(a, b) for a, b in zip(p, r, strict=True))
     return _close(p, r)
+
+
+# refused before math-verify sees it: a nested exponent, one of 3+ digits, a factorial
+_COSTLY = re.compile(r"\^\s*\{[^{}]*\^|\^\s*\{?\s*[-+]?\d{3,}|!")
+
+
+def _within_bounds(text: str) -> bool:
+    return (
+        0 < len(text) <= _MAX_LENGTH
+        and not re.search(rf"\d{{{_MAX_DIGITS + 1},}}", text)
+        and not _COSTLY.search(text)
+    )
+
+
+def _math_verify_equivalent(predicted: str, reference: str) -> bool:
+    """math-verify's ``verify`` on both answers read as LaTeX (``$…$``)."""
+    if not (_within_bounds(predicted) and _within_bounds(reference)):
+        return False
+    import math_verify
+
+    gold = math_verify.parse(f"${reference}$", parsing_timeout=None)  # type: ignore[arg-type]
+    answer = math_verify.parse(f"${predicted}$", parsing_timeout=None)  # type: ignore[arg-type]
+    if not gold or not answer:
+        return False
+    return bool(math_verify.verify(gold, answer, timeout_seconds=None))
 
 
 @dataclass(kw_only=True)
