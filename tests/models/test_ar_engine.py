@@ -237,3 +237,38 @@ def test_the_vision_language_engine_equals_the_loop() -> None:
     replay = engine_pipe.token_log_probs(a.conditions, a.segment).values
     mask = a.segment.loss_mask.values
     torch.testing.assert_close(a.segment.log_probs.values[mask], replay[mask], atol=2e-6, rtol=0)
+
+
+def test_a_full_fine_tune_step_reaches_the_merged_copy_biases_included() -> None:
+    """Full fine-tuning changes every weight in place, Qwen2's q/k/v biases included: the
+    engine's merged copy follows them (the bias copy once went stale, and the VLM quick
+    start's rollout-vs-replay gap rose from 1e-7 to 0.1)."""
+    from unirl.models.qwen_vl import QwenVLBundle, QwenVLPipeline
+    from unirl.types import Images
+
+    vl = QwenVLBundle(path="tiny", dtype="fp32", device="cpu", image_size=56)
+    assert vl.model.get_decoder().layers[0].self_attn.q_proj.bias is not None
+    n = 4
+    ids = torch.arange(n)
+    pixels = torch.rand(2, 3, 56, 56, generator=torch.Generator().manual_seed(0))
+    req = RolloutReq(
+        sample_ids=ids,
+        group_ids=ids // 2,
+        primitives={
+            "text": Texts(texts=[["Find x.", "Which?"][i // 2] for i in range(n)]),
+            "image": Images(pixels=pixels[ids // 2]),
+        },
+        stage_params={"text": TextRequest(seed_ids=ids, max_new_tokens=8, temperature=1.0)},
+    )
+    pipe = QwenVLPipeline(bundle=vl)  # the default engine: merged copies
+    pipe.generate(req)  # the copy is made here
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # an "optimizer step" on every weight, in place
+        for p in vl.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    track = pipe.generate(req).tracks["text"]
+    replay = pipe.token_log_probs(track.conditions, track.segment).values
+    mask = track.segment.loss_mask.values
+    torch.testing.assert_close(
+        track.segment.log_probs.values[mask], replay[mask], atol=2e-6, rtol=0
+    )

@@ -85,35 +85,37 @@ class MergedLinear:
         self.weight = torch.empty(
             (sum(self.outputs), first.shape[1]), dtype=first.dtype, device=first.device
         )
-        biases = [b.bias for b in self.bases]
         self.bias: torch.Tensor | None = None
-        if any(x is not None for x in biases):
-            self.bias = torch.cat(
-                [
-                    x.detach() if x is not None else first.new_zeros(n)
-                    for x, n in zip(biases, self.outputs, strict=True)
-                ]
-            )
+        if any(b.bias is not None for b in self.bases):
+            self.bias = first.new_zeros(sum(self.outputs))
         self.checksum: tuple[tuple[float, float, int, int], ...] | None = None
 
     def followed(self) -> list[torch.Tensor]:
-        """The tensors the merged weight follows: every base weight and adapter matrix."""
+        """The tensors the merged weight follows: every base weight and bias and adapter
+        matrix (a full fine-tune trains the biases too)."""
         out = []
         for base, parts in zip(self.bases, self.parts, strict=True):
             out.append(base.weight)
+            if base.bias is not None:
+                out.append(base.bias)
             for a, b, _ in parts:
                 out.extend((a.weight, b.weight))
         return out
 
     @torch.no_grad()
     def merge(self) -> None:
-        """Recompute the merged weight (fp32 sum, cast once)."""
+        """Recompute the merged weight (fp32 sum, cast once) and copy the biases."""
         row = 0
         for base, parts, n in zip(self.bases, self.parts, self.outputs, strict=True):
             merged = base.weight.detach().float()
             for a, b, s in parts:
                 merged = merged + s * (b.weight.detach().float() @ a.weight.detach().float())
             self.weight[row : row + n].copy_(merged.to(self.weight.dtype))
+            if self.bias is not None:
+                if base.bias is None:
+                    self.bias[row : row + n].zero_()
+                else:
+                    self.bias[row : row + n].copy_(base.bias.detach())
             row += n
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
