@@ -55,7 +55,9 @@ class LRScheduleConfig:
     """
 
     kind: str = "constant"
-    """``constant``, ``warmup_constant`` or ``cosine`` (formulas: ``LRScheduleConfig``)."""
+    """``constant``, ``warmup_constant`` or ``cosine`` (formulas: ``LRScheduleConfig``). Not
+    transformers' / diffusers' ``get_scheduler``: their warm-up trains its first step at lr 0
+    and their cosine rises again past its end (tests/train/test_lr_schedule_vs_libraries.py)."""
     warmup_steps: int = 0
     """Optimizer steps of the linear warm-up."""
     total_steps: int | None = None
