@@ -75,8 +75,22 @@ def test_a_failure_is_written_in_full_and_marked_for_the_entrypoint(tmp_path: Pa
     assert "--- remote traceback (rank 0) ---" in body
 
 
-def test_failure_line_names_the_problem_in_one_line() -> None:
-    assert failure_line(ValueError("bad value\nmore")) == "ValueError: bad value"
+def test_failure_line_names_the_problem_and_the_fix_it_suggests() -> None:
+    assert failure_line(ValueError("bad value\nmore")) == "ValueError: bad value\n  more"
+    remote = RemoteCallError(
+        "role 'bundle' method '__init__' failed on rank 0: ModelSourceError: no model at x\n"
+        "set bundle.path to a local folder or a hub id\n"
+        "--- remote traceback (rank 0) ---\nTraceback ...",
+        role="bundle",
+        method="__init__",
+        ranks=[0],
+    )
+    assert failure_line(remote) == (
+        "role 'bundle' method '__init__' failed on rank 0: ModelSourceError: no model at x\n"
+        "  set bundle.path to a local folder or a hub id"
+    )
+    long = failure_line(ValueError("\n".join(str(i) for i in range(20))))
+    assert long.splitlines()[-1] == "  ... (12 more line(s) in train.log)"
     assert failure_line(ConfigError("stack.micro_batch_size: too big")) == (
         "stack.micro_batch_size: too big"
     )

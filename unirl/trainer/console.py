@@ -32,14 +32,30 @@ TRAIN_LOG = "train.log"
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
+_REMOTE_TRACEBACK = re.compile(r"^--- remote traceback|^Traceback \(most recent call last\)")
+FAILURE_MAX_LINES = 8
+
+
 def failure_line(exc: BaseException) -> str:
-    """One line that names the problem: a remote failure's first line (``role 'bundle'
-    method '__init__' failed on rank 0 (pool rank 0, node …): ModelSourceError: …``), a
-    user-facing error's message, else ``Type: first line of the message``."""
-    first = next(iter(str(exc).strip().splitlines()), "")
-    if isinstance(exc, RemoteCallError | UserFacingError) and first:
-        return first
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    """What names the problem: a remote failure's message (``role 'bundle' method '__init__'
+    failed on rank 0 (pool rank 0, node …): ModelSourceError: …``), a user-facing error's
+    message, else ``Type: message`` — the whole message up to any traceback it carries, so a
+    fix it suggests on a later line reaches the console too; lines after the first are
+    indented, and past ``FAILURE_MAX_LINES`` the rest is left to train.log."""
+    lines: list[str] = []
+    for text in str(exc).strip().splitlines():
+        if _REMOTE_TRACEBACK.match(text):
+            break
+        lines.append(text)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if len(lines) > FAILURE_MAX_LINES:
+        more = len(lines) - FAILURE_MAX_LINES
+        lines = [*lines[:FAILURE_MAX_LINES], f"... ({more} more line(s) in {TRAIN_LOG})"]
+    message = "\n".join([lines[0], *(f"  {t}" for t in lines[1:])]) if lines else ""
+    if isinstance(exc, RemoteCallError | UserFacingError) and message:
+        return message
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 class _LogFile:
