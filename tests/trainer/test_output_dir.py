@@ -166,3 +166,43 @@ def test_a_resume_with_another_recipe_names_the_changes_and_keeps_the_earlier_co
     assert "lr: 0.003" in kept.read_text()  # ... but not the kept one
     # an older checkpoint without the recorded recipe: compared with config.yaml
     assert out.keep_config_before_resume(changed, ckpt, None) is None
+
+
+def test_a_refused_resume_leaves_config_yaml_as_the_checkpoints_recipe_wrote_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint whose weights do not fit is refused while it loads (after Ray started);
+    config.yaml must still be the recipe that wrote the checkpoint, not the refused one."""
+    import unirl.trainer.base as base
+
+    out = OutputDir(tmp_path / "run")
+    first = {"seed": 0, "backend": {"lora": {"rank": 8}}}
+    out.write_config(first)
+    before = (out.root / "config.yaml").read_text()
+    ckpt = out.checkpoint(2)
+    ckpt.mkdir(parents=True)
+    trainer = StageTrainer.__new__(StageTrainer)
+    trainer.cfg = RunConfig(output_dir=str(out.root), resume="auto")
+    trainer.out = out
+    trainer.data = {"seed": 0, "backend": {"lora": {"rank": 16}}}  # the refused recipe
+    trainer.data_source = SimpleNamespace(load_state_dict=lambda state: None)
+    trainer.eval_held_out = []
+    trainer.stages = []
+    trainer.place = lambda pool: None  # type: ignore[method-assign]
+    monkeypatch.setattr(base, "resolve_resume", lambda cfg, out: ckpt)
+    monkeypatch.setattr(base, "incompatible_resume", lambda *args: None)
+    monkeypatch.setattr(
+        StageTrainer, "_driver_state", staticmethod(lambda path: {"config": first, "data": {}})
+    )
+    trackers = SimpleNamespace(close=lambda: None, local=None)
+    monkeypatch.setattr(base, "make_trackers", lambda *args: trackers)
+    monkeypatch.setattr(base, "LocalTracker", lambda *args, **kwargs: None)
+    monkeypatch.setattr(base, "DevicePool", lambda config: SimpleNamespace(shutdown=lambda: None))
+
+    def refuse(path: Path, state: dict[str, Any]) -> None:
+        raise ConfigError("checkpoint step_000002 does not fit this model: lora_A 8 vs 16")
+
+    trainer.resume = refuse  # type: ignore[method-assign]
+    with pytest.raises(ConfigError, match="does not fit"):
+        trainer._run(None)
+    assert (out.root / "config.yaml").read_text() == before

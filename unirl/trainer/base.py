@@ -286,7 +286,10 @@ class StageTrainer:
             drift = self.out.keep_config_before_resume(self.data, resume_from, state.get("config"))
             if drift is not None:
                 print(drift, flush=True)
-        self.out.write_config(self.data)
+        if resume_from is None:
+            self.out.write_config(self.data)
+        # a resume writes config.yaml once its checkpoint has loaded: a refused one (weights
+        # that do not fit) leaves the recipe that wrote the checkpoint in place
         self.run_info = RunInfo(self.out.root, resumed=resume_from is not None)
         if self.eval_held_out:
             print(
@@ -307,6 +310,8 @@ class StageTrainer:
                 self.stages = order_stages(self.stages)
                 if resume_from is not None and state is not None:
                     self.resume(resume_from, state)
+                if resume_from is not None:
+                    self.out.write_config(self.data)
                 self.trim_history(trackers.local, resume_from)
                 # a bar in a terminal (messages written through it), else one line per rollout
                 bar = RolloutProgress(
