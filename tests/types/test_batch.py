@@ -254,6 +254,38 @@ def test_compute_advantages_group_and_batch_std() -> None:
     assert torch.allclose(out_b.advantages[:4], expected_b, atol=1e-6)
 
 
+def test_leave_one_out_advantages_are_rloo() -> None:
+    """RLOO: A_i = R_i − mean of the group's other rewards, by hand; n/(n−1) times the
+    group-mean advantage; a dropped sample is neither scored nor part of the baseline."""
+    rewards = torch.tensor([1.0, 2.0, 4.0, 9.0, 3.0, 3.0, 0.5, 7.0])
+    status = torch.tensor([0, 0, 0, 0, 0, 0, 0, 1])  # the last one is dropped
+    track = RolloutTrack(
+        sample_ids=torch.arange(8), group_ids=torch.arange(8) // 4, rewards=rewards, status=status
+    )
+    out, _ = track.compute_advantages(scope="leave_one_out", std="none", eps=0.0, clip=None)
+    by_hand = [
+        1 - (2 + 4 + 9) / 3,
+        2 - (1 + 4 + 9) / 3,
+        4 - (1 + 2 + 9) / 3,
+        9 - (1 + 2 + 4) / 3,
+        3 - (3 + 0.5) / 2,
+        3 - (3 + 0.5) / 2,
+        0.5 - (3 + 3) / 2,
+        0.0,
+    ]
+    assert out.advantages.tolist() == pytest.approx(by_hand, abs=1e-6)
+    g = rewards[:4]
+    assert torch.allclose(out.advantages[:4], (g - g.mean()) * 4 / 3, atol=1e-6)
+    alone = RolloutTrack(
+        sample_ids=torch.arange(1),
+        group_ids=torch.zeros(1, dtype=torch.long),
+        rewards=torch.tensor([5.0]),
+    )
+    assert alone.compute_advantages(scope="leave_one_out", std="none")[0].advantages.tolist() == [
+        0.0
+    ]
+
+
 def test_compute_advantages_excludes_dropped_samples() -> None:
     rewards = torch.tensor([1.0, 3.0, float("nan"), 0.0])
     status = torch.tensor([0, 0, 1, 1])

@@ -42,7 +42,7 @@ class AdvantageConfig:
     ``std`` are not used then. ``eps`` and ``clip`` apply to both.
     """
 
-    scope: Literal["group", "global"] = "group"
+    scope: Literal["group", "global", "leave_one_out"] = "group"
     std: Literal["group", "batch", "none"] = "batch"
     eps: float = 1e-4
     clip: float | None = 5.0
@@ -51,8 +51,9 @@ class AdvantageConfig:
 
     def __post_init__(self) -> None:
         require(
-            self.scope in ("group", "global"),
-            f"advantage.scope must be 'group' or 'global', got {self.scope!r}",
+            self.scope in ("group", "global", "leave_one_out"),
+            f"advantage.scope must be 'group', 'global' or 'leave_one_out' (RLOO), got "
+            f"{self.scope!r}",
         )
         require(
             self.std in ("group", "batch", "none"),

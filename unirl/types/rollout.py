@@ -148,14 +148,16 @@ class RolloutTrack(Batch):
     def compute_advantages(
         self,
         *,
-        scope: Literal["group", "global"] = "group",
+        scope: Literal["group", "global", "leave_one_out"] = "group",
         std: Literal["group", "batch", "none"] = "group",
         eps: float = 1e-4,
         clip: float | None = 5.0,
     ) -> tuple[RolloutTrack, dict[str, float]]:
         """GRPO advantages ``A = (R − mean) / (std + eps)``, clipped to ±clip.
 
-        ``scope`` picks the mean (per group or over the batch); ``std`` picks the divisor
+        ``scope`` picks the baseline: the group's mean, the batch's, or ``leave_one_out``, the
+        mean of the *other* samples of the group (RLOO, Ahmadian et al., 2024:
+        ``R_i − (ΣR − R_i)/(n − 1)``; a group of one gets 0); ``std`` picks the divisor
         (per group, the whole batch — the SD3 recipes' ``global_std`` — or none). Dropped
         samples get 0 and are excluded from every statistic. Returns the new track and metrics
         (``zero_std_ratio``: fraction of groups whose rewards are all equal).
@@ -192,7 +194,11 @@ class RolloutTrack(Batch):
             )
             if float(vals.max() - vals.min()) == 0.0:
                 zero_std_groups += 1
-            mean = vals.mean() if scope == "group" else batch_mean
+            if scope == "leave_one_out":
+                others = max(vals.numel() - 1, 1)
+                mean = (vals.sum() - vals) / others if vals.numel() > 1 else vals
+            else:
+                mean = vals.mean() if scope == "group" else batch_mean
             divisor = {"group": group_std, "batch": batch_std, "none": torch.tensor(0.0)}[std]
             denom = float(divisor + eps) if std != "none" else 1.0
             # a constant group has a zero numerator: its advantage is 0 even with eps = 0
