@@ -272,12 +272,9 @@ def test_an_override_of_a_key_the_recipe_lacks_gets_one_line_with_the_fix() -> N
         "override 'trainer.max_steps=3': the recipe has no key 'trainer' (keys at the top "
         "level: ['advantage', 'algorithm', 'backend', "
     )
-    assert _refusal("backend.optimizer.lrr=1") == (
+    assert _refusal("backend.optimizer.lrr=1") == (  # a typo: the fix is the key it meant
         "override 'backend.optimizer.lrr=1': the recipe has no key 'backend.optimizer.lrr' "
-        "(did you mean 'lr'?); if it is a default the recipe leaves out, add it with "
-        "'+backend.optimizer.lrr=...' (python -m unirl.train_diffusion "
-        "--config-name=diffusion/sd3_tiny_trainside --help lists the keys, marking those "
-        "with '+')"
+        "(did you mean 'lr'?); write 'backend.optimizer.lr=1'"
     )
     shuffle = _refusal("stack.shuffle=false")
     assert shuffle is not None
@@ -297,6 +294,32 @@ def test_an_override_of_a_key_the_recipe_lacks_gets_one_line_with_the_fix() -> N
     # a swept misspelling is left to Hydra's own report; the plain ones beside it are checked
     assert _refusal("-m", "num_rolouts=1,2") is None
     assert _refusal("-m", "num_rolouts=1,2", "seeed=1") is not None
+
+
+def test_a_plus_key_typo_gets_a_did_you_mean() -> None:
+    """``+stack.shufle=false`` composes (``+`` adds any key); the validator refuses it and
+    names the key the class takes."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "unirl.train_diffusion",
+            RECIPE,
+            "+stack.shufle=false",
+            "dry_run=true",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RAY_ADDRESS": "", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(root)},
+        cwd="/",
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert (
+        "stack: unknown key(s) ['shufle'] for unirl.train.TrainStack (did you mean "
+        "'shufle' -> 'shuffle'?); accepted keys are " in out.stderr
+    )
 
 
 def test_the_refusal_exits_2_before_hydra_runs() -> None:

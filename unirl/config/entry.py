@@ -313,12 +313,36 @@ def override_refusal(line: CommandLine, default_config: str, entry: str) -> str 
         )
     elif not where:  # every top-level key is declared (unirl_run): nothing to add there
         fix = f"{help_cmd} lists every key"
+    elif close and absent not in _accepted_keys(node):  # a typo: '+' would add the typo
+        fixed = ".".join([*where, close[0]])
+        value = given.partition("=")[2]
+        fix = f"write '{fixed}={value}'" if value else f"write '{fixed}'"
     else:
         fix = (
             f"if it is a default the recipe leaves out, add it with '+{key}=...' ({help_cmd} "
             "lists the keys, marking those with '+')"
         )
     return f"override '{given}': the recipe has no key '{missing}'{hint}; {fix}"
+
+
+def _accepted_keys(node: Any) -> set[str]:
+    """The keyword names the class of a recipe block (its ``_target_``) takes; empty when the
+    block names none or the class does not import."""
+    from omegaconf import DictConfig
+
+    from unirl.config.validate import _signature_params
+
+    target = node.get("_target_") if isinstance(node, DictConfig) else None
+    if not isinstance(target, str):
+        return set()
+    module, _, name = target.rpartition(".")
+    try:
+        import importlib
+
+        names, _ = _signature_params(getattr(importlib.import_module(module), name))
+    except (ImportError, AttributeError, ValueError):
+        return set()
+    return names
 
 
 def report_failure(exc: Exception, secrets: set[str] | frozenset[str] = frozenset()) -> None:

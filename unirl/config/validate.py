@@ -108,8 +108,16 @@ def check_block(
     accepted, var_kw = _signature_params(target)
     unknown = sorted(k for k in children if not k.startswith("_") and k not in accepted)
     if unknown and not var_kw:
+        import difflib
+
+        close = {
+            u: difflib.get_close_matches(u, sorted(accepted), n=1, cutoff=0.6) for u in unknown
+        }
+        hints = [f"{u!r} -> {c[0]!r}" for u, c in close.items() if c]
+        hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
         raise ConfigError(
-            f"{where}: unknown key(s) {unknown} for {block['_target_']}; accepted keys are {sorted(accepted)}"
+            f"{where}: unknown key(s) {unknown} for {block['_target_']}{hint}; accepted keys are "
+            f"{sorted(accepted)}"
         )
     plain = {k: v for k, v in block.items() if not k.startswith("_")}
     for key, value in check_fields(plain, target, where).items():
