@@ -409,6 +409,13 @@ def test_sd3_dancegrpo_maps_the_fields_the_issue_named() -> None:
         "total_steps": 10000,
     }
     assert new["rollout"] == {"_target_": "unirl.rollout.TrainsideEngine", "forward_batch_size": 8}
+    assert new["backend"]["optimizer"] == {
+        "_target_": "unirl.train.OptimizerConfig",
+        "lr": 3.0e-4,
+        "betas": [0.9, 0.999],
+        "eps": 1.0e-8,
+        "weight_decay": 0.0,
+    }
     assert new["reward"]["backend"] == {
         "_target_": "unirl.reward.local.PickScore",
         "device": "cuda",

@@ -193,8 +193,8 @@ KEY_WHY: dict[str, str] = {
     "bias": "this project's LoRA trains no biases",
     "task_type": "peft's task type is set by the family (CAUSAL_LM for text adapters)",
     "mixed_precision": "mixed precision follows param_dtype here (always on below fp32)",
-    "adam_beta1": "set optimizer.betas: [beta1, beta2] by hand (default (0.9, 0.999))",
-    "adam_beta2": "set optimizer.betas: [beta1, beta2] by hand (default (0.9, 0.999))",
+    "adam_beta1": "optimizer.betas takes both betas; the other one is not set",
+    "adam_beta2": "optimizer.betas takes both betas; the other one is not set",
     "processor_id": "the scorer loads its CLIP processor from the fixed checkpoint here",
     "model_id": "the scorer loads the fixed published checkpoint here",
     "defer_grad_sync": "gradients are reduced once per optimizer step here already",
@@ -444,6 +444,11 @@ class _Porter:
                 self.moved[f"{old_path}.{nest}"] = new_path
                 if "_target_" in spec:  # the spec class folds into ours
                     self.moved[f"{old_path}.{nest}._target_"] = f"{new_path}._target_"
+        if target == "unirl.train.OptimizerConfig" and {"adam_beta1", "adam_beta2"} <= set(block):
+            items = [(k, v) for k, v in items if k not in ("adam_beta1", "adam_beta2")]
+            out["betas"] = [block["adam_beta1"], block["adam_beta2"]]
+            for i, key in enumerate(("adam_beta1", "adam_beta2")):
+                self.moved[f"{old_path}.{key}"] = f"{new_path}.betas[{i}]"
         for key, value in items:
             if key == "_target_":
                 continue
