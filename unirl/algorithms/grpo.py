@@ -369,7 +369,7 @@ class GRPO(TokenPolicyLoss):
         return {**super().summarize(terms), **clip_fractions(terms, self.clip_low, self.clip_high)}
 
 
-class GSPO(TokenPolicyLoss):
+class GSPO(GRPO):
     """Group Sequence Policy Optimization (Zheng et al., 2025, "Group Sequence Policy
     Optimization"): one importance ratio per sequence, the length-normalised
     ``s_i = exp(mean_t(log π(y_t) − log π_old(y_t)))`` over the sequence's loss tokens, clipped
@@ -391,23 +391,18 @@ class GSPO(TokenPolicyLoss):
         old_logp_source: str = "replay",
         tis_cap: float | None = None,
     ) -> None:
-        require(0 < clip_low < 1, f"algorithm.clip_low must be in (0, 1), got {clip_low}")
-        require(clip_high > 0, f"algorithm.clip_high must be > 0, got {clip_high}")
+        """GRPO's knobs (named, so a misspelt key is refused before Ray) with the paper's
+        sequence-ratio clip and per-sequence averaging as defaults."""
         super().__init__(
             policy=policy,
+            clip_low=clip_low,
+            clip_high=clip_high,
             loss_agg=loss_agg,
             norm_length=norm_length,
             kl=kl,
             old_logp_source=old_logp_source,
             tis_cap=tis_cap,
         )
-        self.clip_low = clip_low
-        self.clip_high = clip_high
-
-    def token_terms(
-        self, log_prob: torch.Tensor, old_log_prob: torch.Tensor, adv: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError("GSPO's ratio is per sequence: see policy_terms")
 
     def policy_terms(
         self,
@@ -426,6 +421,3 @@ class GSPO(TokenPolicyLoss):
         seq_ratio = torch.exp(seq_log_ratio.detach())[rows]  # s_i on each of its tokens
         ratio = seq_ratio * torch.exp(log_prob - log_prob.detach())
         return clipped_surrogate(ratio, adv, self.clip_low, self.clip_high), ratio
-
-    def summarize(self, terms: dict[str, torch.Tensor]) -> dict[str, float]:
-        return {**super().summarize(terms), **clip_fractions(terms, self.clip_low, self.clip_high)}
