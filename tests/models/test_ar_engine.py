@@ -272,3 +272,27 @@ def test_a_full_fine_tune_step_reaches_the_merged_copy_biases_included() -> None
     torch.testing.assert_close(
         track.segment.log_probs.values[mask], replay[mask], atol=2e-6, rtol=0
     )
+
+
+def test_merged_copy_follows_adapters_being_disabled_and_enabled() -> None:
+    """Sampling under ``adapter_disabled()`` (the base policy) must sample the base: the
+    merged copy's checksum includes which adapters are active."""
+    from unirl.train.lora import tuner_layers
+
+    own = _with_lora()
+    prompts = grouped_prompts(own, 1)
+    u = uniforms(len(prompts), 12, seed=4)
+    knobs = {"max_new_tokens": 12, "temperature": 1.0, "pad_token_id": 0}
+    engine = DecodeEngine(DecodeEngineConfig(lora="merged"))
+    with own.sampling_mode():
+        adapted = engine.generate(own.model, prompts, u, **knobs)
+        for layer in tuner_layers(own.model):
+            layer.enable_adapters(False)
+        base = engine.generate(own.model, prompts, u, **knobs)
+        base_ref = generate_completions(own.model, prompts, u, **knobs)
+        for layer in tuner_layers(own.model):
+            layer.enable_adapters(True)
+        again = engine.generate(own.model, prompts, u, **knobs)
+    assert [c.tokens for c in base] == [c.tokens for c in base_ref]
+    assert [c.tokens for c in base] != [c.tokens for c in adapted]
+    assert [c.tokens for c in again] == [c.tokens for c in adapted]

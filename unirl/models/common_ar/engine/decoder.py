@@ -77,9 +77,8 @@ class MergedLinear:
     ``outputs``: each projection's output width, to split the result."""
 
     def __init__(self, modules: Sequence[nn.Module]) -> None:
-        pieces = [_lora_parts(m) for m in modules]
-        self.bases = [base for base, _ in pieces]
-        self.parts = [parts for _, parts in pieces]
+        self.modules = list(modules)
+        self.bases = [_lora_parts(m)[0] for m in modules]
         self.outputs = [int(b.weight.shape[0]) for b in self.bases]
         first = self.bases[0].weight
         self.weight = torch.empty(
@@ -88,7 +87,20 @@ class MergedLinear:
         self.bias: torch.Tensor | None = None
         if any(b.bias is not None for b in self.bases):
             self.bias = first.new_zeros(sum(self.outputs))
-        self.checksum: tuple[tuple[float, float, int, int], ...] | None = None
+        self.checksum: tuple[Any, ...] | None = None
+
+    @property
+    def parts(self) -> list[list[tuple[nn.Module, nn.Module, float]]]:
+        """Each projection's active adapters now (none while peft's adapters are disabled:
+        the merged copy then holds the base, as the trainer's forward computes it)."""
+        return [_lora_parts(m)[1] for m in self.modules]
+
+    def adapter_state(self) -> tuple[Any, ...]:
+        """Which adapters are active, per projection (part of the re-merge checksum)."""
+        return tuple(
+            (bool(getattr(m, "disable_adapters", False)), tuple(getattr(m, "active_adapters", ())))
+            for m in self.modules
+        )
 
     def followed(self) -> list[torch.Tensor]:
         """The tensors the merged weight follows: every base weight and bias and adapter
@@ -194,7 +206,8 @@ class DecoderView:
 
         The checksum of each followed tensor (base weight, adapter matrices) is its fp32
         norm and sum, computed on the device and read back once, with its storage and its
-        in-place version counter: an optimizer step or a loaded checkpoint changes it."""
+        in-place version counter, plus which adapters are active: an optimizer step, a loaded
+        checkpoint or ``adapter_disabled()`` changes it."""
         if not self.merged:
             return 0
         followed = [m.followed() for m in self.merged]
@@ -204,7 +217,10 @@ class DecoderView:
         values = torch.stack([norms, sums], dim=1).tolist()
         changed, at = 0, 0
         for m, ts in zip(self.merged, followed, strict=True):
-            key = tuple((*values[at + j], t.data_ptr(), t._version) for j, t in enumerate(ts))
+            key = (
+                m.adapter_state(),
+                *((*values[at + j], t.data_ptr(), t._version) for j, t in enumerate(ts)),
+            )
             at += len(ts)
             if key != m.checksum:
                 m.merge()
