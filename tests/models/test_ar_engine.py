@@ -206,25 +206,31 @@ def test_the_view_refuses_what_it_cannot_run() -> None:
         DecodeEngineConfig(lora="both")  # type: ignore[arg-type]
 
 
-def test_the_vision_language_engine_equals_the_loop() -> None:
-    from unirl.models.qwen_vl import QwenVLBundle, QwenVLPipeline
+def vision_request(texts: list[str], *, max_new_tokens: int) -> RolloutReq:
+    """Two samples per prompt, each prompt with its own random 56² image (a group shares it)."""
     from unirl.types import Images
 
-    vl = QwenVLBundle(path="tiny", dtype="fp32", device="cpu", image_size=56)
-    n = 6
+    n = 2 * len(texts)
     ids = torch.arange(n)
-    pixels = torch.rand(3, 3, 56, 56, generator=torch.Generator().manual_seed(0))
-    req = RolloutReq(
+    pixels = torch.rand(len(texts), 3, 56, 56, generator=torch.Generator().manual_seed(0))
+    return RolloutReq(
         sample_ids=ids,
         group_ids=ids // 2,
         primitives={
-            "text": Texts(
-                texts=[["Find x.", "Which?", "Find the area of it."][i // 2] for i in range(n)]
-            ),
+            "text": Texts(texts=[texts[i // 2] for i in range(n)]),
             "image": Images(pixels=pixels[ids // 2]),
         },
-        stage_params={"text": TextRequest(seed_ids=ids, max_new_tokens=12, temperature=1.0)},
+        stage_params={
+            "text": TextRequest(seed_ids=ids, max_new_tokens=max_new_tokens, temperature=1.0)
+        },
     )
+
+
+def test_the_vision_language_engine_equals_the_loop() -> None:
+    from unirl.models.qwen_vl import QwenVLBundle, QwenVLPipeline
+
+    vl = QwenVLBundle(path="tiny", dtype="fp32", device="cpu", image_size=56)
+    req = vision_request(["Find x.", "Which?", "Find the area of it."], max_new_tokens=12)
     engine_pipe = QwenVLPipeline(bundle=vl, engine={"max_slots": 4, "check_every": 3})
     loop_pipe = QwenVLPipeline(bundle=vl, sampler="loop")
     a = engine_pipe.generate(req).tracks["text"]
@@ -244,22 +250,10 @@ def test_a_full_fine_tune_step_reaches_the_merged_copy_biases_included() -> None
     engine's merged copy follows them (the bias copy once went stale, and the VLM quick
     start's rollout-vs-replay gap rose from 1e-7 to 0.1)."""
     from unirl.models.qwen_vl import QwenVLBundle, QwenVLPipeline
-    from unirl.types import Images
 
     vl = QwenVLBundle(path="tiny", dtype="fp32", device="cpu", image_size=56)
     assert vl.model.get_decoder().layers[0].self_attn.q_proj.bias is not None
-    n = 4
-    ids = torch.arange(n)
-    pixels = torch.rand(2, 3, 56, 56, generator=torch.Generator().manual_seed(0))
-    req = RolloutReq(
-        sample_ids=ids,
-        group_ids=ids // 2,
-        primitives={
-            "text": Texts(texts=[["Find x.", "Which?"][i // 2] for i in range(n)]),
-            "image": Images(pixels=pixels[ids // 2]),
-        },
-        stage_params={"text": TextRequest(seed_ids=ids, max_new_tokens=8, temperature=1.0)},
-    )
+    req = vision_request(["Find x.", "Which?"], max_new_tokens=8)
     pipe = QwenVLPipeline(bundle=vl)  # the default engine: merged copies
     pipe.generate(req)  # the copy is made here
     gen = torch.Generator().manual_seed(5)
