@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from unirl.algorithms.advantages import gdpo_advantages
 from unirl.algorithms.base import StageAlgorithm, StepResult
+from unirl.algorithms.ddpo import DDPO, DPOK
 from unirl.algorithms.diffusionnft import DiffusionNFT, OldAdapterEMA, nft_loss
 from unirl.algorithms.drpo import DRPO
 from unirl.algorithms.flowdppo import FlowDPPO
 from unirl.algorithms.flowgrpo import FlowGRPO
 from unirl.algorithms.grpo import GRPO, GSPO, TokenPolicy, TokenPolicyLoss
 from unirl.algorithms.kl import KLConfig
+from unirl.algorithms.reinforcepp import ReinforcePP
 
 __all__ = [
+    "DDPO",
+    "DPOK",
     "DRPO",
     "GRPO",
     "GSPO",
@@ -20,6 +24,7 @@ __all__ = [
     "FlowGRPO",
     "KLConfig",
     "OldAdapterEMA",
+    "ReinforcePP",
     "StageAlgorithm",
     "StepResult",
     "TokenPolicy",

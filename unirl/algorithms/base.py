@@ -133,6 +133,15 @@ class StageAlgorithm(ABC):
         """Freeze π_old for this micro-batch (default: keep the rollout's anchors)."""
         return segment
 
+    def prepare_batch(
+        self, micro: list[tuple[Conditions, Any, torch.Tensor]]
+    ) -> list[tuple[Conditions, Any, torch.Tensor]]:
+        """After :meth:`prepare_segment` has run on every micro-batch of this rank's rollout
+        and before any update: ``micro`` is every ``(conditions, segment, advantages)``; return
+        them (changed where a loss needs statistics over the whole batch, e.g. REINFORCE++'s
+        batch-normalised token advantages). Default: unchanged."""
+        return micro
+
     def micro_batch_weight(self, segment: Any, advantages: torch.Tensor) -> float:
         """This micro-batch's weight in the mini-batch loss: the train stack scales its loss
         by ``weight / Σ weights`` of the mini-batch. Default: its sample count (the loss is a

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from abc import abstractmethod
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -59,7 +59,9 @@ class TokenPolicyLoss(StageAlgorithm):
     ``kl.beta > 0`` (``kl``: a :class:`~unirl.algorithms.kl.KLConfig`) adds β·k3 to the frozen
     reference (the policy under ``reference()``); an adaptive β follows the mean k3 of the
     loss tokens.
-    Advantages are per sample (``[B]``), broadcast to every token of the sample.
+    Advantages are per sample (``[B]``), broadcast to every token of the sample, unless the
+    segment carries ``token_advantages`` (a loss that computes its own per token, REINFORCE++).
+    A subclass with ``kl_in_reward`` puts the β-weighted KL in the reward, not the loss.
 
     The rollout-vs-trainer gap: when the segment arrives with recorded log-probs, π_old is
     also replayed (it is the anchor with ``replay``; with ``rollout`` one extra no-grad
@@ -68,6 +70,8 @@ class TokenPolicyLoss(StageAlgorithm):
     ``replay``) corrects that gap with truncated importance sampling: each token's policy
     loss is weighted by ``min(π_old(y) / π_rollout(y), C)`` (detached).
     """
+
+    kl_in_reward: ClassVar[bool] = False  # REINFORCE++: β·KL shapes the reward, no loss term
 
     def __init__(
         self,
@@ -252,7 +256,10 @@ class TokenPolicyLoss(StageAlgorithm):
             mask = segment.loss_mask.values.to(device).bool()
         else:
             mask = torch.ones_like(current, dtype=torch.bool)
-        adv = torch.repeat_interleave(advantages.float(), lengths).to(device)
+        if segment.token_advantages is not None:  # computed by the loss (REINFORCE++)
+            adv = segment.token_advantages.values.float().to(device)
+        else:
+            adv = torch.repeat_interleave(advantages.float(), lengths).to(device)
         # masked tokens see log-ratio 0 (ratio 1, k3 0): no inf from an unused position can
         # reach the backward pass as inf·0
         zero = torch.zeros_like(current)
@@ -272,7 +279,7 @@ class TokenPolicyLoss(StageAlgorithm):
             policy_terms = policy_terms * tis_weight
         terms, kl = policy_terms, None
         control = self.kl_controller
-        if control.enabled:
+        if control.enabled and not self.kl_in_reward:
             with torch.no_grad(), self.reference():
                 ref = self._log_probs(conditions, segment).values.float().to(device)
             kl = k3_kl(lp, torch.where(mask, ref, zero))

@@ -373,6 +373,7 @@ class TrainStack(OptimizerSteps):
                 prepared = self.algorithm.prepare_segment(cond_mb, seg_mb)
                 anchor_gap = max(anchor_gap, _logp_gap(seg_mb, prepared))
                 micro.append((cond_mb, prepared, advantages[idx.to(advantages.device)]))
+            micro = self.algorithm.prepare_batch(micro)  # batch-wide statistics, if any
         anchor_time = time.perf_counter() - t0
 
         all_metrics = []

@@ -169,7 +169,7 @@ class UnifiedTrainStack(OptimizerSteps):
                 prepared = algorithm.prepare_segment(cond_mb, seg_mb)
                 self._anchor_gap = max(self._anchor_gap, _logp_gap(seg_mb, prepared))
                 micro.append((cond_mb, prepared, advantages[idx.to(advantages.device)]))
-            out[name] = micro
+            out[name] = algorithm.prepare_batch(micro)
         return out
 
     def backward(

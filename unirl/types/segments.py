@@ -75,15 +75,19 @@ class TextSegment(Batch):
     ``log_probs`` is what the engine recorded until the algorithm anchors π_old
     (``prepare_segment``); then it holds the anchor, and ``rollout_log_probs`` keeps the
     engine's values when a loss still needs them (truncated importance sampling).
+    ``token_advantages``: per-token advantages a loss computes itself before training
+    (REINFORCE++'s KL-shaped, batch-normalised return); absent, a loss broadcasts the
+    sample's advantage to its tokens.
     """
 
     tokens: Packed = batch_field("packed")
     log_probs: Packed | None = batch_field("packed", default=None)
     loss_mask: Packed | None = batch_field("packed", default=None)
     rollout_log_probs: Packed | None = batch_field("packed", default=None)
+    token_advantages: Packed | None = batch_field("packed", default=None)
 
     def __post_init__(self) -> None:
-        for name in ("log_probs", "loss_mask", "rollout_log_probs"):
+        for name in ("log_probs", "loss_mask", "rollout_log_probs", "token_advantages"):
             p = getattr(self, name)
             if p is not None and not torch.equal(p.offsets, self.tokens.offsets):
                 raise ValueError(f"TextSegment.{name} offsets must match tokens offsets")
