@@ -213,7 +213,9 @@ class FSDPBackend:
         if self.fsdp_config.activation_checkpointing:
             apply_activation_checkpointing(blocks)
         if self.fsdp_config.compile:
-            apply_compile(blocks, self.fsdp_config.inductor_options)
+            apply_compile(
+                blocks, self.fsdp_config.inductor_options, dynamic=self.fsdp_config.compile_dynamic
+            )
         if self.is_sharded:
             apply_fsdp(module, blocks, self.fsdp_config, self._device)
         elif self.is_replicated:

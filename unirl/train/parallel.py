@@ -35,6 +35,10 @@ class FSDPConfig:
     needs a sharded run (world > 1) on CUDA. ``compile`` compiles each block's forward with
     ``torch.compile`` (regional compilation: one graph per block class, shared by every block,
     used by rollout and training alike because trainside sampling runs the same module).
+    ``compile_dynamic``: ``false`` compiles one graph per input shape (diffusion: a few fixed
+    shapes); ``null`` is dynamo's automatic dynamic shapes, one static graph first and one
+    symbolic-shape graph once a shape changes: what a text model needs, whose micro-batch
+    widths and prompt lengths change every step; ``true`` compiles symbolic shapes at once.
     ``inductor_options``: ``torch._inductor.config`` settings made in the worker before the
     blocks compile (process-wide there; for example ``{combo_kernels: true}``, Inductor's
     horizontal fusion of small independent kernels such as a LoRA's per-tensor casts); each
@@ -66,6 +70,7 @@ class FSDPConfig:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     compile: bool = False
+    compile_dynamic: bool | None = False
     inductor_options: dict[str, Any] | None = None
     shard_frozen: bool = True
     data_parallel: str = "shard"
@@ -154,7 +159,9 @@ COMPILE_RECOMPILE_LIMIT = 64
 
 
 def apply_compile(
-    blocks: Iterable[nn.Module], inductor_options: dict[str, Any] | None = None
+    blocks: Iterable[nn.Module],
+    inductor_options: dict[str, Any] | None = None,
+    dynamic: bool | None = False,
 ) -> None:
     """``torch.compile`` each block in place (``nn.Module.compile``): names stay unchanged.
 
@@ -178,7 +185,7 @@ def apply_compile(
         for key, value in inductor_options.items():
             setattr(inductor_config, key, value)
     for block in blocks:
-        block.compile(dynamic=False)
+        block.compile(dynamic=dynamic)
 
 
 def apply_fsdp(
