@@ -209,8 +209,8 @@ class ImageReward(PretrainedScorer):
     model: str
     name: str = "image_reward"
     max_length: int = 35
-    reward_mean: float = IMAGE_REWARD_MEAN
-    reward_std: float = IMAGE_REWARD_STD
+    reward_mean: float = IMAGE_REWARD_MEAN  # subtracted from the raw score (released model's mean)
+    reward_std: float = IMAGE_REWARD_STD  # divides the centred score (released model's std)
     _blip: Any = field(init=False, repr=False, default=None)
     _tokenizer: Any = field(init=False, repr=False, default=None)
     _head: Any = field(init=False, repr=False, default=None)
