@@ -31,6 +31,8 @@ class StageAlgorithm(ABC):
 
     - ``supports_multi_update``: may take several optimizer steps per rollout.
     - ``requires_log_prob``: needs per-step log-probs from the SDE strategy (ratio losses).
+    - ``stores_steps``: the rollout stores the inputs of the recipe's ``sampling.sde_steps``
+      even when no log-probs are needed (reward-gradient losses restart the chain there).
     - ``requires_ema_rollout``: rollout must run with the EMA / old weights (NFT); the
       adapter it names in :meth:`sampling_adapter` is switched in by the trainer.
 
@@ -42,6 +44,7 @@ class StageAlgorithm(ABC):
     supports_multi_update: ClassVar[bool] = True
     requires_log_prob: ClassVar[bool] = True
     requires_ema_rollout: ClassVar[bool] = False
+    stores_steps: ClassVar[bool] = False
 
     def __init__(self, *, kl: KLConfig | Mapping[str, Any] | None = None) -> None:
         self._reference: Callable[[], AbstractContextManager[Any]] | None = None

@@ -180,11 +180,12 @@ class DiffusionTrainer(StageTrainer):
         super().__init__(cfg, data)
         self.sampling: DiffusionSamplingParams = instantiate(cfg.sampling, _convert_="object")
         self.sde_steps = self.sampling.sde_steps or AllSteps()
-        # ratio losses train recorded SDE steps; likelihood-free ones (NFT) sample with the ODE
+        # ratio losses train recorded SDE steps; likelihood-free ones (NFT) sample with the ODE;
+        # reward-gradient losses (stores_steps) keep the ODE chain's inputs at those steps
         algorithm_cls = locate(str(cfg.algorithm["_target_"]), "algorithm")
         self.trains_sde_steps = bool(
             declared(algorithm_cls, "requires_log_prob", "algorithm", "StageAlgorithm")
-        )
+        ) or bool(getattr(algorithm_cls, "stores_steps", False))
         self.dedicated: Any = None
         self.references = ReferenceImages(self.sampling.height, self.sampling.width)
 
