@@ -16,6 +16,10 @@ tracks; the shards are aligned, sample ``i`` of the image track is the image of 
    that of ``text.weight · L_text + image.weight · L_image``;
 4. one clip of the global norm, one non-finite check, one optimizer step.
 
+A track whose ``weight`` is 0 is sampled (the image still reads the text) but not trained: no
+anchor, no loss, no backward (``stack.text.weight: 0`` trains a think-then-draw model's image
+tokens alone).
+
 The micro-batch planning, shuffle, step scalars and parameter checksum are ``TrainStack``'s
 own (one inner stack per track, sharing the backend; their optimizer loop is not used).
 """
@@ -150,6 +154,9 @@ class UnifiedTrainStack(OptimizerSteps):
         self._anchor_gap = 0.0
         out: dict[str, list[tuple[Any, Any, torch.Tensor]]] = {}
         for name in TRACKS:
+            if self.weight(name) == 0.0:  # a track that does not train: no replay, no loss
+                out[name] = []
+                continue
             track = tracks[name]
             if track.advantages is None or track.segment is None or track.conditions is None:
                 raise ValueError(
