@@ -18,6 +18,8 @@
 #   PROMPTS (8), SPP (8), MICRO (8 samples per micro-batch), WARMUP (1), ITERS (2),
 #   FLOPS=1 (count FLOPs / MFU on our side), OURS_TIMEOUT (280 s), TRL_TIMEOUT (220 s),
 #   SKIP_OURS=1 / SKIP_TRL=1, OURS_ARGS (more overrides for our recipe, e.g. pipeline.sampler=loop),
+#   STOP_FRACTION=p (variable lengths: ids 1..p*V stop a completion on both sides, our
+#   StopSetQwen3Bundle and TRL's generation eos ids; each side reports its own mean length),
 #   LIMIT=1 (first run ar_engine_bench.py at the same shape: the card's bandwidth limit for this
 #   decode and the fraction of it each side reaches). Exit status: non-zero when either side failed.
 set -uo pipefail
@@ -35,6 +37,12 @@ warmup="${WARMUP:-1}"
 iters="${ITERS:-2}"
 device="${DEVICE:-cuda}"
 precision=()
+stops=()
+trl_stops=()
+if [[ -n "${STOP_FRACTION:-}" ]]; then
+  stops=(bundle._target_=unirl.tools.fixed_length.StopSetQwen3Bundle "+bundle.stop_fraction=${STOP_FRACTION}")
+  trl_stops=(--stop-fraction "${STOP_FRACTION}")
+fi
 [[ "${device}" == cpu ]] && precision=(bundle.dtype=fp32 backend.param_dtype=fp32)
 export PYTHONPATH="${repo}:/tmp/site${PYTHONPATH:+:${PYTHONPATH}}"
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=false
@@ -65,6 +73,7 @@ if [[ -n "${LIMIT:-}" ]]; then
   timeout -k 20 240 "${py}" examples/benchmarks/ar_engine_bench.py --preset "${preset}" \
     --device "${device}" --prompts "${prompts}" --spp "${spp}" --prompt-tokens "${prompt_tokens}" \
     --new-tokens "${new_tokens}" --modes merged,fused --iters 2 --json "${out}/engine.json" \
+    ${STOP_FRACTION:+--stop-fraction "${STOP_FRACTION}"} \
     2>&1 | tail -4
 fi
 # 2. ours: the recipe through the benchmark CLI
@@ -77,7 +86,7 @@ if [[ -z "${SKIP_OURS:-}" ]]; then
     data_source.path="${work}/prompts.jsonl" batch_size="${prompts}" \
     sampling.samples_per_prompt="${spp}" sampling.max_new_tokens="${new_tokens}" \
     stack.max_tokens_per_micro_batch="$((micro * (prompt_tokens + new_tokens)))" \
-    ${OURS_ARGS:-} 2>&1 | tee "${out}/unirl.log"
+    "${stops[@]}" ${OURS_ARGS:-} 2>&1 | tee "${out}/unirl.log"
   rc=${PIPESTATUS[0]}
   cp "${work}/unirl/metrics.jsonl" "${out}/unirl_metrics.jsonl" 2>/dev/null || true
   if [[ ${rc} -ne 0 ]]; then
@@ -97,7 +106,7 @@ if [[ -z "${SKIP_TRL:-}" ]]; then
     --preset "${preset}" --prompts "${work}/prompts.jsonl" \
     --max-new-tokens "${new_tokens}" --samples-per-prompt "${spp}" --micro-batch "${micro}" \
     --lora-rank 64 --lora-alpha 128 --warmup "${warmup}" --iters "${iters}" --device "${device}" \
-    --json "${out}/trl.json" 2>&1 | tee "${out}/trl.log"
+    "${trl_stops[@]}" --json "${out}/trl.json" 2>&1 | tee "${out}/trl.log"
   rc=${PIPESTATUS[0]}
   [[ ${rc} -ne 0 ]] && echo "[llm_bench] TRL failed (exit ${rc})" && status=1
 fi

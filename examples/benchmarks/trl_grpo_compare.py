@@ -73,6 +73,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=2)
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument(
+        "--stop-fraction",
+        type=float,
+        default=0.0,
+        help="ids 1..floor(p*V) stop a completion (our StopSetQwen3Bundle's set): uneven lengths",
+    )
     p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
@@ -169,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     if samples % args.micro_batch:
         raise SystemExit(f"{n_prompts} prompts x {spp} samples is no multiple of --micro-batch")
     model = build_model(args, tokenizer, device)
+    generation_kwargs: dict[str, Any] = {"min_new_tokens": args.max_new_tokens}
+    if args.stop_fraction:
+        from unirl.tools.fixed_length import stop_set
+
+        # GRPOTrainer reads its stop ids from the model's generation config (and masks the
+        # completion after the first of them): the same set as our side's bundle
+        model.generation_config.eos_token_id = stop_set(model.config.vocab_size, args.stop_fraction)
+        generation_kwargs = {}
 
     timers: dict[str, list[float]] = defaultdict(list)
     counts: list[dict[str, float]] = []
@@ -219,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             gradient_accumulation_steps=samples // args.micro_batch,
             num_generations=spp,
             max_completion_length=args.max_new_tokens,
-            generation_kwargs={"min_new_tokens": args.max_new_tokens},
+            generation_kwargs=generation_kwargs,
             temperature=1.0,
             top_p=1.0,
             top_k=0,
@@ -326,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             "lora_rank": args.lora_rank,
             "lora_alpha": args.lora_alpha,
             "gradient_checkpointing": args.gradient_checkpointing,
+            "stop_fraction": args.stop_fraction,
             "dtype": "bf16" if cuda else "fp32",
         },
     }

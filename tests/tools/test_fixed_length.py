@@ -36,3 +36,20 @@ def test_fixed_length_bundle_never_stops_early_where_the_plain_one_does() -> Non
     # the control: with the same seeds the tiny model draws its stop token in some samples
     assert any(reason == "stop" for _, reason in _lengths(plain))
     assert _lengths(fixed) == [(MAX_NEW, "length")] * 48
+
+
+def test_stop_set_bundle_stops_at_its_ids_with_uneven_lengths() -> None:
+    from unirl.tools.fixed_length import StopSetQwen3Bundle, stop_set
+
+    bundle = StopSetQwen3Bundle(path="tiny", dtype="fp32", device="cpu", stop_fraction=0.05)
+    vocab = int(bundle.model.config.vocab_size)
+    assert bundle.stop_token_ids == list(range(1, 1 + int(0.05 * vocab)))
+    assert bundle.prompts.stop_token_ids == bundle.stop_token_ids
+    lengths = _lengths(bundle)
+    # uneven: some stop early, and the lengths differ (a fixed-length run would give one value)
+    assert any(reason == "stop" for _, reason in lengths)
+    assert len({n for n, _ in lengths}) > 3
+    import pytest
+
+    with pytest.raises(ValueError, match="stop_fraction"):
+        stop_set(vocab, 0.0)

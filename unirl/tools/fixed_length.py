@@ -7,6 +7,12 @@ early in one framework and not the other. ``FixedLengthQwen3Bundle`` is ``Qwen3B
 with no stop token, the counterpart of ``min_new_tokens = max_new_tokens`` in transformers'
 ``generate`` (what TRL's ``GRPOTrainer`` uses): with ``sampling.stop: null`` every
 completion is exactly ``sampling.max_new_tokens`` tokens long. Training recipes never use it.
+
+``StopSetQwen3Bundle`` is the variable-length counterpart: the first ``stop_fraction`` of the
+vocabulary (ids 1 .. ⌊stop_fraction·V⌋) are stop ids, so a random-init model stops at each
+token with probability about ``stop_fraction``: lengths roughly geometric with a long tail up
+to the cap, the shape where continuous batching matters. TRL's side of the benchmark sets the
+same ids as its generation config's ``eos_token_id`` (``trl_grpo_compare.py --stop-fraction``).
 """
 
 from __future__ import annotations
@@ -28,3 +34,22 @@ class FixedLengthQwen3Bundle(Qwen3Bundle):
         formatter = getattr(self, "prompts", None)
         if formatter is not None:
             formatter.stop_token_ids = []
+
+
+def stop_set(vocab_size: int, stop_fraction: float) -> list[int]:
+    """The stop ids of ``StopSetQwen3Bundle``: 1 .. ⌊stop_fraction·vocab_size⌋ (id 0 kept)."""
+    if not 0.0 < stop_fraction < 1.0:
+        raise ValueError(f"bundle.stop_fraction must be in (0, 1), got {stop_fraction!r}")
+    return list(range(1, 1 + max(1, int(stop_fraction * vocab_size))))
+
+
+class StopSetQwen3Bundle(Qwen3Bundle):
+    """``Qwen3Bundle`` (same knobs, plus ``stop_fraction``) whose stop ids are
+    :func:`stop_set` of the model's vocabulary: variable lengths for benchmarks."""
+
+    def __init__(self, *, stop_fraction: float, **knobs: Any) -> None:
+        super().__init__(**knobs)
+        self.stop_token_ids = stop_set(int(self.model.config.vocab_size), stop_fraction)
+        formatter = getattr(self, "prompts", None)
+        if formatter is not None:
+            formatter.stop_token_ids = list(self.stop_token_ids)
