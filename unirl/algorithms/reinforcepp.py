@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -61,12 +61,12 @@ class ReinforcePP(GRPO):
         loss_agg: str = "token-mean",
         norm_length: int | None = None,
         kl: KLConfig | Mapping[str, Any] | None = None,
-        old_logp_source: str = "replay",
+        old_logp_source: Literal["replay", "rollout"] = "replay",
         tis_cap: float | None = None,
     ) -> None:
         require(adv_eps >= 0, f"algorithm.adv_eps must be >= 0, got {adv_eps}")
         require(
-            old_logp_source != "current",
+            old_logp_source in ("replay", "rollout"),
             "algorithm.old_logp_source=current has no π_old before training, where REINFORCE++ "
             "takes its KL-shaped returns; set algorithm.old_logp_source=replay",
         )
