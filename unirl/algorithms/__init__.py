@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from unirl.algorithms.advantages import gdpo_advantages
 from unirl.algorithms.base import StageAlgorithm, StepResult
+from unirl.algorithms.dapo import DAPO
 from unirl.algorithms.ddpo import DDPO, DPOK
 from unirl.algorithms.diffusionnft import DiffusionNFT, OldAdapterEMA, nft_loss
 from unirl.algorithms.drpo import DRPO
@@ -14,6 +15,7 @@ from unirl.algorithms.kl import KLConfig
 from unirl.algorithms.reinforcepp import ReinforcePP
 
 __all__ = [
+    "DAPO",
     "DDPO",
     "DPOK",
     "DRPO",

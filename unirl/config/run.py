@@ -102,6 +102,22 @@ class AdvantageConfig:
 
 
 @dataclass(kw_only=True)
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling (``unirl.trainer.dynamic_sampling``): ``enabled`` drops every
+    prompt group whose rewards are all equal (zero variance, zero advantage) and samples more
+    prompts until ``batch_size`` groups with differing rewards are in hand, the batch trained
+    on; ``max_rounds``: extra sampling rounds per rollout at most, past which the run stops
+    with an error (text recipes, ``rollout.resident: false``)."""
+
+    enabled: bool = False
+    max_rounds: PositiveInt = 4
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.enabled, bool), "dynamic_sampling.enabled must be true or false")
+        require(self.max_rounds >= 1, "dynamic_sampling.max_rounds must be >= 1")
+
+
+@dataclass(kw_only=True)
 class EvalConfig:
     """Periodic evaluation on fixed prompts (ODE sampling, EMA weights when present).
 
@@ -198,6 +214,7 @@ class RunConfig(PoolConfig):
     dry_run: bool = False
     """Compose and validate, print the placement plan and batch geometry, start nothing."""
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     # component blocks (``_target_`` dicts); ``sync`` only for dedicated engines
@@ -247,7 +264,7 @@ class RunConfig(PoolConfig):
                 "(check the spelling, or put component settings inside their block)"
             )
         kwargs = check_fields(data, cls, "")
-        for name, hint in annotations_of(cls).items():  # advantage, eval, logging
+        for name, hint in annotations_of(cls).items():  # advantage, eval, logging, …
             klass = config_class(hint)
             if klass is None or name not in kwargs:
                 continue

@@ -375,6 +375,30 @@ def check_reference_policy(cfg: RunConfig, objs: dict[str, Any]) -> None:
     )
 
 
+def check_dynamic_sampling(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    """``dynamic_sampling.enabled`` (DAPO) joins groups of several generate calls on the
+    driver: a text recipe (one trained stage), groups of at least two samples, and the
+    rollout's tensors shipped to the driver (``rollout.resident: false``)."""
+    if not cfg.dynamic_sampling.enabled:
+        return
+    require(
+        cfg.entrypoint in (None, "unirl.train_vlm"),
+        f"dynamic_sampling.enabled refills the batch of a text recipe's one trained stage; "
+        f"{cfg.entrypoint} is not supported: set dynamic_sampling.enabled=false",
+    )
+    spp = BatchGeometry.of(cfg, objs).samples_per_prompt
+    require(
+        spp >= 2,
+        f"dynamic_sampling.enabled keeps groups whose rewards differ, which a group of "
+        f"sampling.samples_per_prompt={spp} never has; raise samples_per_prompt",
+    )
+    require(
+        _setting(cfg, "rollout", "resident") is False,
+        "dynamic_sampling.enabled joins the groups of several generate calls on the driver, "
+        "so their tensors must come back to it: set rollout.resident=false",
+    )
+
+
 def check_old_adapter_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
     """Algorithms that sample with an old / EMA adapter (DiffusionNFT) need that adapter and a
     sampler that can switch to it (the trainside engine)."""
@@ -606,6 +630,7 @@ CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
     check_drop_group_shards,
     check_strategy_and_algorithm,
     check_reference_policy,
+    check_dynamic_sampling,
     check_old_adapter_rollout,
     check_gather_for_sampling,
     check_component_weights,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from unirl.algorithms.advantages import advantages_for
-from unirl.config.require import ConfigError
+from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
 from unirl.config.secrets import redact_secrets, secret_values
 from unirl.distributed.group import DevicePool, DevicePoolConfig, StalledCallError
@@ -27,6 +27,7 @@ from unirl.logging.progress import RolloutProgress
 from unirl.logging.report import refresh_run_views
 from unirl.train.checkpoint import CheckpointError, fault_point, write_failure
 from unirl.trainer.console import TRAIN_LOG, ConsoleLog
+from unirl.trainer.dynamic_sampling import fill_informative
 from unirl.trainer.model_card import write_model_card
 from unirl.trainer.output import (
     DRIVER_STATE,
@@ -382,24 +383,12 @@ class StageTrainer:
         tracks = dict(resp.tracks)
         metrics: dict[str, float] = {}
 
-        # reward on the scored tracks, then up the lineage (children come first)
         t0 = time.perf_counter()
-        for stage in self.stages:
-            track = tracks[stage.track]
-            if stage.reward is not None:
-                scored = stage.reward.score(light_track(track))
-                metrics.update({stage.key(k): v for k, v in reward_metrics(scored).items()})
-                track = dataclasses.replace(
-                    track,
-                    rewards=scored.rewards,
-                    component_rewards=scored.component_rewards,
-                    status=scored.status,
-                )
-            tracks[stage.track] = track
-            if stage.parent is not None:
-                parent = propagate_rewards(track, tracks[stage.parent], stage.reward_from_children)
-                tracks[stage.parent] = parent
+        metrics.update(self.score_tracks(tracks))
         t_reward = time.perf_counter() - t0
+        if cfg.dynamic_sampling.enabled:  # DAPO: only groups whose rewards differ, refilled
+            tracks, refill = self.refill_informative(tracks, rollout_index)
+            metrics.update(refill)
 
         # advantages per trained track, galleries of scored ones, then train and sync per stage
         t0 = time.perf_counter()
@@ -439,6 +428,56 @@ class StageTrainer:
             }
         )
         return metrics
+
+    def score_tracks(self, tracks: dict[str, RolloutTrack]) -> dict[str, float]:
+        """Reward on the scored tracks, then up the lineage (children come first); ``tracks``
+        is updated in place; returns the reward metrics."""
+        metrics: dict[str, float] = {}
+        for stage in self.stages:
+            track = tracks[stage.track]
+            if stage.reward is not None:
+                scored = stage.reward.score(light_track(track))
+                metrics.update({stage.key(k): v for k, v in reward_metrics(scored).items()})
+                track = dataclasses.replace(
+                    track,
+                    rewards=scored.rewards,
+                    component_rewards=scored.component_rewards,
+                    status=scored.status,
+                )
+            tracks[stage.track] = track
+            if stage.parent is not None:
+                parent = propagate_rewards(track, tracks[stage.parent], stage.reward_from_children)
+                tracks[stage.parent] = parent
+        return metrics
+
+    def refill_informative(
+        self, tracks: dict[str, RolloutTrack], rollout_index: int
+    ) -> tuple[dict[str, RolloutTrack], dict[str, float]]:
+        """Dynamic sampling (``unirl.trainer.dynamic_sampling``): the one trained stage's
+        track cut to its groups whose rewards differ, refilled with freshly sampled and scored
+        prompts until ``batch_size`` groups; extra round r samples as rollout index
+        ``num_rollouts · r + rollout_index`` (sample and group ids no rollout uses)."""
+        require(
+            len(self.stages) == 1,
+            "dynamic_sampling.enabled needs a recipe with one stage; set it to false",
+        )
+        stage = self.stages[0]
+
+        def sample_more(round_index: int) -> RolloutTrack:
+            index = self.cfg.num_rollouts * round_index + rollout_index
+            req = self.build_request(self.data_source.next_batch(), index)
+            with self._sampling("train"):
+                more = dict(self.rollout.generate(req).tracks)
+            self.score_tracks(more)
+            return more[stage.track]
+
+        track, metrics = fill_informative(
+            tracks[stage.track],
+            sample_more,
+            groups_wanted=self.cfg.batch_size,
+            max_rounds=self.cfg.dynamic_sampling.max_rounds,
+        )
+        return {**tracks, stage.track: track}, metrics
 
     def train_stage(
         self, stage: Stage, track: RolloutTrack, rollout_index: int

@@ -22,6 +22,7 @@ from unirl.reward.local.image_reward import (
 )
 from unirl.reward.local.image_stats import ImageStats, color_entropy, dark_fraction, edge_density
 from unirl.reward.local.jpeg import JpegCompressibility, JpegIncompressibility, jpeg_size_kb
+from unirl.reward.local.length_reward import OverlongPenalty, overlong_penalty
 from unirl.reward.local.ocr import (
     OCRScorer,
     extract_quoted_target,
@@ -56,6 +57,7 @@ __all__ = [
     "LaionAesthetic",
     "MultipleChoice",
     "OCRScorer",
+    "OverlongPenalty",
     "PerFrame",
     "PickScore",
     "PretrainedScorer",
@@ -84,4 +86,5 @@ __all__ = [
     "math_equal",
     "normalize_ocr_text",
     "ocr_score",
+    "overlong_penalty",
 ]
