@@ -21,11 +21,13 @@ from unirl.config.require import require
 
 
 class DAPO(GRPO):
-    """DAPO's loss: decoupled clip ``clip_low`` (ε_low, 0.2) / ``clip_high`` (ε_high, 0.28:
-    clip-higher lets low-probability tokens rise), token-level aggregation (``loss_agg`` must be
-    ``token-mean``: the sum over every loss token of the batch divided by their count, whatever
-    the micro-batches); ``kl``: no KL term in the paper (β = 0), available as in GRPO;
-    ``old_logp_source``, ``tis_cap``: as GRPO."""
+    """DAPO's loss (GRPO with clip-higher and the token-level mean).
+
+    ``clip_low``: ε_low, the ratio's lower clip 1 − ε_low (0.2); ``clip_high``: ε_high, the
+    upper clip 1 + ε_high (0.28, clip-higher: lets low-probability tokens rise);
+    ``loss_agg``: must be ``token-mean`` (the sum over every loss token of the batch divided
+    by their count, whatever the micro-batches); ``kl``: β·k3 to the reference as in GRPO
+    (the paper uses none); ``old_logp_source``, ``tis_cap``: as GRPO."""
 
     def __init__(
         self,

@@ -41,13 +41,12 @@ class ReinforcePP(GRPO):
     """REINFORCE++: the per-token KL to the reference folded into the reward, the return
     normalised over every loss token of the rollout batch (not per group), PPO's clip.
 
-    ``kl`` (a :class:`~unirl.algorithms.kl.KLConfig`): ``kl.beta`` is the coefficient of the
-    per-token k1 KL in the reward (``kl.beta > 0`` needs a reference: LoRA), not a loss term;
-    an adaptive β follows the mean k1 of the rollout. ``clip_low`` / ``clip_high``: PPO's
-    ε_low / ε_high on the token ratio; ``adv_eps``: added to the batch std of the returns;
+    ``kl``: a :class:`~unirl.algorithms.kl.KLConfig` whose ``beta`` weighs the per-token k1
+    KL in the reward, not a loss term (``kl.beta > 0`` needs the reference: LoRA; an
+    adaptive β follows the mean k1 of the rollout); ``clip_low``: ε_low of PPO's token-ratio
+    clip; ``clip_high``: ε_high; ``adv_eps``: added to the batch std of the returns;
     ``old_logp_source``: ``replay`` or ``rollout`` (the KL is taken at π_old before training,
-    so not ``current``); ``loss_agg``, ``norm_length``, ``tis_cap``: as for GRPO.
-    """
+    so not ``current``); ``loss_agg``, ``norm_length``, ``tis_cap``: as GRPO."""
 
     kl_in_reward: ClassVar[bool] = True
 

@@ -110,7 +110,9 @@ class DynamicSamplingConfig:
     with an error (text recipes, ``rollout.resident: false``)."""
 
     enabled: bool = False
+    """Drop the groups whose rewards are all equal and refill the batch by sampling more."""
     max_rounds: PositiveInt = 4
+    """Extra sampling rounds per rollout at most; past them the run stops with an error."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.enabled, bool), "dynamic_sampling.enabled must be true or false")

@@ -36,8 +36,12 @@ class OverlongPenalty(TextRewardBackend):
     the soft band; ``name``: the component's name."""
 
     name: str = "overlong"
+    """The component's name (its key in the reward's components and metrics)."""
     max_tokens: int
+    """L_max: the generation budget (``sampling.max_new_tokens``); −1 at and past it."""
     cache_tokens: int
+    """L_cache: the width of the soft band before ``max_tokens`` where the penalty falls
+    linearly from 0 to −1."""
 
     def __post_init__(self) -> None:
         require(bool(self.name), "OverlongPenalty.name must be non-empty")
