@@ -40,7 +40,10 @@ precision=()
 stops=()
 trl_stops=()
 if [[ -n "${STOP_FRACTION:-}" ]]; then
-  stops=(bundle._target_=unirl.tools.fixed_length.StopSetQwen3Bundle "+bundle.stop_fraction=${STOP_FRACTION}")
+  # eager layers: the compiled ones recompile on every new micro-batch width (measured in
+  # docs/performance.md: 1,521 against 7,140 trained tokens/s)
+  stops=(bundle._target_=unirl.tools.fixed_length.StopSetQwen3Bundle
+    "+bundle.stop_fraction=${STOP_FRACTION}" backend.fsdp.compile=false)
   trl_stops=(--stop-fraction "${STOP_FRACTION}")
 fi
 [[ "${device}" == cpu ]] && precision=(bundle.dtype=fp32 backend.param_dtype=fp32)
