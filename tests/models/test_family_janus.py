@@ -168,7 +168,9 @@ def test_recorded_log_probs_equal_the_replay_and_a_sample_alone_equals_it_in_a_b
         alone.segment.log_probs.row(0), seg.log_probs.row(2), atol=LOGP_ATOL, rtol=0
     )
     # the VQ decoder's convolutions batch differently: pixels equal to float rounding
-    torch.testing.assert_close(alone.decoded.pixels[0], together.decoded.pixels[2], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        alone.decoded.pixels[0], together.decoded.pixels[2], atol=1e-5, rtol=0
+    )
     other = pipe.generate(image_request([99], [2])).tracks["image"]  # the seed id matters
     assert not torch.equal(other.segment.tokens.row(0), seg.tokens.row(2))
 

@@ -94,13 +94,18 @@ class TrainOps:
         sample and the σ schedule of the train and eval step counts at the sampling size
         (the family's σ policy, so the driver pins exactly what its pipeline would use)."""
         bundle = self.pipeline.bundle
-        height, width = int(sampling.height), int(sampling.width)
+        latents: dict[str, Any] = {}
+        if hasattr(sampling, "height"):  # an image-token stage (Janus) has no latent or σ
+            height, width = int(sampling.height), int(sampling.width)
+            latents = {
+                "latent_shape": tuple(bundle.latent_shape_for(sampling)),
+                "sigmas": {
+                    "train": bundle.sigmas(int(sampling.num_inference_steps), height, width),
+                    "eval": bundle.sigmas(int(sampling.eval_num_inference_steps), height, width),
+                },
+            }
         return {
-            "latent_shape": tuple(bundle.latent_shape_for(sampling)),
-            "sigmas": {
-                "train": bundle.sigmas(int(sampling.num_inference_steps), height, width),
-                "eval": bundle.sigmas(int(sampling.eval_num_inference_steps), height, width),
-            },
+            **latents,
             "trainable_params": int(self.backend.num_trainable_params()),
             "device": str(self.backend.device),
             "device_name": torch.cuda.get_device_name(self.backend.device)

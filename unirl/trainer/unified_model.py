@@ -37,6 +37,8 @@ from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
 from unirl.config.validate import check_block, declared, locate
 from unirl.distributed.group import DevicePool, placement, remote
+from unirl.models.janus.conditions import ImageTokenRequest, ImageTokenSamplingParams
+from unirl.models.janus.pipeline import JanusImagePipeline, JanusPipeline, JanusTextPipeline
 from unirl.models.unified.bundle import TransfusionBundle
 from unirl.models.unified.conditions import ImageStageRequest
 from unirl.models.unified.pipeline import (
@@ -70,9 +72,11 @@ from unirl.types import (
 
 @dataclass(kw_only=True)
 class ImageStageConfig:
-    """``unified.image``: the image stage's ``pipeline`` (a ``TransfusionImagePipeline`` with
-    its SDE ``strategy``), ``sampling`` (``DiffusionSamplingParams``; ``guidance_scale`` 1) and
-    ``algorithm`` (a flow-matching loss: ``FlowGRPO``). Blocks with a ``_target_``."""
+    """``unified.image``: the image stage's ``pipeline``, ``sampling`` and ``algorithm``, blocks
+    with a ``_target_``. A latent stage: a ``TransfusionImagePipeline`` with its SDE
+    ``strategy``, ``DiffusionSamplingParams`` (``guidance_scale`` 1) and a flow-matching loss
+    (``FlowGRPO``). An image-token stage (Janus-Pro): a ``JanusImagePipeline``,
+    ``ImageTokenSamplingParams`` (CFG scale, temperature) and a token loss (``GRPO``)."""
 
     pipeline: dict[str, Any]
     sampling: dict[str, Any]
@@ -107,6 +111,13 @@ class UnifiedConfig:
 # -- checks before any Ray work ----------------------------------------------------------------
 
 
+def image_tokens(unified: UnifiedConfig) -> bool:
+    """Whether the image stage writes tokens (its pipeline class declares
+    ``image_output = "tokens"``: Janus-Pro) rather than denoising latents."""
+    cls = locate(str(unified.image.pipeline.get("_target_", "")), "unified.image.pipeline")
+    return getattr(cls, "image_output", "latents") == "tokens"
+
+
 def _subclass(block: Any, where: str, base: type, fix: str) -> type:
     target = str((block or {}).get("_target_", ""))
     require(bool(target), f"{where}._target_ is missing; {fix}")
@@ -120,7 +131,7 @@ def _subclass(block: Any, where: str, base: type, fix: str) -> type:
 
 def check_unified_recipe(
     cfg: RunConfig, objs: dict[str, Any]
-) -> tuple[UnifiedConfig, DiffusionSamplingParams]:
+) -> tuple[UnifiedConfig, DiffusionSamplingParams | ImageTokenSamplingParams]:
     """Before any Ray work, after ``validate`` checked the top-level (text) blocks: the
     ``unified`` block, the pipelines, the stack, the engine, the image stage's sampling
     (type, guidance 1, sizes this family can take) and its algorithm vs its SDE strategy."""
@@ -130,17 +141,21 @@ def check_unified_recipe(
         f"sampling._target_={(cfg.sampling or {}).get('_target_')}: the text stage samples "
         "tokens; use unirl.types.ARSamplingParams (the image's goes in unified.image.sampling)",
     )
+    tokens = image_tokens(unified)
     _subclass(
         cfg.pipeline,
         "pipeline",
-        TransfusionTextPipeline,
-        "use unirl.models.unified.TransfusionTextPipeline (the text stage)",
+        JanusTextPipeline if tokens else TransfusionTextPipeline,
+        "use unirl.models.janus.JanusTextPipeline (the text stage of a Janus image stage)"
+        if tokens
+        else "use unirl.models.unified.TransfusionTextPipeline (the text stage)",
     )
     _subclass(
         unified.image.pipeline,
         "unified.image.pipeline",
-        TransfusionImagePipeline,
-        "use unirl.models.unified.TransfusionImagePipeline (the image stage)",
+        JanusImagePipeline if tokens else TransfusionImagePipeline,
+        "use unirl.models.unified.TransfusionImagePipeline or unirl.models.janus."
+        "JanusImagePipeline (the image stage)",
     )
     _subclass(
         cfg.stack,
@@ -171,6 +186,8 @@ def check_unified_recipe(
         instantiate_dataclasses=True,
         typed_component=True,
     )
+    if tokens:
+        return unified, _check_token_stage(cfg, unified, sampling)
     require(
         isinstance(sampling, DiffusionSamplingParams),
         f"unified.image.sampling._target_={unified.image.sampling.get('_target_')}: the image "
@@ -203,6 +220,31 @@ def check_unified_recipe(
     return unified, sampling
 
 
+def _check_token_stage(
+    cfg: RunConfig, unified: UnifiedConfig, sampling: Any
+) -> ImageTokenSamplingParams:
+    """The image-token stage's sampling type, one image per text sample, a token loss."""
+    require(
+        isinstance(sampling, ImageTokenSamplingParams),
+        f"unified.image.sampling._target_={unified.image.sampling.get('_target_')}: a Janus image "
+        "stage samples tokens; use unirl.models.janus.ImageTokenSamplingParams",
+    )
+    require(
+        sampling.samples_per_prompt == 1,
+        f"unified.image.sampling.samples_per_prompt={sampling.samples_per_prompt}: one image per "
+        "text sample (pairs per prompt are sampling.samples_per_prompt); set it to 1",
+    )
+    from unirl.algorithms.grpo import TokenPolicyLoss
+
+    _subclass(
+        unified.image.algorithm,
+        "unified.image.algorithm",
+        TokenPolicyLoss,
+        "image tokens train with a token loss: use unirl.algorithms.GRPO",
+    )
+    return sampling
+
+
 def check_trainable_here(cfg: RunConfig) -> None:
     """Before Ray, for a run (not a dry run): the bundle can be built for training here. A
     bundle class that declares ``trainable_here = False`` (a served model whose trainer side
@@ -215,6 +257,7 @@ def check_trainable_here(cfg: RunConfig) -> None:
 def plan_roles(cfg: RunConfig, unified: UnifiedConfig) -> list[tuple[str, str, str]]:
     """``(role, _target_, slab)`` in creation order, printed by ``dry_run``."""
     slab = "all workers (colocate)"
+    sampler = JanusPipeline if image_tokens(unified) else TransfusionPipeline
     target = lambda block: str((block or {}).get("_target_", "?"))  # noqa: E731
     image = unified.image
     roles = [
@@ -225,7 +268,7 @@ def plan_roles(cfg: RunConfig, unified: UnifiedConfig) -> list[tuple[str, str, s
         ("text_algorithm", target(cfg.algorithm), slab),
         ("image_algorithm", target(image.algorithm), slab),
         ("stack", target(cfg.stack), slab),
-        ("sampler", f"{TransfusionPipeline.__module__}.{TransfusionPipeline.__name__}", slab),
+        ("sampler", f"{sampler.__module__}.{sampler.__name__}", slab),
         ("rollout", target(cfg.rollout), slab),
         ("reward", target(cfg.reward), slab),
     ]
@@ -236,16 +279,30 @@ def plan_roles(cfg: RunConfig, unified: UnifiedConfig) -> list[tuple[str, str, s
 
 
 def image_summary(
-    cfg: RunConfig, objs: dict[str, Any], sampling: DiffusionSamplingParams
+    cfg: RunConfig,
+    objs: dict[str, Any],
+    sampling: DiffusionSamplingParams | ImageTokenSamplingParams,
 ) -> dict[str, Any]:
     """What ``dry_run`` prints about the image stage and the joint loss."""
     stack = cfg.stack or {}
     pairs = cfg.batch_size * objs["sampling"].samples_per_prompt
+    if isinstance(sampling, ImageTokenSamplingParams):
+        shape: dict[str, Any] = {
+            "image_tokens": "the model's (vision_config.num_image_tokens)",
+            "guidance_scale": sampling.guidance_scale,
+            "trains": "text + image tokens"
+            if float((stack.get("text") or {}).get("weight", 1.0)) > 0
+            else "image tokens only (stack.text.weight: 0)",
+        }
+    else:
+        shape = {
+            "resolution": f"{sampling.height}x{sampling.width}",
+            "num_inference_steps": sampling.num_inference_steps,
+        }
     return {
         "pairs_per_rollout": pairs,
         "images_per_rollout": pairs,
-        "resolution": f"{sampling.height}x{sampling.width}",
-        "num_inference_steps": sampling.num_inference_steps,
+        **shape,
         "loss_weights": {
             name: (stack.get(name) or {}).get("weight", 1.0) for name in ("text", "image")
         },
@@ -265,10 +322,9 @@ class UnifiedModelTrainer(StageTrainer):
         super().__init__(cfg, data)
         self.unified = unified
         self.sampling: ARSamplingParams = instantiate(cfg.sampling, _convert_="object")
-        self.image_sampling: DiffusionSamplingParams = instantiate(
-            unified.image.sampling, _convert_="object"
-        )
-        self.sde_steps = self.image_sampling.sde_steps or AllSteps()
+        self.image_sampling: Any = instantiate(unified.image.sampling, _convert_="object")
+        self.tokens = image_tokens(unified)
+        self.sde_steps = None if self.tokens else self.image_sampling.sde_steps or AllSteps()
         self._held: dict[str, RolloutTrack] = {}
 
     # -- placement -----------------------------------------------------------------------------
@@ -284,7 +340,9 @@ class UnifiedModelTrainer(StageTrainer):
             backend = remote(cfg.backend, name="backend", bundle=bundle)
             text_algorithm = remote(cfg.algorithm, name="text_algorithm", policy=text_pipeline)
             image_algorithm = remote(
-                image.algorithm, name="image_algorithm", pipeline=image_pipeline
+                image.algorithm,
+                name="image_algorithm",
+                **{("policy" if self.tokens else "pipeline"): image_pipeline},
             )
             stack = remote(
                 cfg.stack,
@@ -302,7 +360,7 @@ class UnifiedModelTrainer(StageTrainer):
                 algorithm=image_algorithm,
             )
             sampler = remote(
-                TransfusionPipeline,
+                JanusPipeline if self.tokens else TransfusionPipeline,
                 name="sampler",
                 text_pipeline=text_pipeline,
                 image_pipeline=image_pipeline,
@@ -317,8 +375,9 @@ class UnifiedModelTrainer(StageTrainer):
             reward=reward,
         )
         info = ops.describe(self.image_sampling)
-        self.latent_shape = info["latent_shape"]
-        self.schedules = {mode: sigmas.cpu() for mode, sigmas in info["sigmas"].items()}
+        if not self.tokens:
+            self.latent_shape = info["latent_shape"]
+            self.schedules = {mode: sigmas.cpu() for mode, sigmas in info["sigmas"].items()}
         print(
             f"[unirl] unified model: {info['trainable_params']:,} trainable parameters on "
             f"{info['device']} (one backend, text + image losses)",
@@ -367,6 +426,38 @@ class UnifiedModelTrainer(StageTrainer):
         train = mode == "train"
         spp = self.sampling.samples_per_prompt if train else self.cfg.eval.samples_per_prompt
         sample_ids, group_ids = rollout_ids(len(prompts), spp, rollout_index, train=train)
+        sampling = self.sampling
+        image = (
+            self._token_request(sample_ids, mode)
+            if self.tokens
+            else self._latent_request(sample_ids, rollout_index, train)
+        )
+        return RolloutReq(
+            sample_ids=sample_ids,
+            group_ids=group_ids,
+            primitives={"text": prompt_texts(prompts, spp)},
+            metadata=prompt_metadata(prompts, spp),
+            stage_params={TEXT_TRACK: text_request(sampling, sample_ids, mode), IMAGE_TRACK: image},
+            sampling_params=sampling,
+            seed=self.cfg.seed if train else self.cfg.eval.seed,
+            rollout_index=rollout_index,
+            mode=mode,  # type: ignore[arg-type]
+        )
+
+    def _token_request(self, sample_ids: Any, mode: str) -> ImageTokenRequest:
+        """The image-token stage: seed ids = sample ids (their own uniform stream), the
+        model's image tokens, the guidance scale and temperature of ``mode``."""
+        params = self.image_sampling
+        return ImageTokenRequest(
+            seed_ids=sample_ids.clone(),
+            max_new_tokens=1,  # the pipeline draws the model's num_image_tokens
+            temperature=params.temperature_for(mode),
+            guidance_scale=params.guidance_scale,
+        )
+
+    def _latent_request(
+        self, sample_ids: Any, rollout_index: int, train: bool
+    ) -> ImageStageRequest:
         params = self.image_sampling
         steps = params.num_inference_steps if train else params.eval_num_inference_steps
         sde = sde_indices(
@@ -377,26 +468,12 @@ class UnifiedModelTrainer(StageTrainer):
             n=len(sample_ids),
             trains=train,
         )
-        sampling = self.sampling
-        return RolloutReq(
-            sample_ids=sample_ids,
-            group_ids=group_ids,
-            primitives={"text": prompt_texts(prompts, spp)},
-            metadata=prompt_metadata(prompts, spp),
-            stage_params={
-                TEXT_TRACK: text_request(sampling, sample_ids, mode),
-                IMAGE_TRACK: ImageStageRequest(
-                    init_noise_ids=sample_ids.clone(),
-                    sde_indices=sde,
-                    sigmas=self.schedules["train" if train else "eval"].clone(),
-                    init_noise_shape=tuple(self.latent_shape),
-                    sampling_params=params,
-                ),
-            },
-            sampling_params=sampling,
-            seed=self.cfg.seed if train else self.cfg.eval.seed,
-            rollout_index=rollout_index,
-            mode=mode,  # type: ignore[arg-type]
+        return ImageStageRequest(
+            init_noise_ids=sample_ids.clone(),
+            sde_indices=sde,
+            sigmas=self.schedules["train" if train else "eval"].clone(),
+            init_noise_shape=tuple(self.latent_shape),
+            sampling_params=params,
         )
 
     # -- one joint step for both stages ------------------------------------------------------------

@@ -150,3 +150,16 @@ class JanusBundle(CausalLMBundle):
             pixels = self.model(decode_tokens=tokens[i : i + chunk].to(self.device))
             out.append((pixels.float() / 2 + 0.5).clamp(0, 1))
         return torch.cat(out)
+
+    # -- export (``FSDPBackend.export_pretrained``) ----------------------------------------------
+
+    def save_pretrained(
+        self, path: str | Path, state: dict[str, torch.Tensor], write_pretrained: Any
+    ) -> Path:
+        """The trained model as one transformers folder that plain
+        ``JanusForConditionalGeneration.from_pretrained`` loads (text and image generation,
+        the VQ decoder included): ``state`` is the :class:`JanusPolicy`'s (``janus.*``),
+        written under the names of ``JanusForConditionalGeneration.state_dict()``."""
+        prefix = "janus."
+        inner = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+        return write_pretrained(Path(path), self.janus, inner, self.tokenizer)

@@ -1,15 +1,17 @@
 """The ``tiny`` Janus: a real ``JanusForConditionalGeneration`` at toy size (random init,
 seeded) with a ChatML tokenizer trained locally, saved as a transformers folder. No download;
-about 1.7M parameters, 1.6M of them the VQ model; seconds to build.
+about 3.9M parameters, 3.8M of them the VQ model; seconds to build.
 
 Every part of the real model is there at toy width: the LLaMA decoder (2 layers, hidden 64,
 grouped-query attention), the SigLIP vision tower and its aligner (understanding), the VQ
 tokenizer's decoder, the generation embeddings, aligner and head (image tokens). A 32 px image
-is 4 x 4 = 16 image tokens from a 64-code book. The VQ decoder is 64 channels wide: its last
-GroupNorm (32 groups) then holds two channels per group, so an image's mean brightness survives
-the normalisation and depends on which codes the policy picks (at 32 channels, one per group,
-every code decodes to nearly the same brightness: 0.513-0.516 over 64 random images, against
-0.453-0.470 at 64 channels), which is what the brightness quick start learns from.
+is 4 x 4 = 16 image tokens from a 64-code book, each token an 8 x 8 pixel block.
+
+The VQ decoder is *shaped* (:func:`shape_vq_decoder`) so that pixel rewards are learnable: a
+random one decodes every code to nearly the same brightness (0.45-0.47 over 64 random images),
+since each of its GroupNorms (32 groups, hard-coded) erases the mean of its group. Shaped,
+the 64 codes repeated over a whole image span brightness 0.06-0.97, and 64 random images
+0.29-0.60.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common_ar.tiny import CHATML_TEMPLATE, build_chat_tokenizer
 
 # Bump when the build code changes what it writes: it is part of the cache key.
-TINY_BUILDER_VERSION = 1
+TINY_BUILDER_VERSION = 2
 
 BOS, BOI, EOI, IMAGE_PLACEHOLDER = (
     "<|begin_of_sentence|>",
@@ -51,7 +53,10 @@ class TinyJanusSpec:
     image_size: int = 32
     patch_size: int = 8
     codebook_size: int = 64
-    vq_base_channels: int = 64
+    vq_base_channels: int = 128
+    anchor_value: float = 10.0
+    residual_damping: float = 0.05
+    decoder_gain: float = 1.5
 
 
 def tiny_tokenizer(spec: TinyJanusSpec) -> Any:
@@ -103,7 +108,7 @@ def model_config(spec: TinyJanusSpec, tokenizer: Any) -> dict[str, Any]:
             "base_channels": spec.vq_base_channels,
             # 3 upsamplings: a 4 x 4 token grid decodes to 32 x 32 pixels
             "channel_multiplier": [1, 1, 1, 1],
-            "num_res_blocks": 1,
+            "num_res_blocks": 0,
             "projection_dim": spec.hidden_size,
             "image_token_embed_dim": spec.hidden_size,
             "num_hidden_layers": 2,
@@ -126,6 +131,72 @@ def generation_config(tokenizer: Any) -> Any:
     )
 
 
+@torch.no_grad()
+def shape_vq_decoder(vq: Any, spec: TinyJanusSpec, generator: torch.Generator) -> None:
+    """Turn the random VQ decoder into a smooth, strongly responsive one (the tiny diffusion
+    VAEs' shaping, ``unirl.models.common.tiny_vae``, per GroupNorm group).
+
+    Channels come in fours, one four per GroupNorm group (128 channels, 32 groups): two *signal*
+    channels and two *anchor* channels that ``conv_in`` fills with the constants ``+A`` and
+    ``-A`` (``anchor_value``). The anchors dominate their group's statistics (mean ~0, std
+    ~A/sqrt(2)), so every normalisation acts as a nearly fixed affine map of the signal instead of
+    erasing it (with two channels per group, or without anchors, a constant code would
+    normalise to the same values whatever it is). ``post_quant_conv`` projects each (unit-norm) code onto
+    the signal channels at random; residual branches (resnets, attention) are damped; the
+    upsamplers copy each channel (nearest x2); the last norm undoes the anchor scaling and puts
+    SiLU in its near-linear range; ``conv_out`` mixes the signal channels into RGB around
+    mid-grey. Each token then decodes to its own 8 x 8 block whose colour and brightness are a
+    smooth function of the code.
+    """
+    from transformers.models.janus.modeling_janus import (
+        JanusVQVAEAttnBlock,
+        JanusVQVAEConvUpsample,
+        JanusVQVAEResnetBlock,
+    )
+
+    decoder = vq.decoder
+    channels = decoder.conv_in.out_channels
+    index = torch.arange(channels)
+    signal = index[index % 4 < 2]
+    plus, minus = index[index % 4 == 2], index[index % 4 == 3]
+    embed = vq.post_quant_conv.in_channels
+    w = torch.zeros_like(vq.post_quant_conv.weight)
+    w[signal, :, 0, 0] = torch.randn(len(signal), embed, generator=generator)
+    vq.post_quant_conv.weight.copy_(w)
+    vq.post_quant_conv.bias.zero_()
+    w = torch.zeros_like(decoder.conv_in.weight)
+    w[signal, signal, 1, 1] = 1.0
+    decoder.conv_in.weight.copy_(w)
+    decoder.conv_in.bias.zero_()
+    decoder.conv_in.bias[plus] = spec.anchor_value
+    decoder.conv_in.bias[minus] = -spec.anchor_value
+    for module in decoder.modules():
+        if isinstance(module, JanusVQVAEResnetBlock):
+            module.conv2.weight.mul_(spec.residual_damping)
+            module.conv2.bias.zero_()
+        elif isinstance(module, JanusVQVAEAttnBlock):
+            module.proj_out.weight.mul_(spec.residual_damping)
+            module.proj_out.bias.zero_()
+        elif isinstance(module, JanusVQVAEConvUpsample):
+            w = torch.zeros_like(module.conv.weight)
+            w[torch.arange(channels), torch.arange(channels), 1, 1] = 1.0
+            module.conv.weight.copy_(w)
+            module.conv.bias.zero_()
+    # in a group {s1, s2, +A, -A}: normalised s ~ (s - mean) / (A/sqrt(2)); undo it to 0.6·s + 1
+    decoder.norm_out.weight.zero_()
+    decoder.norm_out.bias.zero_()
+    decoder.norm_out.weight[signal] = 0.6 * spec.anchor_value / 2**0.5
+    decoder.norm_out.bias[signal] = 1.0
+    mix = torch.randn(3, len(signal), generator=generator) * (
+        spec.decoder_gain / len(signal) ** 0.5
+    )
+    w = torch.zeros_like(decoder.conv_out.weight)
+    w[:, signal, 1, 1] = mix
+    decoder.conv_out.weight.copy_(w)
+    # SiLU(1) = 0.731: a code at the mean of the signal decodes to mid-grey
+    decoder.conv_out.bias.copy_(-mix.sum(dim=1) * 0.731)
+
+
 def write_tiny_janus(folder: Path, spec: TinyJanusSpec) -> None:
     """Build the tiny model and tokenizer and ``save_pretrained`` both into ``folder``."""
     from transformers import JanusConfig, JanusForConditionalGeneration
@@ -135,6 +206,7 @@ def write_tiny_janus(folder: Path, spec: TinyJanusSpec) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = JanusForConditionalGeneration(config)
+        shape_vq_decoder(model.model.vqmodel, spec, torch.Generator().manual_seed(spec.seed + 1))
     model.generation_config = generation_config(tokenizer)
     with hf_progress_bars_disabled():
         model.save_pretrained(str(folder))

@@ -1,0 +1,65 @@
+"""The Janus-Pro recipes of ``unirl.train_unified_model``: the checks before Ray refuse a broken
+image-token stage in one line; the GPU recipes dry-run (runs: ``tests/e2e/test_janus_tiny.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from unirl.config.entry import compose_recipe
+from unirl.config.require import ConfigError
+from unirl.config.validate import validate
+from unirl.trainer.unified_model import check_unified_recipe
+
+TINY = "unified_model/janus_tiny_t2i_r1"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            [
+                "unified.image.sampling._target_=unirl.types.DiffusionSamplingParams",
+                "~unified.image.sampling.temperature",
+                "~unified.image.sampling.eval_temperature",
+            ],
+            "a Janus image stage samples tokens; use unirl.models.janus.ImageTokenSamplingParams",
+        ),
+        (["unified.image.sampling.samples_per_prompt=2"], "one image per text sample"),
+        (["unified.image.sampling.guidance_scale=0.5"], "guidance_scale=0.5 must be >= 1"),
+        (
+            ["unified.image.algorithm._target_=unirl.algorithms.FlowGRPO"],
+            "image tokens train with a token loss: use unirl.algorithms.GRPO",
+        ),
+        (
+            ["pipeline._target_=unirl.models.unified.TransfusionTextPipeline"],
+            "is not a JanusTextPipeline",
+        ),
+        (["bundle.path=nowhere/none", "+bundle.bogus=1"], "bogus"),
+    ],
+)
+def test_broken_janus_recipes_are_refused(
+    overrides: list[str], message: str, tmp_path: Path
+) -> None:
+    data = compose_recipe(TINY, [f"output_dir={tmp_path / 'run'}", *overrides])
+    with pytest.raises(ConfigError, match=message) as info:
+        cfg, objs = validate(data)
+        check_unified_recipe(cfg, objs)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "recipe", ["unified_model/janus_pro_7b_t2i_r1", "unified_model/janus_pro_7b_image_only"]
+)
+def test_gpu_recipes_dry_run(recipe: str, tmp_path: Path, capsys: Any) -> None:
+    from unirl.train_unified_model import run
+
+    data = compose_recipe(recipe, [f"output_dir={tmp_path / 'run'}", "dry_run=true"])
+    assert run(data) == 0
+    out = capsys.readouterr().out
+    assert "unirl.models.janus.pipeline.JanusPipeline" in out
+    assert "guidance_scale                     5.0" in out
+    only = recipe.endswith("image_only")
+    assert ("image tokens only (stack.text.weight: 0)" in out) == only
