@@ -79,7 +79,8 @@ def test_greedy_image_tokens_equal_transformers_generate(bundle: JanusBundle) ->
     contexts = bundle.image_context(bundle.encode_prompts(list(PROMPTS)))
     unguided = pipe.generate(image_request(rows, rows, temperature=0.0, guidance=1.0))
     with bundle.sampling_mode():
-        for i, ctx in enumerate(contexts):
+        for i in (0, 2):  # a short and the longest prompt (both left-padded in our batch)
+            ctx = contexts[i]
             x = torch.tensor([ctx])
             theirs = bundle.janus.generate(
                 x,
