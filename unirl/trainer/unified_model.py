@@ -1,7 +1,10 @@
 """The unified-model trainer: a placement recipe of the loop in ``unirl.trainer.base``.
 
-One transformer writes text and draws images (``unirl.models.unified``: a transfusion-style
-model). Each rollout sample is a pair on one response:
+One transformer writes text and draws images: ``unirl.models.unified`` (a transfusion-style
+model whose image stage denoises latents) or ``unirl.models.janus`` (Janus-Pro, whose image
+stage writes VQ tokens with classifier-free guidance; the image pipeline's ``image_output =
+"tokens"`` selects that stage's request and loss: an ``ImageTokenRequest`` and a token loss,
+GRPO). Each rollout sample is a pair on one response:
 
 - ``text`` (the parent track): a "think / recaption" completion after the user's prompt
   (``sampling``, an ``ARSamplingParams``; ``samples_per_prompt`` pairs per prompt);
