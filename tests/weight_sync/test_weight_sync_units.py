@@ -340,3 +340,46 @@ def test_cuda_ipc_is_guarded_on_cpu() -> None:
         open_ipc_payload(IpcPayload(pid=os.getpid(), host=socket.gethostname(), handles=()))
     with pytest.raises(WeightSyncError, match=r"within one node only"):
         open_ipc_payload(IpcPayload(pid=-1, host="elsewhere", handles=()))
+
+
+def test_lora_sync_moves_the_named_source_adapter() -> None:
+    """``source_adapter: old`` (DiffusionNFT on an external engine): the engine receives the
+    old adapter's tensors under the trained adapter's name, not the trained ones."""
+    from types import SimpleNamespace
+
+    from sync_fakes import Toy
+
+    from unirl.distributed.weight_sync.base import strip_adapter
+    from unirl.train import FSDPBackend
+
+    lora = {"rank": 2, "alpha": 4, "targets": ["to_q", "to_k"], "extra_adapters": ["old"]}
+    backend = FSDPBackend(
+        bundle=SimpleNamespace(transformer=Toy(seed=0)),
+        lora=lora,
+        param_dtype="fp32",
+        device="cpu",
+        seed=0,
+    )
+    nudge(backend, 3)  # the trained adapter moves; "old" stays the copy made at injection
+    old, trained = backend.adapter_state_dict("old"), backend.adapter_state_dict()
+    assert any(not torch.equal(old[k], trained[k]) for k in old)
+
+    def engine_adapter(engine: ToyEngine) -> dict[str, torch.Tensor]:
+        return {
+            strip_adapter(n, "default"): p.detach().clone()
+            for n, p in engine.module.named_parameters()
+            if ".lora_" in n
+        }
+
+    for source, want in (("old", old), (None, trained)):
+        engine = ToyEngine()
+        local_sync(LoraSync(source_adapter=source), backend, engine)
+        got = engine_adapter(engine)
+        assert sorted(got) == sorted(want)
+        assert all(torch.equal(got[k], want[k]) for k in want), source
+    with pytest.raises(
+        ConfigError, match=r"source_adapter='ema2' is not an adapter.*\['default', 'old'\]"
+    ):
+        LoraSync(source_adapter="ema2").check_backend(backend)
+    with pytest.raises(ConfigError, match="only a LoRA sync moves a named adapter"):
+        FullSync(source_adapter="old")

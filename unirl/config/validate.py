@@ -401,16 +401,29 @@ def check_dynamic_sampling(cfg: RunConfig, objs: dict[str, Any]) -> None:
 
 def check_old_adapter_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
     """Algorithms that sample with an old / EMA adapter (DiffusionNFT) need that adapter and a
-    sampler that can switch to it (the trainside engine)."""
+    sampler that samples it: the trainside engine switches to it; an external engine gets it
+    from a ``LoraSync`` whose ``source_adapter`` is the old adapter."""
     if not _algorithm_knob(cfg, "requires_ema_rollout"):
         return
     target = _target(cfg, "algorithm")
-    require(
-        engine_kind(cfg) == "trainside",
-        f"{target} samples with its old adapter, which only the trainside engine can switch to; "
-        "use rollout._target_=unirl.rollout.TrainsideEngine",
-    )
-    old = _setting(cfg, "algorithm", "old_adapter")
+    old = _setting(cfg, "algorithm", "old_adapter") or "old"
+    kind = engine_kind(cfg)
+    if kind != "trainside":
+        # an external engine holds one adapter: the sync must move the old one to it
+        source = _setting(cfg, "sync", "source_adapter") if cfg.sync is not None else None
+        require(
+            source == old,
+            f"{target} samples with its old adapter {old!r}; rollout {kind} samples what the "
+            f"sync moves (sync.source_adapter={source!r}): set sync.source_adapter={old} with "
+            "sync._target_=unirl.distributed.weight_sync.LoraSync, or use "
+            "rollout._target_=unirl.rollout.TrainsideEngine",
+        )
+        if int(getattr(cfg, "eval_interval", 0) or 0) > 0:
+            print(
+                f"[unirl] note: eval rollouts on the {kind} engine sample the old adapter {old!r} "
+                "(the engine holds only what the sync moves), not the trained one",
+                flush=True,
+            )
     extra = getattr(objs.get("backend.lora"), "extra_adapters", None) or []
     require(
         old in extra,

@@ -48,6 +48,12 @@ class WeightSync:
     API, e.g. an SGLang server or vLLM-Omni workers on a node without NCCL; any layout).
     ``bucket_mb``: bucket size of collective and tensor transfers. ``timeout_s`` bounds the group's
     rendezvous and every collective.
+    ``source_adapter`` (LoRA syncs): the trainer's adapter whose tensors the engine receives
+    (``None``: the trained one). DiffusionNFT samples its train rollouts with the frozen
+    ``old`` adapter (an EMA of the trained one, updated in ``after_train``, before the sync
+    runs): on an external engine, which holds one adapter, ``source_adapter: old`` makes it
+    sample what the trainside engine would switch to. The engine's copy keeps the trained
+    adapter's name; only the tensors differ.
     """
 
     kind: ClassVar[str] = "full"
@@ -72,6 +78,7 @@ class WeightSync:
         ] = "auto",
         bucket_mb: PositiveFloat = 512.0,
         timeout_s: PositiveFloat = 600.0,
+        source_adapter: str | None = None,
     ) -> None:
         require(
             interval is None or interval >= 1, f"sync.interval must be >= 1 or null, got {interval}"
@@ -87,6 +94,12 @@ class WeightSync:
         )
         require(bucket_mb > 0, f"sync.bucket_mb must be > 0, got {bucket_mb}")
         require(timeout_s > 0, f"sync.timeout_s must be > 0, got {timeout_s}")
+        require(
+            source_adapter is None or (bool(source_adapter) and self.kind == "lora"),
+            f"sync.source_adapter={source_adapter!r}: only a LoRA sync moves a named adapter "
+            "(sync._target_=unirl.distributed.weight_sync.LoraSync); leave it null otherwise",
+        )
+        self.source_adapter = source_adapter
         self.interval = interval
         self.remap = NameRemap(name_remap)
         self.merged_lora = bool(merged_lora)
@@ -149,6 +162,12 @@ class WeightSync:
         self.check_trained(
             self.kind, type(self).__name__, bool(getattr(backend, "has_lora", False))
         )
+        present = list(getattr(backend, "adapters", None) or [])
+        require(
+            self.source_adapter is None or self.source_adapter in present,
+            f"sync.source_adapter={self.source_adapter!r} is not an adapter of the backend "
+            f"(present: {present}); add it with backend.lora.extra_adapters",
+        )
 
     def adapter_name(self, backend: Any) -> str:
         lora = getattr(backend, "lora", None)
@@ -196,7 +215,7 @@ class WeightSync:
         """Full (unsharded) tensors under canonical trainer names, on every train rank (a
         collective under FSDP: call on every train rank)."""
         if self.kind == "lora":
-            state = backend.adapter_state_dict()
+            state = backend.adapter_state_dict(self.source_adapter)
         else:
             state = backend.full_trainable_state()
         return {canonical_name(k): v for k, v in state.items()}
