@@ -12,6 +12,7 @@ from unirl.algorithms.flowdppo import FlowDPPO
 from unirl.algorithms.flowgrpo import FlowGRPO
 from unirl.algorithms.grpo import GRPO, GSPO, TokenPolicy, TokenPolicyLoss
 from unirl.algorithms.kl import KLConfig
+from unirl.algorithms.ppo import PPO, TokenValuePolicy
 from unirl.algorithms.reinforcepp import ReinforcePP
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "DRPO",
     "GRPO",
     "GSPO",
+    "PPO",
     "DiffusionNFT",
     "FlowDPPO",
     "FlowGRPO",
@@ -31,6 +33,7 @@ __all__ = [
     "StepResult",
     "TokenPolicy",
     "TokenPolicyLoss",
+    "TokenValuePolicy",
     "gdpo_advantages",
     "nft_loss",
 ]

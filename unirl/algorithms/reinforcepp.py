@@ -37,6 +37,23 @@ def kl_to_go(k1: torch.Tensor, offsets: torch.Tensor, mask: torch.Tensor) -> tor
     return torch.where(mask, out, torch.zeros_like(out))
 
 
+def batch_token_stats(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float]:
+    """Mean and population std of ``values[mask]`` over every ``(values, mask)`` part, summed
+    over the ranks when torch.distributed is up (every rank gets the same two numbers)."""
+    device = parts[0][0].device if parts else torch.device("cpu")
+    stats = torch.zeros(3, dtype=torch.float64, device=device)
+    for values, mask in parts:
+        v = values.double()[mask]
+        stats += torch.stack([v.sum(), v.square().sum(), torch.tensor(float(v.numel()))])
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(stats)
+    total, square, count = stats.tolist()
+    if not count:
+        return 0.0, 0.0
+    mean = total / count
+    return mean, max(square / count - mean * mean, 0.0) ** 0.5
+
+
 class ReinforcePP(GRPO):
     """REINFORCE++: the per-token KL to the reference folded into the reward, the return
     normalised over every loss token of the rollout batch (not per group), PPO's clip.
@@ -117,16 +134,7 @@ class ReinforcePP(GRPO):
             g = torch.repeat_interleave(adv.double(), lengths).to(shaped.device) + shaped
             returns.append(g)
             masks.append(self._mask(seg, g))
-        device = returns[0].device if returns else torch.device("cpu")
-        stats = torch.zeros(3, dtype=torch.float64, device=device)
-        for g, m in zip(returns, masks, strict=True):
-            v = g[m]
-            stats += torch.stack([v.sum(), v.square().sum(), torch.tensor(float(v.numel()))])
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(stats)
-        total, square, count = stats.tolist()
-        mean = total / count if count else 0.0
-        std = max(square / count - mean * mean, 0.0) ** 0.5 if count else 0.0
+        mean, std = batch_token_stats(list(zip(returns, masks, strict=True)))
         self._return_stats = {"returns/mean": mean, "returns/std": std}
         out = []
         for (cond, seg, adv), g, m in zip(micro, returns, masks, strict=True):

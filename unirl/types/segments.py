@@ -77,7 +77,8 @@ class TextSegment(Batch):
     engine's values when a loss still needs them (truncated importance sampling).
     ``token_advantages``: per-token advantages a loss computes itself before training
     (REINFORCE++'s KL-shaped, batch-normalised return); absent, a loss broadcasts the
-    sample's advantage to its tokens.
+    sample's advantage to its tokens. ``old_values`` / ``value_targets``: a value head's
+    V_old per token and its GAE targets (PPO).
     """
 
     tokens: Packed = batch_field("packed")
@@ -85,9 +86,18 @@ class TextSegment(Batch):
     loss_mask: Packed | None = batch_field("packed", default=None)
     rollout_log_probs: Packed | None = batch_field("packed", default=None)
     token_advantages: Packed | None = batch_field("packed", default=None)
+    old_values: Packed | None = batch_field("packed", default=None)
+    value_targets: Packed | None = batch_field("packed", default=None)
 
     def __post_init__(self) -> None:
-        for name in ("log_probs", "loss_mask", "rollout_log_probs", "token_advantages"):
+        for name in (
+            "log_probs",
+            "loss_mask",
+            "rollout_log_probs",
+            "token_advantages",
+            "old_values",
+            "value_targets",
+        ):
             p = getattr(self, name)
             if p is not None and not torch.equal(p.offsets, self.tokens.offsets):
                 raise ValueError(f"TextSegment.{name} offsets must match tokens offsets")
