@@ -546,3 +546,30 @@ def test_score_video_refusals_before_posting(monkeypatch):
         with pytest.raises(RewardError, match=r"fps=0.0; give the videos' frames per second"):
             client.score_video(VIDEOS[:2], 0.0, PROMPTS[:2], META[:2])
     assert posts(stub) == []
+
+
+def test_credentials_in_the_url_send_basic_auth_and_never_appear_in_messages():
+    """``http://user:password@host``: basic auth reaches the server; the password is in no
+    error message or repr, and a bearer token beside it is refused (httpx would silently
+    replace the token's header with the URL's basic auth)."""
+    with stub_server(score_means_handler) as (url, stub):
+        secret_url = url.replace("http://", "http://alice:pa%2055word@")
+        backend = RemoteRewardBackend(url=secret_url, reward="mean")
+        assert backend.url == url
+        backend.score(IMAGES[:1], PROMPTS[:1], META[:1])
+        sent = {headers.get("authorization") for _, _, _, headers in stub.requests}
+        assert sent == {"Basic " + base64.b64encode(b"alice:pa 55word").decode()}
+        assert "55word" not in repr(backend) and "alice" not in repr(backend)
+        assert "s3cr3t" not in repr(RemoteRewardBackend(url=url, reward="mean", token="s3cr3t"))
+        with pytest.raises(ConfigError, match=r"basic auth.*a token is set too"):
+            RemoteRewardBackend(url=secret_url, reward="mean", token="abc")
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    down = RemoteRewardBackend(
+        url=f"http://alice:pa55word@127.0.0.1:{port}", reward="mean", max_retries=0
+    )
+    with pytest.raises(RewardError) as err:
+        down.check()
+    assert f"http://127.0.0.1:{port}/rewards" in str(err.value)
+    assert "pa55word" not in str(err.value)

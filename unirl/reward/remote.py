@@ -73,7 +73,10 @@ class RemoteRewardBackend(RewardBackend):
     it must exceed the server's own ``timeout_s`` for the reward); ``backoff_s``: the first
     retry's wait (doubling per retry). ``token``: the service's bearer token, or
     ``token_env``: the environment variable holding it (read at each request; one of the two,
-    or neither for an open service). ``image_format``: ``png`` or ``jpeg``, at
+    or neither for an open service). A ``scheme://user:password@host`` URL sends HTTP basic
+    auth with those credentials instead (not together with a token: one ``Authorization``
+    header); the credentials are taken out of ``url`` at construction, so no message, log
+    line or ``repr`` carries them (nor the token). ``image_format``: ``png`` or ``jpeg``, at
     ``jpeg_quality`` (1-100).
     """
 
@@ -86,7 +89,7 @@ class RemoteRewardBackend(RewardBackend):
     backoff_s: float = 0.5
     max_backoff_s: float = 30.0
     batch_size: int = 32
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     token_env: str | None = None
     image_format: Literal["png", "jpeg"] = "png"
     jpeg_quality: int = 95
@@ -96,13 +99,20 @@ class RemoteRewardBackend(RewardBackend):
     _request_size: int = field(init=False, repr=False, compare=False, default=0)
     _request_pixels: int = field(init=False, repr=False, compare=False, default=0)
     _max_frames: int = field(init=False, repr=False, compare=False, default=0)
+    _basic_auth: tuple[str, str] | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         self.url = str(self.url).rstrip("/")
         self.components = tuple(str(c) for c in self.components)
+        self.url, self._basic_auth = _split_credentials(self.url)
         require(
             self.url.startswith(("http://", "https://")),
             f"RemoteRewardBackend.url={self.url!r} must start with http:// or https://",
+        )
+        require(
+            self._basic_auth is None or not (self.token or self.token_env),
+            "RemoteRewardBackend: the url carries user:password (basic auth) and a token is "
+            "set too; one Authorization header goes per request: keep one of the two",
         )
         require(bool(self.reward), "RemoteRewardBackend.reward must name a reward on the server")
         require(
@@ -379,7 +389,9 @@ class RemoteRewardBackend(RewardBackend):
         """Send with retries; returns ``(json body, attempts)``."""
         httpx = _httpx()
         if self._client is None:
-            self._client = httpx.Client(timeout=self.timeout_s, verify=_tls_context())
+            self._client = httpx.Client(
+                timeout=self.timeout_s, verify=_tls_context(), auth=self._basic_auth
+            )
         headers = self._headers()
         where = f"reward service {method} {self.url}{path} (reward '{self.reward}')"
         last = ""
@@ -408,6 +420,22 @@ class RemoteRewardBackend(RewardBackend):
             if attempt + 1 < attempts:
                 time.sleep(wait)
         raise RewardError(f"{where} failed after {attempts} attempts; last error: {last}")
+
+
+def _split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``scheme://user:password@host/...`` -> (``scheme://host/...``, (user, password));
+    a URL without credentials comes back unchanged with ``None``."""
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 literal keeps its brackets
+        host = f"[{host}]"
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    bare = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return bare, (unquote(parts.username or ""), unquote(parts.password or ""))
 
 
 def _num(value: Any) -> float:
