@@ -137,8 +137,10 @@ class BundleContract:
             bundle.decode(latents[:4] + shift).mean().backward()
         direction = shift.grad / shift.grad.norm()
         a = torch.randn(16, generator=gen)
-        moved = bundle.decode(latents + a.view(-1, 1, 1, 1) * direction).mean(dim=(1, 2, 3))
-        base = pixels.mean(dim=(1, 2, 3))
+        # per-sample mean brightness (images [B, 3, H, W], videos [B, T, 3, H, W])
+        along = a.view(-1, *([1] * len(shape))) * direction
+        moved = bundle.decode(latents + along).flatten(1).mean(1)
+        base = pixels.flatten(1).mean(1)
         assert torch.corrcoef(torch.stack([a, moved - base]))[0, 1] > 0.9
         if self.decoder_monotone:
             sweep = torch.stack(
