@@ -494,3 +494,21 @@ def test_upstream_recipes_that_do_not_dry_run_say_why(recipe: str) -> None:
 def test_migration_doc_gives_the_dry_run_count() -> None:
     text = (ROOT / "docs" / "migration.md").read_text()
     assert f"{len(DRY_RUNS)} of {len(UPSTREAM_RECIPES)}" in text
+
+
+def test_hunyuan_video_targets_map_to_the_right_version() -> None:
+    """Upstream's ``hunyuan_video`` package is HunyuanVideo 1.0 and its ``hunyuan_video15`` is
+    1.5; ours are ``hunyuan_video_v1`` and ``hunyuan_video``, whose own targets map onto
+    themselves."""
+    from unirl.tools.port_recipe import _family_class
+
+    v1 = _family_class("unirl.models.hunyuan_video.HunyuanVideoBundle", "Bundle")
+    assert v1 == "unirl.models.hunyuan_video_v1.HunyuanVideoBundle"
+    assert (
+        _family_class("unirl.models.hunyuan_video.HunyuanVideoPipeline", "Pipeline")
+        == "unirl.models.hunyuan_video_v1.HunyuanVideoPipeline"
+    )
+    v15 = _family_class("unirl.models.hunyuan_video15.HunyuanVideo15Bundle", "Bundle")
+    assert v15 == "unirl.models.hunyuan_video.HunyuanVideo15Bundle"
+    ours = _family_class("unirl.models.hunyuan_video.HunyuanVideo15Bundle", "Bundle")
+    assert ours == "unirl.models.hunyuan_video.HunyuanVideo15Bundle"

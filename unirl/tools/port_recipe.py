@@ -74,7 +74,14 @@ _MODEL_KEYS = {
     "max_prompt_length": "max_prompt_tokens",
 }
 # upstream model packages whose family here has another name
-FAMILY_ALIASES = {"wan21": "wan", "wan22": "wan"}
+# upstream package -> ours; upstream's ``hunyuan_video`` is HunyuanVideo 1.0 (ours:
+# ``hunyuan_video_v1``) and its ``hunyuan_video15`` is 1.5 (ours: ``hunyuan_video``)
+FAMILY_ALIASES = {
+    "wan21": "wan",
+    "wan22": "wan",
+    "hunyuan_video": "hunyuan_video_v1",
+    "hunyuan_video15": "hunyuan_video",
+}
 _SCORER_KEYS = {"base_device": "device"}
 
 # Upstream class name (the last part of its ``_target_``) -> rule. Keyed by class name, not
@@ -342,7 +349,10 @@ def _family_class(old_target: str, suffix: str) -> str | None:
     parts = old_target.split(".")
     if len(parts) < 3 or parts[:2] != ["unirl", "models"]:
         return None
-    package = f"unirl.models.{FAMILY_ALIASES.get(parts[2], parts[2])}"
+    family = parts[2]
+    if not (family == "hunyuan_video" and parts[-1].startswith("HunyuanVideo15")):
+        family = FAMILY_ALIASES.get(family, family)  # our own 1.5 targets map onto themselves
+    package = f"unirl.models.{family}"
     try:
         module = importlib.import_module(package)
     except ImportError:
