@@ -42,7 +42,10 @@ class JanusBundle(CausalLMBundle):
         generation = janus.generation_config
         extra = dict(getattr(generation, "generation_kwargs", None) or {})
         self.boi_token_id = int(extra.get("boi_token_id", self._token_id(BOI, BOI_ID)))
-        bos = generation.bos_token_id
+        # the tokenizer's BOS first (an ``*-arch`` preset borrows the tiny tokenizer, whose
+        # prompts start with its own BOS), then the generation config's
+        bos = self.tokenizer.bos_token_id
+        bos = bos if bos is not None else generation.bos_token_id
         self.bos_token_id = int(bos if bos is not None else BOS_ID)
         self.num_image_tokens = int(janus.config.vision_config.num_image_tokens)
         self.codebook_size = int(janus.config.vq_config.num_embeddings)
