@@ -12,6 +12,7 @@ from torch import Tensor
 
 from unirl.config import require
 from unirl.reward.base import RewardBackend, RewardError, ScoreResult, as_backend
+from unirl.reward.overlap import OverlappedScorer
 from unirl.types import STATUS_DROPPED, STATUS_OK
 
 FailurePolicy = Literal["raise", "drop_group"]
@@ -93,9 +94,19 @@ class RewardService:
         metadata = list(track.metadata) if track.metadata is not None else [{} for _ in prompts]
         if len(metadata) != n:
             raise RewardError(f"track has {n} prompts but {len(metadata)} metadata entries")
-        source = f"reward backend {type(self.backend).__name__}"
         references = getattr(track, "references", None)
         result = _call(self.backend, track.decoded, prompts, metadata, references)
+        return self.assemble(track, result)
+
+    def assemble(self, track: Any, result: ScoreResult) -> tuple[Any, dict[str, float]]:
+        """The second half of :meth:`score_track`: check the backend's ``result`` for the
+        whole track, apply the failure policy, compute metrics and guards (also used by
+        :class:`unirl.reward.overlap.OverlappedScorer`, which scores chunks earlier)."""
+        prompts = list(track.prompts)
+        n = len(prompts)
+        metadata = list(track.metadata) if track.metadata is not None else [{} for _ in prompts]
+        references = getattr(track, "references", None)
+        source = f"reward backend {type(self.backend).__name__}"
         result.check(self.backend.names, n, source)
         scores = {k: result.scores[k].to(device="cpu", dtype=torch.float32) for k in self.names}
         if result.total is not None:
@@ -160,6 +171,11 @@ class RewardService:
                 )
                 metrics[f"guard/{name}/failures"] = float((~finite).sum())
         return metrics
+
+    def overlapped(self) -> OverlappedScorer:
+        """A scorer of this service that takes a rollout chunk by chunk on a background
+        thread (:mod:`unirl.reward.overlap`)."""
+        return OverlappedScorer(self)
 
     def to(self, device: torch.device | str) -> RewardService:
         """Move the backend and guards to ``device``."""

@@ -436,7 +436,10 @@ class StageTrainer:
         for stage in self.stages:
             track = tracks[stage.track]
             if stage.reward is not None:
-                scored = stage.reward.score(light_track(track))
+                if track.rewards is not None and track.component_rewards is not None:
+                    scored = track  # scored while it was sampled (rollout.reward_overlap)
+                else:
+                    scored = stage.reward.score(light_track(track))
                 metrics.update({stage.key(k): v for k, v in reward_metrics(scored).items()})
                 track = dataclasses.replace(
                     track,

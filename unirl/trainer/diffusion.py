@@ -204,8 +204,10 @@ class DiffusionTrainer(StageTrainer):
                 pool.init_process_group(list(range(cfg.num_devices)), group_name="world")
             with placement(pool, fraction=1.0):  # every role a sibling on every worker
                 train = train_roles(cfg)
-                rollout = remote(cfg.rollout, name="rollout", pipeline=train["pipeline"])
                 reward = remote(RewardWorker, name="reward", service=cfg.reward)
+                # rollout.reward_overlap: the engine scores chunks through its reward sibling
+                overlap = {"reward": reward} if cfg.rollout.get("reward_overlap") else {}
+                rollout = remote(cfg.rollout, name="rollout", pipeline=train["pipeline"], **overlap)
             algorithm, stack, ops = train["algorithm"], train["stack"], train["ops"]
         else:  # [dedicated engines] colocate / separate layout + weight sync: trainer/dedicated.py
             self.dedicated = sync = build_dedicated_layout(cfg, pool)

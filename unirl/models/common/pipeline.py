@@ -164,8 +164,14 @@ class FlowMatchingPipeline:
     # -- sampling --------------------------------------------------------------------------
 
     @torch.no_grad()
-    def generate(self, req: RolloutReq) -> RolloutResp:
+    def generate(
+        self, req: RolloutReq, on_decoded: Callable[[slice, torch.Tensor], None] | None = None
+    ) -> RolloutResp:
         """Sample every request row; returns one track named ``track_name``.
+
+        ``on_decoded(rows, pixels)``: when given, each forward chunk is decoded as soon as it
+        is sampled and handed over (its reward can then run under the next chunk's sampling;
+        ``unirl.reward.overlap``); the track's pixels are those chunks, concatenated.
 
         The σ schedule, SDE steps and x_T recipe come from the request's
         ``DiffusionRequest`` under ``track_name``.
@@ -206,6 +212,7 @@ class FlowMatchingPipeline:
         t0 = time.perf_counter()
         chunk = self.forward_batch_size or len(req)
         segments = []
+        decoded_chunks: list[torch.Tensor] = []
         with record_function("unirl/denoise"):
             for start in range(0, len(req), chunk):
                 rows = slice(start, start + chunk)
@@ -225,13 +232,20 @@ class FlowMatchingPipeline:
                         policy_version=self.policy_version,
                     )
                 )
+                if on_decoded is not None:
+                    decoded_chunks.append(self.decode(segments[-1].final_latents))
+                    self._sync()
+                    on_decoded(rows, decoded_chunks[-1])
             segment = LatentSegment.concat(segments)
             self._sync()
         timings["rollout"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         with record_function("unirl/decode"):
-            pixels = self.decode(segment.final_latents)
+            if on_decoded is not None:  # decoded chunk by chunk above
+                pixels = torch.cat(decoded_chunks)
+            else:
+                pixels = self.decode(segment.final_latents)
             self._sync()
         timings["decode"] = time.perf_counter() - t0
 

@@ -1,0 +1,136 @@
+"""Reward time hidden under sampling: score a track chunk by chunk on a background thread as
+each chunk is decoded, then attach the rewards for the whole track exactly as
+:meth:`RewardService.score_track` would.
+
+The caller (an engine's sampling loop) calls :meth:`OverlappedScorer.submit` with each decoded
+chunk (a :class:`RolloutTrack` slice carrying ``decoded``, ``prompts``, ``metadata``) and
+goes on sampling the next one; one worker thread scores the chunks in order. :meth:`finish`
+waits for the last chunk, concatenates the per-chunk :class:`ScoreResult` s and hands them to
+:meth:`RewardService.assemble`: the failure policy, totals, metrics and guards then run on the
+whole track, so rewards, component rewards and status equal end-of-rollout scoring bit for bit
+whenever the backend scores each sample independently of its batch-mates (rule scorers: GenEval,
+OCR, JPEG, targets). A batch-normalised total (``WeightedRewardBackend(normalize=batch_zscore)``)
+is refused; model scorers change only at fp rounding with the batch shape (submit chunks of
+their ``batch_size`` to keep it exact).
+
+Metrics (``reward_overlap/``): ``latency_s`` (thread time spent scoring), ``wait_s`` (time
+:meth:`finish` blocked), ``hidden_fraction`` (``1 - wait_s / latency_s``, clamped to [0, 1]: the
+share of reward time that ran under sampling), ``queue_depth_max`` (chunks waiting or running
+when one was submitted, the one submitted included), ``chunks``. Backend metrics of the chunks
+(e.g. ``geneval/<task>``) are combined as sample-weighted means.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from unirl.config import require
+from unirl.reward.base import ScoreResult
+
+
+@dataclass
+class _Chunk:
+    size: int
+    future: Future
+
+
+def merge_results(parts: list[tuple[int, ScoreResult]]) -> ScoreResult:
+    """One :class:`ScoreResult` for the concatenated samples of ``(size, result)`` parts:
+    scores, errors and totals concatenated; metrics averaged weighted by size."""
+    require(bool(parts), "merge_results: no chunks were scored")
+    names = list(parts[0][1].scores)
+    scores = {k: torch.cat([r.scores[k].to("cpu", torch.float32) for _, r in parts]) for k in names}
+    errors: dict[str, list[str | None]] = {}
+    for k in {k for _, r in parts for k in r.errors}:
+        errors[k] = [e for n, r in parts for e in r.errors.get(k, [None] * n)]
+    totals = [r.total for _, r in parts]
+    total = None
+    if any(t is not None for t in totals):
+        require(all(t is not None for t in totals), "merge_results: a chunk lacks its total")
+        total = torch.cat([t.to("cpu", torch.float32) for t in totals if t is not None])
+    metrics: dict[str, float] = {}
+    for key in {k for _, r in parts for k in r.metrics}:
+        have = [(n, r.metrics[key]) for n, r in parts if key in r.metrics]
+        metrics[key] = sum(n * v for n, v in have) / max(sum(n for n, _ in have), 1)
+    return ScoreResult(scores=scores, errors=errors, total=total, metrics=metrics)
+
+
+class OverlappedScorer:
+    """Scores submitted chunks on one background thread; :meth:`finish` attaches the rewards.
+
+    ``service``: the :class:`~unirl.reward.RewardService` whose backend scores
+    (``service.score``) and whose policy applies (``service.assemble``); built by
+    ``RewardService.overlapped()``. One scorer serves one rollout at a time: :meth:`finish`
+    resets it for the next. Edits (chunks with reference images) are not overlapped.
+    """
+
+    def __init__(self, service: Any) -> None:
+        normalize = getattr(service.backend, "normalize", "none")
+        require(
+            normalize == "none",
+            f"reward overlap: the backend normalises its total over the batch "
+            f"(normalize={normalize!r}), so a chunk's scores depend on the other chunks; set "
+            "normalize: none or score at the end of the rollout",
+        )
+        self.service = service
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="unirl-reward")
+        self._chunks: list[_Chunk] = []
+        self._latency = 0.0
+        self._depth_max = 0
+
+    def _score(self, chunk: Any) -> ScoreResult:
+        t0 = time.perf_counter()
+        result = self.service.score(
+            chunk.decoded,
+            list(chunk.prompts),
+            list(chunk.metadata) if chunk.metadata is not None else [{} for _ in chunk.prompts],
+        )
+        self._latency += time.perf_counter() - t0
+        return result
+
+    def submit(self, chunk: Any) -> None:
+        """Queue ``chunk`` for scoring and return at once."""
+        require(chunk.prompts is not None, "reward overlap: a chunk carries no prompts")
+        require(
+            getattr(chunk, "references", None) is None,
+            "reward overlap: edits (reference images) are scored at the end of the rollout; "
+            "set rollout.reward_overlap=false",
+        )
+        pending = sum(1 for c in self._chunks if not c.future.done())
+        self._depth_max = max(self._depth_max, pending + 1)
+        self._chunks.append(_Chunk(len(chunk.prompts), self._pool.submit(self._score, chunk)))
+
+    def finish(self, track: Any) -> tuple[Any, dict[str, float]]:
+        """Wait for the chunks, then ``(scored track, metrics)`` as ``score_track(track)``;
+        ``track`` holds the chunks' samples in submission order."""
+        t0 = time.perf_counter()
+        parts = [(c.size, c.future.result()) for c in self._chunks]
+        wait = time.perf_counter() - t0
+        require(
+            sum(n for n, _ in parts) == len(track.prompts),
+            f"reward overlap: {sum(n for n, _ in parts)} samples were submitted for a track of "
+            f"{len(track.prompts)}",
+        )
+        scored, metrics = self.service.assemble(track, merge_results(parts))
+        latency = self._latency
+        metrics.update(
+            {
+                "reward_overlap/latency_s": latency,
+                "reward_overlap/wait_s": wait,
+                "reward_overlap/hidden_fraction": min(1.0, max(0.0, 1.0 - wait / latency))
+                if latency > 0
+                else 1.0,
+                "reward_overlap/queue_depth_max": float(self._depth_max),
+                "reward_overlap/chunks": float(len(parts)),
+            }
+        )
+        self._chunks, self._latency, self._depth_max = [], 0.0, 0
+        return scored, metrics
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
