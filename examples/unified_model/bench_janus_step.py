@@ -77,6 +77,7 @@ def main() -> None:
         lora=lora,
         optimizer={"lr": 1e-6},
         param_dtype="bf16",
+        device=device,
         trainable_attr="model",
     )
     stack = UnifiedTrainStack(
