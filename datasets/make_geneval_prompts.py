@@ -10,8 +10,9 @@
   all 80 are in the evaluation set). Flow-GRPO trains on generated GenEval-style prompts and
   evaluates on the benchmark's set.
 - ``blobs_train.jsonl`` / ``blobs_test.jsonl``: the CPU quick-start for the deterministic blob
-  detector naming regions ``<colour> blob``: ``a photo of a red blob`` (single object) and
-  ``a photo of a red blob and a blue blob`` (two object) over red, green, blue, yellow.
+  detector naming regions ``<colour> blob``. Train: ``a photo of a red blob`` (single object,
+  16 lines: one direction a tiny model can learn in minutes). Test: ``a photo of a <colour>
+  blob`` and ``a photo of a <colour> blob and a <colour> blob`` over red, green, blue, yellow.
 
 Our own seeded draws (``random.Random(seed)``), not the released file: same format and task
 sizes, different object choices. Byte-identical on every run.
@@ -74,7 +75,7 @@ def build(seed: int) -> dict[str, list[str]]:
     return {
         "evaluation_metadata.jsonl": _lines(evaluation),
         "train.jsonl": _lines(train),
-        "blobs_train.jsonl": _lines(blob_records(8)),
+        "blobs_train.jsonl": _lines(blob_records(1)[:1] * 16),
         "blobs_test.jsonl": _lines(blob_records(1)),
     }
 

@@ -124,7 +124,8 @@ class ColourBlobDetector:
     ``min_chroma`` takes the nearest colour of ``colours`` (:data:`REFERENCE_RGB`, Euclidean);
     every 4-connected region of one colour is an object named ``label`` (``{colour}`` in it is
     replaced by the region's colour: ``"{colour} blob"`` names ``red blob``, ...), scored
-    ``min(1, area / (full_score_fraction · H·W))``. Deterministic, no weights: for tests and
+    ``min(1, area / (full_score_fraction · H·W))``: ``full_score_fraction`` is the share of the
+    image a region must cover to score 1. Deterministic, no weights: for tests and
     the CPU quick-start, not for benchmark numbers."""
 
     label: str = "blob"
