@@ -28,6 +28,7 @@ from unirl.algorithms.kl import KLConfig
 from unirl.algorithms.losses import aggregate, pad_packed
 from unirl.algorithms.reinforcepp import batch_token_stats
 from unirl.config.require import require
+from unirl.config.typecheck import NonNegativeFloat, PositiveFloat
 from unirl.types import Conditions, Packed, TextSegment
 
 
@@ -81,6 +82,7 @@ class PPO(GRPO):
     ``old_logp_source``: ``replay`` or ``rollout``; ``loss_agg``: ``token-mean``."""
 
     kl_in_reward: ClassVar[bool] = True
+    requires_value_head: ClassVar[bool] = True  # the validator asks for pipeline.value_head
 
     def __init__(
         self,
@@ -88,12 +90,12 @@ class PPO(GRPO):
         policy: TokenPolicy,
         clip_low: float = 0.2,
         clip_high: float = 0.2,
-        gamma: float = 1.0,
-        lam: float = 0.95,
-        vf_coef: float = 0.5,
-        value_clip: float | None = 0.2,
+        gamma: NonNegativeFloat = 1.0,
+        lam: NonNegativeFloat = 0.95,
+        vf_coef: NonNegativeFloat = 0.5,
+        value_clip: PositiveFloat | None = 0.2,
         whiten: bool = True,
-        adv_eps: float = 1e-8,
+        adv_eps: NonNegativeFloat = 1e-8,
         loss_agg: Literal["token-mean"] = "token-mean",
         kl: KLConfig | Mapping[str, Any] | None = None,
         old_logp_source: Literal["replay", "rollout"] = "replay",
@@ -112,7 +114,8 @@ class PPO(GRPO):
             "takes GAE; set algorithm.old_logp_source=replay",
         )
         require(
-            callable(getattr(policy, "token_values", None)),
+            callable(getattr(policy, "token_values", None))
+            and getattr(policy, "has_value_head", True),
             f"algorithm.policy ({type(policy).__name__}) has no value head: build the pipeline "
             "with pipeline.value_head=true",
         )

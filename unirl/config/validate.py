@@ -399,6 +399,25 @@ def check_dynamic_sampling(cfg: RunConfig, objs: dict[str, Any]) -> None:
     )
 
 
+def check_value_head(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    """A loss with a value head (PPO) needs the pipeline to attach it and, under LoRA, an
+    adapter on it (the frozen base would never learn values)."""
+    target = _target(cfg, "algorithm")
+    if not target or not getattr(locate(target, "algorithm"), "requires_value_head", False):
+        return
+    require(
+        _setting(cfg, "pipeline", "value_head") is True,
+        f"{target} learns a value head on the policy's backbone: set pipeline.value_head=true",
+    )
+    lora = objs.get("backend.lora")
+    if lora is not None:
+        require(
+            "value_head" in (getattr(lora, "targets", None) or []),
+            f"{target} under LoRA trains the value head through an adapter: add value_head to "
+            "backend.lora.targets (or set backend.lora=null)",
+        )
+
+
 def check_old_adapter_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
     """Algorithms that sample with an old / EMA adapter (DiffusionNFT) need that adapter and a
     sampler that samples it: the trainside engine switches to it; an external engine gets it
@@ -644,6 +663,7 @@ CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
     check_strategy_and_algorithm,
     check_reference_policy,
     check_dynamic_sampling,
+    check_value_head,
     check_old_adapter_rollout,
     check_gather_for_sampling,
     check_component_weights,

@@ -259,6 +259,9 @@ class FSDPBackend:
         module = on_meta(dict(bundle_block)) if on_meta is not None else None
         if module is None:
             return  # checked when the bundle loads (inject_lora), before any rollout
+        pipeline_block = getattr(recipe, "pipeline", None)
+        if isinstance(pipeline_block, Mapping) and pipeline_block.get("value_head") is True:
+            module.value_head = nn.Linear(1, 1, device="meta")  # the pipeline attaches one (PPO)
         targets = lora.get("targets") or getattr(bundle_cls, "lora_default_targets", None)
         if targets:
             validate_targets(module, [str(t) for t in targets], where="backend.lora.targets")

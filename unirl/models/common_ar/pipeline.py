@@ -45,7 +45,9 @@ class CausalLMPipeline:
     ``sampler``: ``engine`` (default; :class:`DecodeEngine`: continuous batching over a static
     KV cache, CUDA-graph decode steps, settings in ``engine``, a :class:`DecodeEngineConfig`)
     or ``loop``, the reference sampler (:func:`generate_completions`: a dynamic cache, one
-    host sync per token).
+    host sync per token). ``value_head``: attach a linear value head (``model.value_head``,
+    hidden size -> 1, zero-initialised) to the trained module before the backend wraps it, for
+    PPO (:meth:`token_values`); with LoRA, list ``value_head`` in ``backend.lora.targets``.
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class CausalLMPipeline:
         track_name: str = "text",
         engine: DecodeEngineConfig | Mapping[str, Any] | None = None,
         sampler: str = "engine",
+        value_head: bool = False,
     ) -> None:
         require(
             forward_batch_size is None or forward_batch_size >= 1,
@@ -73,6 +76,9 @@ class CausalLMPipeline:
         self.engine: DecodeEngine | None = (
             DecodeEngine(engine or DecodeEngineConfig()) if sampler == "engine" else None
         )
+        self.has_value_head = bool(value_head)
+        if value_head:
+            self._attach_value_head()
 
     def sample(
         self,
@@ -205,6 +211,47 @@ class CausalLMPipeline:
         picked = torch.log_softmax(logits, dim=-1).gather(1, tokens[targets][:, None])[:, 0]
         values = torch.zeros(tokens.shape[0], dtype=torch.float32, device=device)
         values = values.index_put((targets,), picked)
+        return Packed(values=values, offsets=segment.tokens.offsets)
+
+    def _attach_value_head(self) -> None:
+        model = self.bundle.model
+        require(
+            hasattr(model, "model") and hasattr(model.config, "hidden_size"),
+            f"pipeline.value_head needs a causal LM with a backbone (.model) and "
+            f"config.hidden_size; {type(model).__name__} has not",
+        )
+        if getattr(model, "value_head", None) is None:
+            anchor = next(model.parameters())
+            head = torch.nn.Linear(model.config.hidden_size, 1)
+            torch.nn.init.zeros_(head.weight)
+            torch.nn.init.zeros_(head.bias)
+            model.value_head = head.to(device=anchor.device, dtype=anchor.dtype)
+
+    def token_values(self, conditions: PromptConditions, segment: TextSegment) -> Packed:
+        """V(s_t) at every loss token (0 elsewhere), fp32: the value head on the backbone's
+        last hidden state at the position that predicts token t (the one whose logits
+        :meth:`token_log_probs` reads); differentiable under the caller's grad mode. Rows run
+        as a right-padded batch (plain causal attention)."""
+        require(self.has_value_head, "token_values needs the pipeline built with value_head=true")
+        bundle = self.bundle
+        device = bundle.device
+        tokens = segment.tokens.values.to(device)
+        offsets = segment.tokens.offsets.to(device)
+        positions = packed_positions(offsets)
+        wanted = positions > 0
+        if segment.loss_mask is not None:
+            wanted = wanted & segment.loss_mask.values.to(device).bool()
+        targets = wanted.nonzero()[:, 0]
+        lengths = offsets[1:] - offsets[:-1]
+        rows = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
+        ids = torch.full((len(lengths), int(lengths.max())), bundle.pad_token_id, device=device)
+        ids[rows, positions] = tokens
+        model = bundle.model
+        with bundle.autocast():
+            hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+            picked = model.value_head(hidden[rows[targets], positions[targets] - 1])[:, 0]
+        values = torch.zeros(tokens.shape[0], dtype=torch.float32, device=device)
+        values = values.index_put((targets,), picked.float())
         return Packed(values=values, offsets=segment.tokens.offsets)
 
     def _packed_replay(self) -> bool:
