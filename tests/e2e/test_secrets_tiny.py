@@ -1,5 +1,6 @@
 """No credential in anything a run writes or prints: a tiny run whose reward service is
-reached at ``http://user:PASSWORD@host`` with a bearer ``token`` given on the command line,
+reached at ``http://user:PASSWORD@host`` and (a second component) with a bearer ``token``
+given on the command line,
 logging to the local files and TensorBoard, with a checkpoint and an eval; then every file
 under ``output_dir`` (binary ones too: TensorBoard events, checkpoints) and the console are
 searched for both secrets."""
@@ -77,6 +78,12 @@ def reward_stub() -> Iterator[str]:
         server.server_close()
 
 
+def bare(url: str) -> str:
+    """``url`` without its ``user:password@``."""
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://{rest.split('@', 1)[1]}"
+
+
 def test_no_secret_in_any_file_or_stream_of_a_run(tmp_path: Path) -> None:
     out = tmp_path / "run"
     with reward_stub() as url:
@@ -93,9 +100,13 @@ def test_no_secret_in_any_file_or_stream_of_a_run(tmp_path: Path) -> None:
                 "eval.num_prompts=2",
                 "logging.trackers=[local,tensorboard]",
                 "~reward.backend",
-                f"+reward.backend={{_target_: unirl.reward.RemoteRewardBackend, url: '{url}', "
-                "reward: mean}",
-                f"+reward.backend.token={TOKEN}",
+                # two remote components: one reached with the URL's credentials, one with
+                # the bearer token (one Authorization header per request: not both at once)
+                "+reward.backend={_target_: unirl.reward.WeightedRewardBackend, components: "
+                f"{{a: {{_target_: unirl.reward.RemoteRewardBackend, url: '{url}', reward: mean}}, "
+                f"b: {{_target_: unirl.reward.RemoteRewardBackend, url: '{bare(url)}', "
+                "reward: mean}}, weights: {a: 0.5, b: 0.5}}",
+                f"+reward.backend.components.b.token={TOKEN}",
             ],
             capture_output=True,
             text=True,
