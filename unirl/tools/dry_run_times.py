@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     rows = []
     for name, entrypoint in found:
-        wall, cpu, status, why = time_dry_run(name, entrypoint, max(args.limit * 3, 60))
+        timeout_s = args.timeout or max(args.limit * 3, 60)
+        wall, cpu, status, why = time_dry_run(name, entrypoint, timeout_s)
         rows.append(
             {"recipe": name, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "status": status}
             | ({"why": why} if why else {})
