@@ -365,3 +365,36 @@ def test_entry_train_unified_model_in_both_launchers(tmp_path: Path) -> None:
     )
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert "image stage (unified.image)" in ran.stdout and "no Ray started" in ran.stdout
+
+
+def test_kuberay_image_is_built_by_the_dockerfile_with_the_pinned_ray() -> None:
+    """The image the RayJob names is the tag deploy/Dockerfile's build line makes; its base
+    image's Ray is the RayJob's rayVersion and constraints.txt's pin; it installs the way
+    .ci/run (the README's install) does."""
+    import re
+
+    import yaml
+
+    root = EXAMPLES.parent
+    spec = yaml.safe_load((root / "deploy" / "kuberay" / "rayjob.yaml").read_text())
+    cluster = spec["spec"]["rayClusterSpec"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    images = {c["image"] for g in groups for c in g["template"]["spec"]["containers"]}
+    dockerfile = (root / "deploy" / "Dockerfile").read_text()
+    built = re.search(r"docker build -f deploy/Dockerfile -t (\S+) \.", dockerfile)
+    assert built is not None and images == {built.group(1)}
+    base = re.search(r"^FROM rayproject/ray:([\d.]+)-py(\d)(\d+)-gpu$", dockerfile, re.MULTILINE)
+    pinned = re.search(r"^ray==([\d.]+)$", (root / "constraints.txt").read_text(), re.MULTILINE)
+    assert base is not None and pinned is not None
+    assert base.group(1) == cluster["rayVersion"] == pinned.group(1)
+    ci_installs = [
+        line.split("#")[0].strip()
+        for line in (root / ".ci" / "run").read_text().splitlines()
+        if line.startswith("pip install")
+    ]
+    for command in ci_installs:  # the same commands, without pip's cache
+        words = command.split()
+        expected = " ".join([*words[:2], "--no-cache-dir", *words[2:]])
+        if "'.[dev]'" in command:  # the image installs the package without the dev extra
+            expected = expected.replace("-e '.[dev]'", "-e .")
+        assert expected in dockerfile, expected
