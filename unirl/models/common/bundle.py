@@ -356,6 +356,15 @@ class FlowMatchingBundle:
     def trainable_modules(self) -> dict[str, torch.nn.Module]:
         return {name: getattr(self, name) for name in self.trainable_module_names}
 
+    def enable_sequence_parallel(self, sp: Any) -> list[Any]:
+        """Ulysses sequence parallelism over the SP group ``sp`` (a
+        ``common.sequence_parallel.SequenceParallel``) in every trainable module: each still
+        takes and returns whole tensors, so sampling, replay and the loss are unchanged. The
+        returned handles' ``remove()`` switches it off."""
+        from unirl.models.common.sequence_parallel import enable_sequence_parallel
+
+        return [enable_sequence_parallel(m, sp) for m in self.trainable_modules.values()]
+
     @property
     def trainable_module(self) -> torch.nn.Module:
         """The (first) trainable module, what ``FSDPBackend`` wraps."""
