@@ -79,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--measure", choices=("wall", "cpu"), default="wall", help="what --limit checks"
     )
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="kill a dry run after this many seconds of wall time (default: 3 x --limit, at "
+        "least 60; raise it on a busy machine)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="write the times here")
     args = ap.parse_args(argv)
     found = recipes(ROOT / "examples", args.only)
