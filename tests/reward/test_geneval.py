@@ -164,6 +164,10 @@ def test_relative_position_by_hand():
     # offset (10, 30): shrunk (6, 26) / 31.62 -> (0.19, 0.82): below only
     d = Detection("d", (10, 30, 20, 40), 1.0)
     assert relative_position(d, a) == {"below"}
+    # offset (-12, 20): shrunk (-10, 18) / 23.32 -> (-0.43, 0.77): below, not left of
+    f = Detection("f", (0, 20, 10, 30), 1.0)
+    g = Detection("g", (12, 0, 22, 10), 1.0)
+    assert relative_position(f, g) == {"below"}
     # centres 1.5 px apart, margins 2 px: no relation at all
     e = Detection("e", (1.5, 0, 11.5, 10), 1.0)
     assert relative_position(e, a) == set()
