@@ -65,7 +65,7 @@ def _learns(tmp_path: Path, name: str, *extra: str) -> tuple[float, float]:
 @pytest.mark.slow
 @pytest.mark.skipif(
     os.environ.get("UNIRL_SLOW") != "1",
-    reason="slow (UNIRL_SLOW=1): three 40-rollout runs through Ray, ~4 min on two CPU cores",
+    reason="slow (UNIRL_SLOW=1): three 40-rollout runs through Ray, ~10 min on two shared CPU cores",
 )
 def test_janus_quick_start_learns_and_the_control_stays_flat(tmp_path: Path, ray_session) -> None:
     first, last = _learns(tmp_path, "learn")

@@ -30,7 +30,6 @@ from unirl.models.janus import (
     JanusPipeline,
     JanusTextPipeline,
 )
-from unirl.models.janus.pipeline import guided_logits
 from unirl.types import RolloutReq, TextRequest, Texts
 
 PROMPTS = ("a red cat", "hi", "a photo of a dog on a beach at noon", "x")
@@ -102,6 +101,7 @@ def test_replay_of_transformers_seeded_samples_equals_its_guided_scores(
     bundle: JanusBundle,
 ) -> None:
     from transformers import LogitsProcessor, LogitsProcessorList
+    from transformers.generation.logits_process import ClassifierFreeGuidanceLogitsProcessor
 
     class Record(LogitsProcessor):
         def __init__(self) -> None:
@@ -127,9 +127,10 @@ def test_replay_of_transformers_seeded_samples_equals_its_guided_scores(
             logits_processor=LogitsProcessorList([record]),
         )[0]
     assert len(record.scores) == 16 and len(set(tokens.tolist())) > 3  # really sampled
+    cfg = ClassifierFreeGuidanceLogitsProcessor(GUIDANCE)  # transformers' own guidance
     theirs = torch.stack(
         [
-            torch.log_softmax(guided_logits(s, GUIDANCE), -1)[0, t]
+            torch.log_softmax(cfg(x, s).float(), -1)[0, t]
             for s, t in zip(record.scores, tokens.tolist(), strict=True)
         ]
     )
