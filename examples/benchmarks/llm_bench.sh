@@ -14,12 +14,21 @@
 # A CPU smoke run (tiny preset, tiny shapes; TRL's wheels on PYTHONPATH):
 #   DEVICE=cpu PRESET=tiny PROMPT_TOKENS=16 NEW_TOKENS=8 PROMPTS=2 SPP=4 MICRO=4 ITERS=1 \
 #     bash examples/benchmarks/llm_bench.sh /tmp/llm_bench_cpu
-# Knobs (environment): PRESET (qwen3-4b-arch), DEVICE (cuda), PROMPT_TOKENS (128), NEW_TOKENS (256),
+# The Qwen-VL shape (FAMILY=qwen-vl: examples/vlm/qwen_vl_3b_grpo_bench.yaml, Qwen2.5-VL-3B
+# shapes, LoRA r64 on the language model's attention, one seeded 448x448 diagram per prompt from
+# make_vl_prompts.py, 128 text tokens + 256 image tokens + the chat turn, 256 generated), and
+# its CPU smoke run (both sides, about 2 minutes on 2 cores):
+#   FAMILY=qwen-vl DEVICE=cpu PRESET=tiny IMAGE_SIZE=56 PROMPT_TOKENS=16 NEW_TOKENS=8 PROMPTS=2 \
+#     SPP=4 MICRO=4 ITERS=1 bash examples/benchmarks/llm_bench.sh /tmp/vl_bench_cpu
+# Knobs (environment): FAMILY (qwen3 | qwen-vl), PRESET (qwen3-4b-arch; qwen-vl:
+#   qwen2.5-vl-3b-arch), IMAGE_SIZE (qwen-vl: 448), DEVICE (cuda), PROMPT_TOKENS (128; qwen-vl:
+#   the text's tokens, the chat turn and image tokens come on top), NEW_TOKENS (256),
 #   PROMPTS (8), SPP (8), MICRO (8 samples per micro-batch), WARMUP (1), ITERS (2),
 #   FLOPS=1 (count FLOPs / MFU on our side), OURS_TIMEOUT (280 s), TRL_TIMEOUT (220 s),
 #   SKIP_OURS=1 / SKIP_TRL=1, OURS_ARGS (more overrides for our recipe, e.g. pipeline.sampler=loop),
 #   STOP_FRACTION=p (variable lengths: ids 1..p*V stop a completion on both sides, our
-#   StopSetQwen3Bundle and TRL's generation eos ids; each side reports its own mean length),
+#   StopSetQwen3Bundle and TRL's generation eos ids; each side reports its own mean length;
+#   qwen3 only),
 #   LIMIT=1 (first run ar_engine_bench.py at the same shape: the card's bandwidth limit for this
 #   decode and the fraction of it each side reaches). Exit status: non-zero when either side failed.
 set -uo pipefail
@@ -27,7 +36,17 @@ out="$(mkdir -p "${1:-outputs/llm_bench}" && cd "${1:-outputs/llm_bench}" && pwd
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 work="${WORK:-$(mktemp -d /tmp/llm_bench_work.XXXX)}"
 py="${PYTHON:-python3}"
-preset="${PRESET:-qwen3-4b-arch}"
+family="${FAMILY:-qwen3}"
+image_size="${IMAGE_SIZE:-448}"
+case "${family}" in
+  qwen3) preset="${PRESET:-qwen3-4b-arch}" recipe=llm/qwen3_4b_grpo_bench vl=() ;;
+  qwen-vl) preset="${PRESET:-qwen2.5-vl-3b-arch}" recipe=vlm/qwen_vl_3b_grpo_bench
+    vl=(--family qwen-vl --image-size "${image_size}") ;;
+  *) echo "[llm_bench] FAMILY=${family}: use qwen3 or qwen-vl" >&2; exit 2 ;;
+esac
+if [[ "${family}" == qwen-vl && -n "${STOP_FRACTION:-}" ]]; then
+  echo "[llm_bench] STOP_FRACTION is for FAMILY=qwen3 (no stop-set Qwen-VL bundle)" >&2; exit 2
+fi
 prompt_tokens="${PROMPT_TOKENS:-128}"
 new_tokens="${NEW_TOKENS:-256}"
 prompts="${PROMPTS:-8}"
@@ -65,15 +84,29 @@ for n in ("torch", "transformers", "peft", "accelerate", "trl", "datasets", "pya
 } >"${out}/env.txt" 2>&1
 cat "${out}/env.txt"
 
-# 1. the prompts: exactly PROMPT_TOKENS tokens with the preset's tokenizer (both sides use it)
-"${py}" examples/benchmarks/make_fixed_prompts.py --preset "${preset}" --tokens "${prompt_tokens}" \
-  --count "${prompts}" --out "${work}/prompts.jsonl" || exit 1
+# 1. the prompts: exactly PROMPT_TOKENS tokens with the preset's tokenizer (both sides use it);
+# qwen-vl: the text's tokens, plus one seeded diagram per prompt (the whole prompt's length,
+# chat turn and image tokens included, sizes our micro-batches)
+sample_prompt_tokens="${prompt_tokens}"
+ours_vl=()
+if [[ "${family}" == qwen-vl ]]; then
+  made="$("${py}" examples/benchmarks/make_vl_prompts.py --preset "${preset}" \
+    --tokens "${prompt_tokens}" --count "${prompts}" --image-size "${image_size}" \
+    --out "${work}/prompts.jsonl")" || exit 1
+  echo "${made}"
+  sample_prompt_tokens="$(echo "${made}" | "${py}" -c \
+    'import json, sys; print(json.loads(sys.stdin.read())["prompt_tokens_per_sample"])')"
+  ours_vl=(bundle.image_size="${image_size}")
+else
+  "${py}" examples/benchmarks/make_fixed_prompts.py --preset "${preset}" \
+    --tokens "${prompt_tokens}" --count "${prompts}" --out "${work}/prompts.jsonl" || exit 1
+fi
 
 rm -f "${out}/unirl.json" "${out}/trl.json" "${out}/summary.json" "${out}/engine.json"
 status=0
 # 0. the bandwidth limit of this decode on this card (and the engine alone, for reference)
 if [[ -n "${LIMIT:-}" ]]; then
-  timeout -k 20 240 "${py}" examples/benchmarks/ar_engine_bench.py --preset "${preset}" \
+  timeout -k 20 240 "${py}" examples/benchmarks/ar_engine_bench.py --preset "${preset}" "${vl[@]}" \
     --device "${device}" --prompts "${prompts}" --spp "${spp}" --prompt-tokens "${prompt_tokens}" \
     --new-tokens "${new_tokens}" --modes merged,fused --iters 2 --json "${out}/engine.json" \
     ${STOP_FRACTION:+--stop-fraction "${STOP_FRACTION}"} \
@@ -84,12 +117,12 @@ if [[ -z "${SKIP_OURS:-}" ]]; then
   flops=(--no-flops)
   [[ -n "${FLOPS:-}" ]] && flops=()
   PRETRAINED_MODEL="${preset}" timeout -k 20 "${OURS_TIMEOUT:-280}" "${py}" -m unirl.tools.bench \
-    --config-name=llm/qwen3_4b_grpo_bench --warmup "${warmup}" --iters "${iters}" "${flops[@]}" \
+    --config-name="${recipe}" --warmup "${warmup}" --iters "${iters}" "${flops[@]}" \
     --json "${out}/unirl.json" output_dir="${work}/unirl" device="${device}" "${precision[@]}" \
     data_source.path="${work}/prompts.jsonl" batch_size="${prompts}" \
     sampling.samples_per_prompt="${spp}" sampling.max_new_tokens="${new_tokens}" \
-    stack.max_tokens_per_micro_batch="$((micro * (prompt_tokens + new_tokens)))" \
-    "${stops[@]}" ${OURS_ARGS:-} 2>&1 | tee "${out}/unirl.log"
+    stack.max_tokens_per_micro_batch="$((micro * (sample_prompt_tokens + new_tokens)))" \
+    "${ours_vl[@]}" "${stops[@]}" ${OURS_ARGS:-} 2>&1 | tee "${out}/unirl.log"
   rc=${PIPESTATUS[0]}
   cp "${work}/unirl/metrics.jsonl" "${out}/unirl_metrics.jsonl" 2>/dev/null || true
   if [[ ${rc} -ne 0 ]]; then
@@ -106,7 +139,7 @@ fi
 # 3. TRL's GRPOTrainer on the same prompts, tokenizer and lengths
 if [[ -z "${SKIP_TRL:-}" ]]; then
   timeout -k 20 "${TRL_TIMEOUT:-220}" "${py}" examples/benchmarks/trl_grpo_compare.py \
-    --preset "${preset}" --prompts "${work}/prompts.jsonl" \
+    --preset "${preset}" "${vl[@]}" --prompts "${work}/prompts.jsonl" \
     --max-new-tokens "${new_tokens}" --samples-per-prompt "${spp}" --micro-batch "${micro}" \
     --lora-rank 64 --lora-alpha 128 --warmup "${warmup}" --iters "${iters}" --device "${device}" \
     "${trl_stops[@]}" --json "${out}/trl.json" 2>&1 | tee "${out}/trl.log"

@@ -13,13 +13,26 @@ vocabulary (ids 1 .. ⌊stop_fraction·V⌋) are stop ids, so a random-init mode
 token with probability about ``stop_fraction``: lengths roughly geometric with a long tail up
 to the cap, the shape where continuous batching matters. TRL's side of the benchmark sets the
 same ids as its generation config's ``eos_token_id`` (``trl_grpo_compare.py --stop-fraction``).
+
+``FixedLengthQwenVLBundle`` is the Qwen2.5-VL counterpart of ``FixedLengthQwen3Bundle`` (the
+Qwen-VL shape of the benchmark, ``examples/vlm/qwen_vl_3b_grpo_bench.yaml``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from unirl.models.common_ar.bundle import CausalLMBundle
 from unirl.models.qwen3 import Qwen3Bundle
+from unirl.models.qwen_vl import QwenVLBundle
+
+
+def _drop_stop_tokens(bundle: CausalLMBundle) -> None:
+    bundle.stop_token_ids = []
+    # the prompt formatter keeps its own copy (an external engine reads it there)
+    formatter = getattr(bundle, "prompts", None)
+    if formatter is not None:
+        formatter.stop_token_ids = []
 
 
 class FixedLengthQwen3Bundle(Qwen3Bundle):
@@ -29,11 +42,16 @@ class FixedLengthQwen3Bundle(Qwen3Bundle):
 
     def __init__(self, **knobs: Any) -> None:
         super().__init__(**knobs)
-        self.stop_token_ids: list[int] = []
-        # the prompt formatter keeps its own copy (an external engine reads it there)
-        formatter = getattr(self, "prompts", None)
-        if formatter is not None:
-            formatter.stop_token_ids = []
+        _drop_stop_tokens(self)
+
+
+class FixedLengthQwenVLBundle(QwenVLBundle):
+    """``QwenVLBundle`` (same knobs, ``image_size`` included) with no stop token, as
+    :class:`FixedLengthQwen3Bundle`: every completion runs to ``max_new_tokens``."""
+
+    def __init__(self, **knobs: Any) -> None:
+        super().__init__(**knobs)
+        _drop_stop_tokens(self)
 
 
 def stop_set(vocab_size: int, stop_fraction: float) -> list[int]:
