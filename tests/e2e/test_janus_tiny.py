@@ -40,7 +40,14 @@ def _run(out: Path, rollouts: int, *extra: str, recipe: str = TINY) -> list[dict
 
 def test_janus_think_then_draw_trains_both_tracks(tmp_path: Path, ray_session) -> None:
     out = tmp_path / "janus"
-    rows = _run(out, 2, "logging.gallery_interval=0", "batch_size=1", "eval.num_prompts=1")
+    rows = _run(
+        out,
+        2,
+        "logging.gallery_interval=0",
+        "batch_size=1",
+        "eval.num_prompts=1",
+        "stack.image.micro_batch_size=2",
+    )
     first = rows[0]
     for track in ("text", "image"):  # π_old replayed at training geometry: on-policy
         assert first[f"train/{track}/ratio/min"] == 1.0 == first[f"train/{track}/ratio/max"]
