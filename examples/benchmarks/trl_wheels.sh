@@ -3,7 +3,9 @@
 # needs on the GPU machine beyond its image and the project's own wheels
 # (../shared/tools/device-wheels.sh): the image already has torch, transformers, peft,
 # accelerate, huggingface_hub, pandas, pyarrow, xxhash, psutil, pyyaml, jinja2, requests, tqdm
-# and fsspec, which are the rest of what trl 1.16.0 and datasets 5.2.0 import.
+# and fsspec, which are the rest of what trl 1.16.0 and datasets 5.2.0 import. The Qwen-VL side
+# (--family qwen-vl) adds only pillow (in the image: datasets' Image column, the PIL image
+# processor transformers falls back to without torchvision) and no video processor.
 #
 #   bash examples/benchmarks/trl_wheels.sh [DEST]        # DEST defaults to ./.whl
 #
