@@ -231,10 +231,10 @@ def test_vllm_omni_serves_qwen_image_through_its_maps() -> None:
     prompt, params = fake.calls[0]
     x_t = stage(req).initial_noise(req.seed)
     assert params["true_cfg_scale"] == 4.5 and "guidance_scale" not in params
-    assert torch.equal(params["latents"], x_t[:2].reshape(2, 16, 64))  # pinned, packed
+    assert torch.equal(params["latents"], x_t[:1].reshape(1, 16, 64))  # pinned, packed
     extra = prompt["additional_information"]
-    assert prompt["prompt_embeds"].shape[0] == 1 and "pooled_prompt_embeds" not in extra
-    assert extra["prompt_embeds_mask"].shape == prompt["prompt_embeds"].shape[:2]
+    assert prompt["prompt_embeds"].ndim == 2 and "pooled_prompt_embeds" not in extra  # [L, D]
+    assert extra["prompt_embeds_mask"].shape == prompt["prompt_embeds"].shape[:1]
     assert extra["negative_prompt_embeds_mask"] is not None
     seg = track.segment
     assert torch.equal(seg.latents[:, 0], x_t)  # step 0 trained: x_T itself, in our layout

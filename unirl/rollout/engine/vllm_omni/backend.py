@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from unirl.rollout.engine.dedicated.trajectory import EngineContractError
+
 EXTRA_HINT = "pip install 'unirl-mm[vllm]'"
 WORKER_EXTENSION = "unirl.rollout.engine.vllm_omni.worker_ext.UnirlWorkerExtension"
 
@@ -63,10 +65,24 @@ class OmniBackend:
         for out in outputs if isinstance(outputs, list | tuple) else [outputs]:
             images = getattr(out, "images", None)
             traj = getattr(out, "trajectory_latents", None)
-            if images is None or traj is None:
-                raise RuntimeError(
-                    f"vLLM-Omni output {type(out).__name__} lacks images / trajectory_latents "
-                    "(return_trajectory_latents=True); this adapter cannot map it"
+            if not images:
+                raise EngineContractError(
+                    f"vllm_omni: {type(out).__name__} has no images "
+                    f"(final_output_type={getattr(out, 'final_output_type', None)!r}, error="
+                    f"{getattr(out, 'error', None)!r}); the adapter maps image / video outputs only"
+                )
+            if traj is None:
+                raise EngineContractError(
+                    f"vllm_omni: {type(out).__name__} has no trajectory_latents although "
+                    "return_trajectory_latents=True was sent: this model's vLLM-Omni pipeline does "
+                    "not record the denoising trajectory (in vLLM-Omni 0.30.0 only Bagel's does), "
+                    "so no LatentSegment can be built; sample it with the trainside, dedicated or "
+                    "sglang engine"
+                )
+            if torch.as_tensor(traj).shape[:1] != (len(images),):
+                raise EngineContractError(
+                    f"vllm_omni: trajectory_latents of shape {list(torch.as_tensor(traj).shape)} "
+                    f"is not batch-first over the output's {len(images)} image(s)"
                 )
             logp = getattr(out, self.log_prob_attr, None)
             timesteps = getattr(out, "trajectory_timesteps", None)

@@ -43,6 +43,27 @@ from unirl.types import (
 )
 
 
+def per_request(embeds: Mapping[str, Any]) -> dict[str, Any]:
+    """The maps' ``[1, ...]`` rows as one request's tensors ``[...]``: vLLM-Omni 0.30 stacks
+    the prompt tensors of the requests it batches (``DiffusionRequestBatch.
+    collate_prompt_tensors``), so a request carries them without a batch dim; nested dicts
+    (``additional_information``) likewise."""
+    out: dict[str, Any] = {}
+    for key, value in embeds.items():
+        if isinstance(value, Mapping):
+            out[key] = per_request(value)
+        elif isinstance(value, torch.Tensor):
+            if value.shape[:1] != (1,):
+                raise EngineContractError(
+                    f"vllm_omni: prompt tensor {key!r} has shape {list(value.shape)}; the "
+                    "family's maps must give one row [1, ...]"
+                )
+            out[key] = value[0]
+        else:
+            out[key] = value
+    return out
+
+
 class VllmOmniEngine(WeightReceiver):
     """Rollout through vLLM-Omni (``vllm_omni.entrypoints.omni.Omni``).
 
@@ -128,28 +149,28 @@ class VllmOmniEngine(WeightReceiver):
             raise EngineContractError(f"vllm_omni: {exc}") from exc
         samples: list[dict[str, Any]] = []
         for rows in prompt_groups(req.prompts, stage.sde_indices):
-            first = rows[0]
             try:
-                embeds = self.maps.vllm_omni_prompt(conditions, first)
+                embeds = per_request(self.maps.vllm_omni_prompt(conditions, rows[0]))
             except EngineMapError as exc:
                 raise EngineContractError(f"vllm_omni: {exc}") from exc
-            prompt = {"prompt": req.prompts[first], **embeds}
-            call = {
-                "num_inference_steps": stage.num_steps,
-                **self.maps.vllm_omni_guidance(guidance),
-                "height": params.height,
-                "width": params.width,
-                **frames,
-                "num_outputs_per_prompt": len(rows),
-                "latents": engine_x_t[rows],
-                "return_trajectory_latents": True,
-            }
-            got = self.backend.generate(prompt, call)
-            if len(got) != len(rows):
-                raise EngineContractError(
-                    f"vllm_omni: asked for {len(rows)} samples, got {len(got)}"
-                )
-            samples.extend(got)
+            prompt = {"prompt": req.prompts[rows[0]], **embeds}
+            # one call per sample: vLLM-Omni 0.30 does not repeat given embeddings over
+            # num_outputs_per_prompt (SD3: [1, L, D] text beside [N, ...] latents fails)
+            for row in rows:
+                call = {
+                    "num_inference_steps": stage.num_steps,
+                    **self.maps.vllm_omni_guidance(guidance),
+                    "height": params.height,
+                    "width": params.width,
+                    **frames,
+                    "num_outputs_per_prompt": 1,
+                    "latents": engine_x_t[row : row + 1],
+                    "return_trajectory_latents": True,
+                }
+                got = self.backend.generate(prompt, call)
+                if len(got) != 1:
+                    raise EngineContractError(f"vllm_omni: asked for 1 sample, got {len(got)}")
+                samples.extend(got)
         t_rollout = time.perf_counter() - t0
         timesteps = samples[0].get("trajectory_timesteps")
         if timesteps is not None:  # vLLM-Omni reports timesteps = σ · 1000 for the T model calls
