@@ -2,10 +2,11 @@
 
 Written against vLLM-Omni's public Python entry point as published (``Omni(model=...)``,
 ``Omni.generate(prompts, OmniDiffusionSamplingParams(...))`` with pinned ``latents`` and
-``return_trajectory_latents``). Two parts are assumptions this machine could not check
-(no GPU, and vLLM-Omni needs its own environment): the attribute names of the outputs
-(``images``, ``trajectory_latents``, ``trajectory_timesteps``, and a per-step log-prob field,
-``log_prob_attr``). Weight updates go through vLLM-Omni's ``collective_rpc`` (the sync
+``return_trajectory_latents``). The outputs are ``OmniRequestOutput`` objects (``images``: PIL
+images; ``trajectory_latents`` / ``trajectory_timesteps`` / ``trajectory_log_probs``), checked
+against what vLLM-Omni 0.30.0's SD3 pipeline and output assembly return
+(``tests/rollout/test_vllm_omni_released_generate.py``): that release fills no trajectory for
+SD3 (only Bagel's pipeline records one), which this backend refuses in one line. Weight updates go through vLLM-Omni's ``collective_rpc`` (the sync
 ``Omni`` has it on ``Omni.engine``) to the methods of unirl's worker extension
 (``worker_ext.UnirlWorkerExtension``, passed as ``worker_extension_cls`` unless
 ``omni_kwargs`` names another) and to the workers' own ``sleep`` / ``wake_up``; that path is

@@ -129,7 +129,7 @@ class VllmOmniEngine(WeightReceiver):
 
     @distributed(dispatch=Dispatch.DP_SCATTER)
     def generate(self, req: RolloutReq) -> RolloutResp:
-        """This rank's shard: embeddings and x_T pinned, one backend call per prompt group."""
+        """This rank's shard: embeddings and x_T pinned, one backend call per sample."""
         if self.asleep:
             raise RuntimeError(
                 "VllmOmniEngine.generate while asleep; the driver calls wake_up() first"
