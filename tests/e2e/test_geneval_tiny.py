@@ -19,7 +19,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         os.environ.get("UNIRL_SLOW") != "1",
-        reason="slow (UNIRL_SLOW=1): two short and two 50-rollout runs, ~6 min",
+        reason="slow (UNIRL_SLOW=1): two short and two 50-rollout runs, 12 min on two busy cores",
     ),
 ]
 
