@@ -18,6 +18,10 @@ def batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> dict[str, Any]:
         "samples_per_prompt": g.samples_per_prompt,
         "samples_per_rollout": g.samples_per_rollout,
         "train_ranks": g.train_ranks,
+    }
+    if cfg.parallel.sequence_parallel_size > 1:  # train_ranks counts SP groups then
+        geometry["sequence_parallel_size"] = cfg.parallel.sequence_parallel_size
+    geometry |= {
         "samples_per_train_rank": g.samples_per_train_rank,
         "optimizer_steps_per_rollout": g.num_updates_per_batch,
         "mini_batch_per_rank": g.mini_batch_per_rank,

@@ -178,6 +178,24 @@ class LoggingConfig:
 
 
 @dataclass(kw_only=True)
+class ParallelConfig:
+    """Model parallelism inside the data-parallel mesh of the train ranks."""
+
+    sequence_parallel_size: PositiveInt = 1
+    """Ulysses sequence parallelism: the ranks of one SP group take the same rows and split
+    each video's tokens (attention heads during attention) between them; data parallelism
+    takes ``num_devices / sequence_parallel_size`` groups. Video families with a shard plan
+    (Wan 2.1 / 2.2, HunyuanVideo 1.0 / 1.5), a trainside engine and ``unirl.train_diffusion``
+    only; must divide ``num_devices`` and the model's attention heads (1: off)."""
+
+    def __post_init__(self) -> None:
+        require(
+            self.sequence_parallel_size >= 1,
+            "parallel.sequence_parallel_size must be >= 1 (1: no sequence parallelism)",
+        )
+
+
+@dataclass(kw_only=True)
 class RunConfig(PoolConfig):
     """Run-level facts: the device pool (the fields of :class:`PoolConfig`, which this class
     derives, so a recipe sets them at its top level), batch geometry, cadence, outputs.
@@ -219,6 +237,7 @@ class RunConfig(PoolConfig):
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     # component blocks (``_target_`` dicts); ``sync`` only for dedicated engines
     bundle: Any = None
     pipeline: Any = None
@@ -280,7 +299,12 @@ class RunConfig(PoolConfig):
     def slab_sizes(self) -> tuple[int, int]:
         """``(train devices, rollout devices)``: the data-parallel sizes of the two slabs
         (``layout=separate``: ``train_fraction`` of the devices train, the rest sample;
-        ``colocate``: both are every device). The one place this arithmetic lives."""
+        ``colocate``: both are every device; with ``parallel.sequence_parallel_size`` > 1,
+        trainside only, each is the device count over the SP size). The one place this
+        arithmetic lives."""
+        sp = self.parallel.sequence_parallel_size
+        if sp > 1:  # trainside and colocated (validate refuses the rest): one slab
+            return self.num_devices // sp, self.num_devices // sp
         if self.layout == "separate":
             train = round(self.num_devices * self.train_fraction)
             return train, self.num_devices - train

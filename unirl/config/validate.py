@@ -245,6 +245,32 @@ def check_layout_and_sync(cfg: RunConfig, objs: dict[str, Any]) -> None:
         )
 
 
+def check_sequence_parallel(cfg: RunConfig, objs: dict[str, Any]) -> None:
+    """``parallel.sequence_parallel_size`` > 1: a diffusion recipe with a trainside engine
+    whose device count the SP size divides (the family's shard plan and head count are
+    ``unirl.train_diffusion``'s checks, ``trainer.diffusion.check_sequence_parallel_model``)."""
+    sp = cfg.parallel.sequence_parallel_size
+    if sp == 1:
+        return
+    require(
+        cfg.entrypoint in (None, "unirl.train_diffusion"),
+        f"parallel.sequence_parallel_size={sp}: sequence parallelism is built for the video "
+        f"diffusion families (unirl.train_diffusion), not {cfg.entrypoint}; set it to 1",
+    )
+    kind = engine_kind(cfg)
+    require(
+        kind == "trainside",
+        f"parallel.sequence_parallel_size={sp} needs the trainside engine "
+        f"(rollout._target_=unirl.rollout.TrainsideEngine); a {kind!r} engine samples with its "
+        "own copy of the model, which is not split; set parallel.sequence_parallel_size=1",
+    )
+    require(
+        cfg.num_devices % sp == 0,
+        f"parallel.sequence_parallel_size={sp} does not divide num_devices={cfg.num_devices} "
+        f"(the train ranks); use a num_devices that is a multiple of {sp}",
+    )
+
+
 def check_updates_per_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
     """Several optimizer steps per rollout only for algorithms that declare
     ``supports_multi_update`` (DiffusionNFT does not): refused here, not on the workers."""
@@ -267,15 +293,23 @@ def check_batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> None:
         train_dp >= 1 and rollout_dp >= 1,
         f"train_fraction={cfg.train_fraction} leaves a slab with no devices",
     )
+    sp = cfg.parallel.sequence_parallel_size
+    # with sequence parallelism a data-parallel rank is an SP group of ranks
+    over = (
+        f" (num_devices / parallel.sequence_parallel_size={sp}); change batch_size, num_devices "
+        "or parallel.sequence_parallel_size"
+        if sp > 1
+        else "; change batch_size or num_devices"
+    )
     require(
         n % rollout_dp == 0,
         f"batch_size x samples_per_prompt = {n} samples is not divisible by the {rollout_dp} rollout "
-        "data-parallel ranks; change batch_size or num_devices",
+        f"data-parallel ranks{over}",
     )
     require(
         n % train_dp == 0,
         f"batch_size x samples_per_prompt = {n} samples is not divisible by the {train_dp} train "
-        "data-parallel ranks; change batch_size or num_devices",
+        f"data-parallel ranks{over}",
     )
     updates, micro = geometry.num_updates_per_batch, geometry.micro_batch_size
     per_rank = geometry.samples_per_train_rank
@@ -283,6 +317,12 @@ def check_batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> None:
     split = (
         f"batch_size={geometry.prompts_per_rollout} prompts x sampling.samples_per_prompt="
         f"{geometry.samples_per_prompt} over {train_dp} train data-parallel rank(s)"
+        + (
+            f" (num_devices={cfg.num_devices} / parallel.sequence_parallel_size="
+            f"{cfg.parallel.sequence_parallel_size})"
+            if cfg.parallel.sequence_parallel_size > 1
+            else ""
+        )
     )
     require(
         per_rank % updates == 0,
@@ -657,6 +697,7 @@ def check_trackers(cfg: RunConfig, objs: dict[str, Any]) -> None:
 CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
     check_required_blocks,
     check_layout_and_sync,
+    check_sequence_parallel,
     check_updates_per_rollout,
     check_batch_geometry,
     check_drop_group_shards,

@@ -8,7 +8,8 @@ Construction applies, in this fixed order (torchtitan style, one function per st
    base in ``param_dtype``; then the module moves to ``device``;
 3. activation checkpointing per block (``fsdp.activation_checkpointing``);
 4. FSDP2 ``fully_shard`` per block, then the root — only when torch.distributed is initialised
-   with world > 1 (gloo on CPU works as well as NCCL);
+   with world > 1 (gloo on CPU works as well as NCCL); then, with ``sequence_parallel_size``
+   > 1, the SP groups and the bundle's Ulysses hooks (``bundle.enable_sequence_parallel``);
 5. AdamW over the trainable parameters only, the LR schedule, the EMA shadows.
 """
 
@@ -63,6 +64,7 @@ from unirl.train.parallel import (
     find_blocks,
     full_tensor,
     local_tensor,
+    new_sequence_parallel_group,
     reshard,
     world_info,
 )
@@ -132,6 +134,10 @@ class FSDPBackend:
     ``device``: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (CUDA when visible).
     ``param_dtype`` is the storage dtype of frozen parameters (and, with LoRA, of floating
     buffers); trainable ones are always fp32. ``seed`` seeds the LoRA draw only.
+    ``sequence_parallel_size``: Ulysses SP groups of that many consecutive ranks (the trainer
+    passes ``parallel.sequence_parallel_size``; the ranks of a group hold the same rows); the
+    bundle's transformer then splits each video's tokens over its group in every forward,
+    sampling and training alike. 1: off.
     """
 
     def __init__(
@@ -147,6 +153,7 @@ class FSDPBackend:
         device: str = "cpu",
         seed: int = 0,
         trainable_attr: str | None = None,
+        sequence_parallel_size: int = 1,
     ) -> None:
         self.lora = _as_config(lora, LoraConfig, "lora")
         self.optimizer_config = (
@@ -222,6 +229,19 @@ class FSDPBackend:
             broadcast_module(module)  # one starting point for every rank
         setattr(bundle, self.trainable_attr, module)
         self.module = module
+        # 4b. sequence parallelism: the SP groups, then the family's hooks on the module
+        self.sequence_parallel: Any = None
+        self._sp_handles: list[Any] = []
+        if sequence_parallel_size > 1:
+            enable = getattr(bundle, "enable_sequence_parallel", None)
+            require(
+                enable is not None,
+                f"sequence_parallel_size={sequence_parallel_size}: the bundle "
+                f"({type(bundle).__name__}) has no enable_sequence_parallel; set "
+                "parallel.sequence_parallel_size=1",
+            )
+            self.sequence_parallel = new_sequence_parallel_group(int(sequence_parallel_size))
+            self._sp_handles = list(enable(self.sequence_parallel))
 
         # 5. optimizer over the trainable parameters only; schedule; EMA.
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]

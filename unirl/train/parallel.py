@@ -119,6 +119,36 @@ def world_info() -> tuple[int, int]:
     return 0, 1
 
 
+@dataclass(frozen=True)
+class SequenceParallelGroup:
+    """This rank's sequence-parallel group: the process group, its size and this rank's
+    index in it (the fields ``models.common.sequence_parallel.SequenceParallel`` has, which
+    the bundle's ``enable_sequence_parallel`` reads; ``train`` does not import ``models``)."""
+
+    group: Any
+    size: int
+    rank: int
+
+
+def new_sequence_parallel_group(size: int) -> SequenceParallelGroup:
+    """Split the default group into SP groups of ``size`` consecutive ranks (the rank
+    layout of ``distributed.group.rank``: ``sp`` inside ``dp``, ``rank = dp_rank * size +
+    sp_rank``) and return this rank's. A collective: every rank creates every group, in
+    the same order."""
+    rank, world = world_info()
+    require(
+        world % size == 0,
+        f"sequence_parallel_size={size} does not divide the {world} ranks of the default "
+        "process group; use a device count that is a multiple of it",
+    )
+    own = None
+    for first in range(0, world, size):
+        group = dist.new_group(list(range(first, first + size)))
+        if first <= rank < first + size:
+            own = group
+    return SequenceParallelGroup(group=own, size=size, rank=rank % size)
+
+
 def find_blocks(module: nn.Module, class_names: Iterable[str]) -> list[nn.Module]:
     """Modules of ``module`` whose class name is in ``class_names`` (outermost first order).
 

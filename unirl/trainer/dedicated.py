@@ -23,7 +23,7 @@ import datetime
 from dataclasses import dataclass
 
 from unirl.config.run import RunConfig
-from unirl.distributed.group import DevicePool, Handle, placement, remote
+from unirl.distributed.group import DevicePool, Handle, ParallelSizes, placement, remote
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.distributed.weight_sync import SyncSource, WeightSync, WeightSyncDriver, build_sync
 from unirl.distributed.weight_sync.group import free_port, node_address
@@ -78,16 +78,26 @@ def plan_dedicated_roles(cfg: RunConfig) -> list[tuple[str, str, str]]:
     ]
 
 
-def train_roles(cfg: RunConfig) -> dict[str, Handle]:
+def train_roles(cfg: RunConfig, parallel: ParallelSizes | None = None) -> dict[str, Handle]:
     """The training roles of a diffusion stage, created in the current placement block:
-    bundle, pipeline, backend, algorithm, stack and ops (``TrainOps``)."""
-    bundle = remote(cfg.bundle, name="bundle")
-    pipeline = remote(cfg.pipeline, name="pipeline", bundle=bundle)
-    backend = remote(cfg.backend, name="backend", bundle=bundle)
-    algorithm = remote(cfg.algorithm, name="algorithm", pipeline=pipeline)
-    stack = remote(cfg.stack, name="stack", backend=backend, algorithm=algorithm)
+    bundle, pipeline, backend, algorithm, stack and ops (``TrainOps``). ``parallel``: their
+    model-parallel sizes (``sp`` > 1: the backend gets ``sequence_parallel_size`` and splits
+    the bundle's transformer over each SP group)."""
+    parallel = parallel or ParallelSizes()
+    sp = {"sequence_parallel_size": parallel.sp} if parallel.sp > 1 else {}
+    bundle = remote(cfg.bundle, name="bundle", parallel=parallel)
+    pipeline = remote(cfg.pipeline, name="pipeline", bundle=bundle, parallel=parallel)
+    backend = remote(cfg.backend, name="backend", bundle=bundle, parallel=parallel, **sp)
+    algorithm = remote(cfg.algorithm, name="algorithm", pipeline=pipeline, parallel=parallel)
+    stack = remote(cfg.stack, name="stack", backend=backend, algorithm=algorithm, parallel=parallel)
     ops = remote(
-        TrainOps, name="ops", backend=backend, pipeline=pipeline, stack=stack, algorithm=algorithm
+        TrainOps,
+        name="ops",
+        backend=backend,
+        pipeline=pipeline,
+        stack=stack,
+        algorithm=algorithm,
+        parallel=parallel,
     )
     return {
         "bundle": bundle,

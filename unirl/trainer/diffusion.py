@@ -16,7 +16,7 @@ from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
 from unirl.config.validate import declared, engine_kind, locate
 from unirl.data.media import ReferenceImages, has_references
-from unirl.distributed.group import DevicePool, placement, remote
+from unirl.distributed.group import DevicePool, ParallelSizes, placement, remote
 from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.base import StageTrainer
 from unirl.trainer.dedicated import build_dedicated_layout, plan_dedicated_roles, train_roles
@@ -42,10 +42,15 @@ def plan_roles(cfg: RunConfig) -> list[tuple[str, str, str]]:
     ]
     if cfg.sync is not None:
         blocks.append(("sync", cfg.sync))
-    return [
-        (name, str((block or {}).get("_target_", "?")), "all workers (colocate)")
-        for name, block in blocks
-    ]
+    sp = cfg.parallel.sequence_parallel_size
+    slab = "all workers (colocate)"
+    if sp > 1:
+        groups = ", ".join(
+            f"[{', '.join(str(r) for r in range(g * sp, (g + 1) * sp))}]"
+            for g in range(cfg.num_devices // sp)
+        )
+        slab += f", sp={sp} dp={cfg.num_devices // sp}, SP groups (pool ranks) {groups}"
+    return [(name, str((block or {}).get("_target_", "?")), slab) for name, block in blocks]
 
 
 def check_diffusion_recipe(cfg: RunConfig, objs: dict[str, Any]) -> None:
@@ -54,6 +59,50 @@ def check_diffusion_recipe(cfg: RunConfig, objs: dict[str, Any]) -> None:
     decodes (videos need video scorers)."""
     check_edit_inputs(cfg)
     check_reward_media(cfg)
+    check_sequence_parallel_model(cfg)
+
+
+def check_sequence_parallel_model(cfg: RunConfig) -> None:
+    """``parallel.sequence_parallel_size`` > 1: the trained transformer (built on the meta
+    device from the family's config) has a Ulysses shard plan and a head count the SP size
+    divides; refused here, before Ray. A family whose config is not readable here is checked
+    when the backend enables SP (the same errors, from the workers)."""
+    sp = cfg.parallel.sequence_parallel_size
+    block = cfg.bundle or {}
+    if sp == 1 or "_target_" not in block:
+        return
+    from unirl.models.common.sequence_parallel import PLANS, plan_of
+
+    family = locate(str(block["_target_"]), "bundle")
+    on_meta = getattr(family, "trainable_on_meta", None)
+    module = on_meta(dict(block)) if on_meta is not None else None
+    where = f"parallel.sequence_parallel_size={sp}"
+    require(
+        on_meta is not None,
+        f"{where}: {family.__name__} has no sequence-parallel shard plan (families with one: "
+        f"{sorted(PLANS)}); set parallel.sequence_parallel_size=1",
+    )
+    if module is None:
+        return
+    planned = [m for m in module.modules() if type(m).__name__ in PLANS]
+    require(
+        bool(planned),
+        f"{where}: {family.__name__} trains a {type(module).__name__}, which has no "
+        f"sequence-parallel shard plan (transformers with one: {sorted(PLANS)}); set "
+        "parallel.sequence_parallel_size=1",
+    )
+    for transformer in planned:
+        plan = plan_of(transformer)
+        for name, sub in transformer.named_modules():
+            heads = getattr(sub, "heads", None)
+            if name and plan.self_attention(name) and isinstance(heads, int):
+                require(
+                    heads % sp == 0,
+                    f"{where}: {type(transformer).__name__} has {heads} attention heads, which "
+                    f"do not split over {sp} ranks (Ulysses needs the head count to be a "
+                    "multiple of the SP size); choose an SP size that divides it",
+                )
+                break
 
 
 def _references_of(path: str) -> bool:
@@ -202,12 +251,21 @@ class DiffusionTrainer(StageTrainer):
         if engine_kind(cfg) == "trainside":
             if cfg.num_devices > 1:
                 pool.init_process_group(list(range(cfg.num_devices)), group_name="world")
+            # sequence parallelism: the ranks of one SP group are one data-parallel rank (the
+            # same rows for every role); the backend splits each video's tokens over them
+            parallel = ParallelSizes(sp=cfg.parallel.sequence_parallel_size)
             with placement(pool, fraction=1.0):  # every role a sibling on every worker
-                train = train_roles(cfg)
-                reward = remote(RewardWorker, name="reward", service=cfg.reward)
+                train = train_roles(cfg, parallel)
+                reward = remote(RewardWorker, name="reward", service=cfg.reward, parallel=parallel)
                 # rollout.reward_overlap: the engine scores chunks through its reward sibling
                 overlap = {"reward": reward} if cfg.rollout.get("reward_overlap") else {}
-                rollout = remote(cfg.rollout, name="rollout", pipeline=train["pipeline"], **overlap)
+                rollout = remote(
+                    cfg.rollout,
+                    name="rollout",
+                    pipeline=train["pipeline"],
+                    parallel=parallel,
+                    **overlap,
+                )
             algorithm, stack, ops = train["algorithm"], train["stack"], train["ops"]
         else:  # [dedicated engines] colocate / separate layout + weight sync: trainer/dedicated.py
             self.dedicated = sync = build_dedicated_layout(cfg, pool)
