@@ -195,7 +195,9 @@ class MeanColourClassifier:
 class CLIPColourClassifier:
     """GenEval's colour classifier on a transformers ``CLIPModel``. ``model``: folder or hub
     id (the evaluator's open_clip ViT-L-14 ``openai`` weights are ``openai/clip-vit-large-patch14``
-    here); ``processor``: tokenizer and ``preprocessor_config.json`` (default ``model``)."""
+    here); ``processor``: tokenizer and ``preprocessor_config.json`` (default ``model``).
+    ``device`` / ``dtype``: where and in which precision CLIP runs; ``batch_size``: object
+    crops per CLIP forward."""
 
     model: str = "openai/clip-vit-large-patch14"
     processor: str | None = None
@@ -264,7 +266,9 @@ class Mask2FormerDetector:
     see docs/rewards.md for how it differs from the mmdet checkpoint); ``class_names``: names
     by label id (default: the config's ``id2label``). Images are resized like mmdet's test
     pipeline (scale to fit ``short_side`` x ``long_side`` keeping the ratio, bilinear),
-    normalised with ImageNet mean / std on 0-255 values and zero-padded to ``size_divisor``."""
+    normalised with ImageNet mean / std on 0-255 values and zero-padded to ``size_divisor``.
+    ``device`` / ``dtype``: where and in which precision the detector runs;
+    ``max_per_image``: detections kept per image after post-processing (mmdet's ``max_per_img``)."""
 
     model: str = "facebook/mask2former-swin-small-coco-instance"
     class_names: list[str] | None = None
@@ -297,7 +301,7 @@ class Mask2FormerDetector:
                 field_name="model",
                 dtype=parse_dtype(self.dtype, "Mask2FormerDetector.dtype"),
             )
-            self._model = net.to(torch.device(self.device)).eval()
+            self._model = net.to(torch.device(self.device)).eval()  # type: ignore[arg-type]  # transformers' _Wrapped.to
             if self.class_names is None:
                 id2label = self._model.config.id2label
                 self.class_names = [id2label[i] for i in range(len(id2label))]
