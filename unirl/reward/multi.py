@@ -60,8 +60,8 @@ class WeightedRewardBackend(RewardBackend):
             )
             inner = backend.names
             for name in inner:
-                exposed = key if len(inner) == 1 else f"{key}/{name}"
-                self._routes.append((exposed, key, name))
+                route = key if len(inner) == 1 else f"{key}/{name}"
+                self._routes.append((route, key, name))
         exposed = [r[0] for r in self._routes]
         missing = [n for n in exposed if n not in self.weights]
         unknown = [n for n in self.weights if n not in exposed]

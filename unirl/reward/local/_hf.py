@@ -10,7 +10,7 @@ import os
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,7 @@ OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 ResizeMode = Literal["shortest_crop", "longest_pad"]
+Triple = tuple[float, float, float]
 
 
 class RewardWeightsNotFound(FileNotFoundError):
@@ -236,8 +237,8 @@ class ImagePreprocess:
         return cls(
             crop_size=crop,
             resize_size=resize,
-            mean=tuple(float(v) for v in config.get("image_mean", OPENAI_CLIP_MEAN)),
-            std=tuple(float(v) for v in config.get("image_std", OPENAI_CLIP_STD)),
+            mean=cast(Triple, tuple(float(v) for v in config.get("image_mean", OPENAI_CLIP_MEAN))),
+            std=cast(Triple, tuple(float(v) for v in config.get("image_std", OPENAI_CLIP_STD))),
             mode=mode,
         )
 
@@ -288,7 +289,8 @@ class PretrainedScorer(RewardBackend):
     """
 
     name: str
-    device: str = "cpu"
+    # a string field over RewardBackend's torch.device property (see torch_device)
+    device: str = "cpu"  # type: ignore[assignment]
     dtype: str = "fp32"
     batch_size: int = 16
     _loaded: bool = field(init=False, repr=False, default=False)

@@ -4,7 +4,7 @@ plus the CLIP loading / embedding helpers that PickScore, HPS v2 and the aesthet
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +49,7 @@ def load_clip(
     clip = load_pretrained(
         CLIPModel.from_pretrained, model, owner=owner, field_name="model", dtype=dtype
     )
-    clip = clip.to(device).eval()
+    clip = clip.to(device).eval()  # type: ignore[arg-type]  # transformers' _Wrapped.to
     source, source_field = (processor, "processor") if processor else (model, "model")
     tokenizer = None
     if with_tokenizer:
@@ -138,7 +138,7 @@ class CLIPSimilarityScorer(PretrainedScorer):
             processor=self.processor,
             dtype=self.torch_dtype,
             device=self.torch_device,
-            resize=self.resize,
+            resize=cast(ResizeMode, self.resize),  # checked in __post_init__
             max_length=self.max_length,
         )
 

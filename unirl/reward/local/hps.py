@@ -16,6 +16,7 @@ import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from torch import Tensor
 
@@ -75,7 +76,7 @@ def convert_open_clip_state_dict(state_dict: Mapping[str, Tensor]) -> dict[str, 
     pooling, projection biases, ...) raise ``ValueError`` listing them.
     """
     if isinstance(state_dict.get("state_dict"), Mapping):
-        state_dict = state_dict["state_dict"]
+        state_dict = cast(Mapping[str, Tensor], state_dict["state_dict"])
     converted: dict[str, Tensor] = {}
     unknown: list[str] = []
     for raw_key, value in state_dict.items():

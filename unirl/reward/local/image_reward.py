@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -103,7 +103,7 @@ def convert_image_reward_state_dict(
     Any other key raises ``ValueError``.
     """
     if isinstance(state_dict.get("state_dict"), Mapping):
-        state_dict = state_dict["state_dict"]
+        state_dict = cast(Mapping[str, Tensor], state_dict["state_dict"])
     blip: dict[str, Tensor] = {}
     head: dict[str, Tensor] = {}
     unknown: list[str] = []
@@ -167,7 +167,9 @@ def convert_image_reward_checkpoint(
     )
     tok.add_special_tokens({"bos_token": "[DEC]"})
     tok.add_special_tokens({"additional_special_tokens": ["[ENC]"]})
-    vocab = int(blip_config.text_config.vocab_size)
+    # transformers types a sub-config as dict | PreTrainedConfig | None; BLIP's is a config
+    text_config: Any = blip_config.text_config
+    vocab = int(text_config.vocab_size)
     require(
         len(tok) == vocab,
         f"{owner}: tokenizer={tokenizer!r} has {len(tok)} tokens after adding [DEC] and [ENC]; "
@@ -181,9 +183,7 @@ def convert_image_reward_checkpoint(
             f"{owner}: checkpoint does not match the BLIP config: missing {bad_missing[:10]}, "
             f"unexpected {list(unexpected)[:10]}"
         )
-    load_reward_mlp(
-        head_state, blip_config.text_config.hidden_size, owner=owner, where="the mlp.* keys"
-    )
+    load_reward_mlp(head_state, text_config.hidden_size, owner=owner, where="the mlp.* keys")
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
@@ -248,12 +248,13 @@ class ImageReward(PretrainedScorer):
                 "convert_image_reward_checkpoint (python -m unirl.reward.local.image_reward)"
             )
         state = load_state_dict_file(head_path, owner=owner, field_name="model")
-        head = load_reward_mlp(
-            state, int(blip.config.text_config.hidden_size), owner=owner, where=head_path
-        )
-        size = int(blip.config.vision_config.image_size)
+        # transformers types a sub-config as dict | PreTrainedConfig | None; BLIP's are configs
+        text_config: Any = blip.config.text_config
+        vision_config: Any = blip.config.vision_config
+        head = load_reward_mlp(state, int(text_config.hidden_size), owner=owner, where=head_path)
+        size = int(vision_config.image_size)
         self._preprocess = ImagePreprocess(crop_size=size, resize_size=size)
-        self._blip = blip.to(self.torch_device)
+        self._blip = blip.to(self.torch_device)  # type: ignore[arg-type]  # transformers' _Wrapped.to
         self._tokenizer = tokenizer
         self._head = head.to(self.torch_device)
 

@@ -180,6 +180,7 @@ def check_metadata(meta: Mapping, where: str) -> None:
         isinstance(includes, list) and len(includes) >= 1,
         f"{where}: metadata['include'] must be a non-empty list of {{class, count}} clauses",
     )
+    assert isinstance(includes, list)  # the require above refuses anything else
     for clause in includes + list(meta.get("exclude", [])):
         require(
             isinstance(clause, Mapping)
