@@ -54,7 +54,9 @@ class ReferenceImages:
             path = Path(uri)
             try:
                 with Image.open(path) as img:
-                    rgb = img.convert("RGB").resize((self.width, self.height), Image.BICUBIC)
+                    rgb = img.convert("RGB").resize(
+                        (self.width, self.height), Image.Resampling.BICUBIC
+                    )
             except (OSError, ValueError) as exc:
                 raise ConfigError(f"{path}: cannot read reference image ({exc})") from exc
             array = np.asarray(rgb, dtype=np.float32) / 255.0

@@ -183,6 +183,7 @@ def _media_ref(entry: Any, file: Path, where: str) -> MediaRef:
     for key, value in (("modality", modality), ("role", role), ("uri", uri)):
         if not isinstance(value, str) or not value:
             raise PromptFileError(f"{where}: media {key!r} must be a non-empty string")
+    assert isinstance(modality, str) and isinstance(uri, str)  # the loop above refuses others
     if "://" in uri:
         raise PromptFileError(
             f"{where}: media uri {uri!r} is a URL; only local paths are supported"

@@ -36,7 +36,9 @@ def _sheet(
     font = ImageFont.load_default()
     for i, tile in enumerate(tiles):
         x, y = (i % columns) * tile_w, (i // columns) * cell_h
-        sheet.paste(Image.fromarray(tile).resize((tile_w, tile_h), Image.NEAREST), (x, y))
+        sheet.paste(
+            Image.fromarray(tile).resize((tile_w, tile_h), Image.Resampling.NEAREST), (x, y)
+        )
         for j, line in enumerate(textwrap.wrap(captions[i], max(tile_w // 6, 8))[:lines]):
             draw.text((x + 3, y + tile_h + 2 + j * LINE_H), line, fill="black", font=font)
     return sheet

@@ -229,7 +229,7 @@ class WandbTracker:
         item: Any
         if path.suffix == ".jsonl":
             columns, rows = sample_table(path)
-            item = wandb.Table(columns=columns, data=rows)
+            item = wandb.Table(columns=list[str | int](columns), data=rows)
         elif path.suffix == ".gif":
             item = wandb.Video(str(path))
         else:
