@@ -242,6 +242,13 @@ class FSDPBackend:
             )
             self.sequence_parallel = new_sequence_parallel_group(int(sequence_parallel_size))
             self._sp_handles = list(enable(self.sequence_parallel))
+            if self.rank == 0:
+                print(
+                    f"[unirl] sequence parallelism: {self.world_size // sequence_parallel_size} "
+                    f"group(s) of {sequence_parallel_size} consecutive ranks; "
+                    f"{len(self._sp_handles)} trained module(s) split",
+                    flush=True,
+                )
 
         # 5. optimizer over the trainable parameters only; schedule; EMA.
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
