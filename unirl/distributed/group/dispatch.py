@@ -111,7 +111,7 @@ def scatter_args(
     Everything else is passed unchanged to every part. All split arguments must share one
     length divisible by ``dp_size``; the ValueError says which role and method.
     """
-    split_keys = [i for i, a in enumerate(args) if _is_splittable(a)]
+    split_keys: list[int | str] = [i for i, a in enumerate(args) if _is_splittable(a)]
     split_keys += [k for k, v in kwargs.items() if _is_splittable(v)]
     lengths = {k: len(args[k] if isinstance(k, int) else kwargs[k]) for k in split_keys}
     if len(set(lengths.values())) > 1:

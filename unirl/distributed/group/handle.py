@@ -343,6 +343,7 @@ class Handle:
         submit = self._pool.submit
         ranks = range(len(self.pool_ranks))
         gather_ranks: list[int] = []
+        payloads: dict[int, Any]  # (args, kwargs) per rank, or a Ray reference to them
         if spec.dispatch is Dispatch.RANK_ZERO:
             payloads = {0: (args, kwargs)}
         elif spec.dispatch is Dispatch.BROADCAST:

@@ -354,8 +354,8 @@ class DevicePool(PoolBase):
         ranks = tuple(range(c.num_devices))
         self.worker_info = self._control("node_info", ranks, timeout_s=c.placement_timeout_s)
         address = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
-        for info in self.worker_info:
-            info["node_ip"] = address[info["node_id"]]
+        for worker in self.worker_info:
+            worker["node_ip"] = address[worker["node_id"]]
         self.node_ips = [w["node_ip"] for w in self.worker_info]
         self.device_labels = [
             "cpu" if c.device == "cpu" else f"cuda:0 (GPU {','.join(w['gpu_ids'])})"

@@ -60,6 +60,7 @@ class SyncGroup:
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.world_size, self.backend = rank, world_size, backend
         self.device = torch.device("cpu")
+        self._store: dist.TCPStore | None
         try:
             self._store = dist.TCPStore(
                 host, port, world_size, is_master=(rank == 0), timeout=timeout

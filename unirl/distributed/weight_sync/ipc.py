@@ -41,7 +41,8 @@ class CudaIpcSync(WeightSync):
         )
         super().__init__(**kwargs)
         self.payload = payload
-        self.kind = "full" if payload == "auto" else payload  # resolved against the backend
+        # resolved against the backend: this sync sets its kind per instance
+        self.kind = "full" if payload == "auto" else payload  # type: ignore[misc]
 
     def transport_for(self, layout: str) -> str:
         require(
@@ -62,7 +63,7 @@ class CudaIpcSync(WeightSync):
 
     def check_backend(self, backend: Any) -> None:
         if self.payload == "auto":
-            self.kind = "lora" if getattr(backend, "has_lora", False) else "full"
+            self.kind = "lora" if getattr(backend, "has_lora", False) else "full"  # type: ignore[misc]
         super().check_backend(backend)
         device = torch.device(getattr(backend, "device", "cpu"))
         require(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -71,7 +71,7 @@ class ModuleReceiver:
         if self.lora_config is None:
             return {}
         adapter = self.lora_config["adapter_name"]
-        out = {}
+        out: dict[str, torch.Tensor] = {}
         for n, p in named:
             if _is_lora_param(n) and f".{adapter}." in f".{n}.":
                 out[canonical_name(strip_adapter(n, adapter))] = p
@@ -116,7 +116,7 @@ class ModuleReceiver:
         for layer in module.modules():
             if isinstance(layer, BaseTunerLayer):
                 base = layer.get_base_layer()
-                dtype = base.weight.dtype
+                dtype = cast(torch.Tensor, base.weight).dtype
                 for name, p in layer.named_parameters():
                     if _is_lora_param(name):
                         p.data = p.data.to(dtype)
@@ -139,7 +139,7 @@ class ModuleReceiver:
         for name, layer in self.module.named_modules():
             if not isinstance(layer, BaseTunerLayer):
                 continue
-            weight = layer.get_base_layer().weight
+            weight = cast(torch.Tensor, layer.get_base_layer().weight)
             if name not in self._pristine:
                 keep = weight.detach().to("cpu", copy=True)
                 self._pristine[name] = keep.pin_memory() if weight.is_cuda else keep
