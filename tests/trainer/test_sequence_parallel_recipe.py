@@ -147,8 +147,10 @@ def test_sp2_on_two_ranks_equals_one_rank(tmp_path: Path) -> None:
     ranks in one SP group (the same batch, one data-parallel rank). The rollout (the same
     noise, a sequence-split transformer) gives the same rewards to 1e-6; the gradient norm
     and the post-step parameter checksum agree to a relative 1e-6 (reduction order of the
-    gradient sum over the group). Measured: rewards equal, grad norm rel. 8e-8, checksum
-    rel. 2e-9 (0.09 s of the about 90 s is the comparison)."""
+    gradient sum over the group). Measured (2026-11-29, 2 shared CPU cores, about 90-120 s):
+    rewards equal, grad norm rel. 8e-8, checksum rel. 2e-9. Mutation: the gather's backward
+    without its sum over the group halves the grad norm (0.0116 against 0.0232) and moves the
+    checksum by rel. 6e-6; both fail here."""
     one, _ = _run(tmp_path / "one", [])
     two, log = _run(tmp_path / "two", ["num_devices=2", "parallel.sequence_parallel_size=2"])
     assert "sequence parallelism: 1 group(s) of 2 consecutive ranks; 1 trained module(s)" in log
