@@ -101,7 +101,7 @@ def _hardware(recipe: Mapping[str, Any]) -> str:
 
 def _summary(text: str) -> str:
     """The first sentence of a recipe's header comment (the lines before ``defaults:``)."""
-    lines = []
+    lines: list[str] = []
     for line in text.splitlines():
         if not line.startswith("#"):
             if lines:

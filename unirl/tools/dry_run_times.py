@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 DOMAIN_ENTRYPOINTS = {
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if not found:
         print(f"[dry_run_times] no recipe matches {args.only!r}", file=sys.stderr)
         return 1
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, entrypoint in found:
         timeout_s = args.timeout or max(args.limit * 3, 60)
         wall, cpu, status, why = time_dry_run(name, entrypoint, timeout_s)

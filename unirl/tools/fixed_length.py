@@ -67,7 +67,8 @@ class StopSetQwen3Bundle(Qwen3Bundle):
 
     def __init__(self, *, stop_fraction: float, **knobs: Any) -> None:
         super().__init__(**knobs)
-        self.stop_token_ids = stop_set(int(self.model.config.vocab_size), stop_fraction)
+        config: Any = self.model.config  # the transformers model's PretrainedConfig
+        self.stop_token_ids = stop_set(int(config.vocab_size), stop_fraction)
         formatter = getattr(self, "prompts", None)
         if formatter is not None:
             formatter.stop_token_ids = list(self.stop_token_ids)

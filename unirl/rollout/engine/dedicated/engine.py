@@ -153,6 +153,7 @@ class DedicatedEngine(WeightReceiver):
                 f"rollout.trainable_attr: {type(self.bundle).__name__} declares no "
                 "trainable_module_names; name the module weight syncs write into",
             )
+            assert names  # the require above refuses an empty or missing list
             trainable_attr = str(names[0])
         self.trainable_attr = trainable_attr
         module = getattr(self.bundle, trainable_attr, None)
@@ -160,6 +161,7 @@ class DedicatedEngine(WeightReceiver):
             isinstance(module, nn.Module),
             f"rollout.trainable_attr={trainable_attr!r} is not a module of the bundle",
         )
+        assert isinstance(module, nn.Module)  # the require above refuses anything else
         module.requires_grad_(False).eval()
         self.compiled = bool(compile)
         if compile:
