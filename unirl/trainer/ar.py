@@ -23,7 +23,7 @@ from unirl.data.media import ReferenceImages
 from unirl.distributed.group import DevicePool, Handle, placement, remote
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.trainer.base import StageTrainer
-from unirl.trainer.dedicated import DedicatedLayout, plan_dedicated_roles
+from unirl.trainer.dedicated import DedicatedLayout, SyncedRollout, plan_dedicated_roles
 from unirl.trainer.request import prompt_metadata, prompt_texts, rollout_ids, text_request
 from unirl.trainer.roles import RewardWorker, TrainOps
 from unirl.trainer.stage import Stage
@@ -185,9 +185,10 @@ class ARTrainer(StageTrainer):
         cfg = self.cfg
         train_ranks, rollout_ranks = cfg.slab_sizes()
         sync = None
+        rollout: Handle | SyncedRollout
         if engine_kind(cfg) == "trainside":
             if cfg.num_devices > 1:
-                pool.init_process_group(list(range(cfg.num_devices)), group_name="world")
+                pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
             with placement(pool, fraction=1.0):  # every role a sibling on every worker
                 train = text_train_roles(cfg)
                 rollout = remote(cfg.rollout, name="rollout", pipeline=train["pipeline"])

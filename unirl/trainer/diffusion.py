@@ -250,7 +250,7 @@ class DiffusionTrainer(StageTrainer):
         sync = None
         if engine_kind(cfg) == "trainside":
             if cfg.num_devices > 1:
-                pool.init_process_group(list(range(cfg.num_devices)), group_name="world")
+                pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
             # sequence parallelism: the ranks of one SP group are one data-parallel rank (the
             # same rows for every role); the backend splits each video's tokens over them
             parallel = ParallelSizes(sp=cfg.parallel.sequence_parallel_size)

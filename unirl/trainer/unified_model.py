@@ -342,11 +342,8 @@ class UnifiedModelTrainer(StageTrainer):
             image_pipeline = remote(image.pipeline, name="image_pipeline", bundle=bundle)
             backend = remote(cfg.backend, name="backend", bundle=bundle)
             text_algorithm = remote(cfg.algorithm, name="text_algorithm", policy=text_pipeline)
-            image_algorithm = remote(
-                image.algorithm,
-                name="image_algorithm",
-                **{("policy" if self.tokens else "pipeline"): image_pipeline},
-            )
+            takes: dict[str, Any] = {("policy" if self.tokens else "pipeline"): image_pipeline}
+            image_algorithm = remote(image.algorithm, name="image_algorithm", **takes)
             stack = remote(
                 cfg.stack,
                 name="stack",
