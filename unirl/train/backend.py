@@ -240,6 +240,7 @@ class FSDPBackend:
                 f"({type(bundle).__name__}) has no enable_sequence_parallel; set "
                 "parallel.sequence_parallel_size=1",
             )
+            assert enable is not None  # the require above refuses a bundle without it
             self.sequence_parallel = new_sequence_parallel_group(int(sequence_parallel_size))
             self._sp_handles = list(enable(self.sequence_parallel))
             if self.rank == 0:
@@ -304,6 +305,7 @@ class FSDPBackend:
             f"backend.bundle ({type(bundle).__name__}) must expose the trainable nn.Module as "
             f"`trainable_module` or `{self.trainable_attr}` (backend.trainable_attr)",
         )
+        assert isinstance(module, nn.Module)  # the require above refuses anything else
         return module
 
     @staticmethod
@@ -564,7 +566,8 @@ class FSDPBackend:
         lora = self._require_lora("export_lora")
         adapter = adapter or lora.adapter_name
         state = self.adapter_state_dict(adapter)
-        peft_config = self.module.peft_config[adapter]
+        peft_configs: Any = self.module.peft_config  # set on the module by peft's injection
+        peft_config = peft_configs[adapter]
         backend_checkpoint.run_on_rank0(
             self.rank, lambda: self._write_export(path, state, peft_config)
         )

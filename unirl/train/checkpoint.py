@@ -62,7 +62,8 @@ def capture_rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
         "numpy": {
             "kind": str(kind),
-            "keys": torch.from_numpy(keys.astype(np.int64)),
+            # numpy types the legacy tuple's fields as str | array; keys is the uint32 array
+            "keys": torch.from_numpy(keys.astype(np.int64)),  # type: ignore[union-attr]
             "pos": int(pos),
             "has_gauss": int(has_gauss),
             "cached_gaussian": float(cached),

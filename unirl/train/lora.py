@@ -13,6 +13,7 @@ import contextlib
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -20,6 +21,10 @@ from torch import nn
 from unirl.config import require
 from unirl.config.typecheck import NonNegativeFloat, PositiveFloat, PositiveInt
 from unirl.train.parallel import local_tensor
+
+if TYPE_CHECKING:
+    import peft
+    from peft.tuners.tuners_utils import BaseTunerLayer
 
 _ADAPTER_DICT_NAMES = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
 
@@ -75,16 +80,16 @@ class LoraConfig:
             f"lora.adapter_name={self.adapter_name!r}",
         )
 
-    def to_peft(self, targets: Sequence[str]) -> object:
+    def to_peft(self, targets: Sequence[str]) -> peft.LoraConfig:
         """The equivalent ``peft.LoraConfig`` with ``targets`` resolved."""
         import peft
 
         return peft.LoraConfig(
             r=self.rank,
-            lora_alpha=self.alpha,
+            lora_alpha=self.alpha,  # type: ignore[arg-type]  # peft annotates int; a float scales too
             lora_dropout=self.dropout,
             target_modules=list(targets),
-            init_lora_weights=self.init_lora_weights,
+            init_lora_weights=self.init_lora_weights,  # type: ignore[arg-type]  # peft checks the name
         )
 
 
@@ -125,7 +130,7 @@ def validate_targets(
         )
 
 
-def tuner_layers(module: nn.Module) -> list[nn.Module]:
+def tuner_layers(module: nn.Module) -> list[BaseTunerLayer]:
     """The peft LoRA layers injected in ``module``."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 

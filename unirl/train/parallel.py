@@ -250,7 +250,7 @@ def apply_fsdp(
         if cfg.shard_frozen
         else {p for n, p in module.named_parameters() if not p.requires_grad and "lora_" not in n}
     )
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         mesh=mesh,
         mp_policy=mp_policy,
         offload_policy=offload,
@@ -411,6 +411,7 @@ def scatter_objects(objs: list[Any] | None) -> Any:
     rank, world = world_info()
     if world == 1:
         require(objs is not None, "scatter_objects: rank 0 needs the list")
+        assert objs is not None  # the require above refuses None
         return objs[0]
     out: list[Any] = [None]
     dist.scatter_object_list(out, objs if rank == 0 else None, src=0)

@@ -298,6 +298,7 @@ class TrainStack(OptimizerSteps):
             f"stack.max_tokens_per_micro_batch packs text segments by token count, but this "
             f"track's segment is a {type(segment).__name__}; use stack.micro_batch_size",
         )
+        assert tokens is not None  # the require above refuses a segment without tokens
         lengths = tokens.lengths.cpu()
         over = int((lengths > budget).sum())
         if over and not getattr(self, "_warned_over_budget", False):
@@ -358,6 +359,9 @@ class TrainStack(OptimizerSteps):
         device = self.backend.device
         self.algorithm.start_rollout(rollout_index)
         track = track.select(self._order(n, rollout_index))
+        # select keeps the fields checked above
+        assert track.conditions is not None and track.segment is not None
+        assert track.advantages is not None
         conditions = track.conditions.to(device)
         segment = track.segment.to(device)
         advantages = track.advantages.float().to(device)
@@ -370,7 +374,8 @@ class TrainStack(OptimizerSteps):
             for idx in [i for update in plan for i in update]:
                 # freeze π_old once, before any update, at training geometry
                 cond_mb, seg_mb = conditions.select(idx), segment.select(idx)
-                prepared = self.algorithm.prepare_segment(cond_mb, seg_mb)
+                # a text algorithm narrows prepare_segment to a TextSegment (its override)
+                prepared = self.algorithm.prepare_segment(cond_mb, seg_mb)  # type: ignore[arg-type]
                 anchor_gap = max(anchor_gap, _logp_gap(seg_mb, prepared))
                 micro.append((cond_mb, prepared, advantages[idx.to(advantages.device)]))
             micro = self.algorithm.prepare_batch(micro)  # batch-wide statistics, if any
