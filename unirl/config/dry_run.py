@@ -13,7 +13,7 @@ def batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> dict[str, Any]:
     sampling resolution and the steps trained in the first rollout."""
     sampling = objs["sampling"]
     g = BatchGeometry.of(cfg, objs)
-    geometry = {
+    geometry: dict[str, Any] = {
         "prompts_per_rollout": g.prompts_per_rollout,
         "samples_per_prompt": g.samples_per_prompt,
         "samples_per_rollout": g.samples_per_rollout,

@@ -448,8 +448,8 @@ def hydra_entry(
         if refused is None and not line.help:
             refused = override_refusal(line, default_config, _entry_module(run))
         if refused is not None:
-            given = {override_key(o): o.split("=", 1)[-1] for o in line.overrides if "=" in o}
-            line_secrets = secret_values({k.rsplit(".", 1)[-1]: v for k, v in given.items()})
+            values = {override_key(o): o.split("=", 1)[-1] for o in line.overrides if "=" in o}
+            line_secrets = secret_values({k.rsplit(".", 1)[-1]: v for k, v in values.items()})
             refused = redact_text(refused, line_secrets)
             print(f"[unirl] configuration error: {refused}", file=sys.stderr, flush=True)
             sys.exit(2)

@@ -37,6 +37,7 @@ class BatchGeometry:
             "and num_updates_per_batch; a train stack takes its knobs as one typed config "
             "(see unirl/config/README.md)",
         )
+        assert stack is not None  # the require above refuses a missing stack
         train, rollout = cfg.slab_sizes()
         return cls(
             prompts_per_rollout=cfg.batch_size,

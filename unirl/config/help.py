@@ -123,7 +123,8 @@ def _field_comments(cls: type) -> dict[str, str]:
         elif node.lineno in trailing:
             out[name] = trailing[node.lineno]
         else:
-            above, line = [], node.lineno - 1
+            above: list[str] = []
+            line = node.lineno - 1
             while line in comments:
                 above.insert(0, comments[line])
                 line -= 1

@@ -124,9 +124,9 @@ def _matches(value: Any, annotation: Any) -> bool | object:
     if origin is dict or annotation is dict:
         if not isinstance(value, dict):
             return False
-        args = typing.get_args(annotation)
-        if len(args) == 2:
-            inner = [_matches(v, args[1]) for v in value.values()]
+        pair = typing.get_args(annotation)
+        if len(pair) == 2:
+            inner = [_matches(v, pair[1]) for v in value.values()]
             return not any(r is False for r in inner)
         return True
     return _NOT_CHECKED

@@ -126,7 +126,8 @@ def check_block(
     kwargs = {k: v for k, v in children.items() if not k.startswith("_")}
     if instantiate_dataclasses and dataclasses.is_dataclass(target):
         try:
-            return target(**kwargs)
+            # is_dataclass narrows the located class to DataclassInstance | type[...]
+            return target(**kwargs)  # type: ignore[operator]
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from exc
         except TypeError as exc:
@@ -382,6 +383,7 @@ def check_strategy_and_algorithm(cfg: RunConfig, objs: dict[str, Any]) -> None:
     sampling = objs.get("sampling")
     sde_steps = getattr(sampling, "sde_steps", None)
     if needs_logp and sde_steps is not None and hasattr(sde_steps, "select"):
+        assert sampling is not None  # sde_steps was read from it
         try:
             chosen = sde_steps.select(sampling.num_inference_steps, seed=0, rollout_index=0)
         except ValueError as exc:
