@@ -140,7 +140,7 @@ def _run(out: Path, extra: list[str], recipe: str = RECIPE) -> tuple[dict[str, f
 @pytest.mark.slow
 @pytest.mark.skipif(
     os.environ.get("UNIRL_SLOW") != "1",
-    reason="slow (UNIRL_SLOW=1): two Ray runs of a tiny video recipe (about 90-150 s on 2 cores)",
+    reason="slow (UNIRL_SLOW=1): two Ray runs of a tiny video recipe (58-72 s each on 2 shared cores)",
 )
 @pytest.mark.parametrize(
     "recipe",
@@ -151,7 +151,7 @@ def test_sp2_on_two_ranks_equals_one_rank(recipe: str, tmp_path: Path) -> None:
     ranks in one SP group (the same batch, one data-parallel rank). The rollout (the same
     noise, a sequence-split transformer) gives the same rewards to 1e-6; the gradient norm
     and the post-step parameter checksum agree to a relative 1e-6 (reduction order of the
-    gradient sum over the group). Measured (2026-11-29, 2 shared CPU cores, 90-150 s per
+    gradient sum over the group). Measured (2026-11-29, 2 shared CPU cores, 58-72 s per
     recipe): rewards equal for all three; grad norm rel. 8e-8 (Wan), 0 (both HunyuanVideo);
     checksum rel. 2e-9 (Wan), 5e-9 (HunyuanVideo 1.5), 1e-9 (HunyuanVideo). Mutation (Wan):
     the gather's backward without its sum over the group halves the grad norm (0.0116
