@@ -15,15 +15,13 @@ length, so the rows stack.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
 from unirl.config.require import require
-from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
 from unirl.models.common.engine_maps import EngineMaps
-from unirl.models.common.geometry import VideoLatentGeometry, sigma_per_sample, video_pixels
-from unirl.models.common.progress import hf_progress_bars_disabled
+from unirl.models.common.geometry import sigma_per_sample, video_pixels
 from unirl.models.hunyuan_video.arch import HunyuanVideo15ArchSpec, build_arch_modules
 from unirl.models.hunyuan_video.conditions import HunyuanVideo15Conditions
 from unirl.models.hunyuan_video.config import (
@@ -38,10 +36,11 @@ from unirl.models.hunyuan_video.presets import (
     resolve_model_source,
     scheduler_config_of,
 )
+from unirl.models.hunyuan_video.shared import HunyuanVideoFamilyBundle, HunyuanVideoGeneration
 from unirl.models.hunyuan_video.text_encode import encode_glyph_prompts, encode_mllm_prompts
 
 
-class HunyuanVideo15Bundle(VideoLatentGeometry, FlowMatchingBundle):
+class HunyuanVideo15Bundle(HunyuanVideoFamilyBundle):
     """HunyuanVideo 1.5 (text-to-video) weights for rollout and training.
 
     Keyword arguments are the fields of :class:`HunyuanVideo15BundleConfig` (a recipe block
@@ -51,6 +50,19 @@ class HunyuanVideo15Bundle(VideoLatentGeometry, FlowMatchingBundle):
 
     config_class: ClassVar[type[HunyuanVideo15BundleConfig]] = HunyuanVideo15BundleConfig
     config: HunyuanVideo15BundleConfig
+    generation: ClassVar[HunyuanVideoGeneration] = HunyuanVideoGeneration(
+        label="HunyuanVideo 1.5",
+        transformer_class="HunyuanVideo15Transformer3DModel",
+        spatial_factor=16,
+        patch=1,
+        arch_spec=HunyuanVideo15ArchSpec,
+        architecture_configs=architecture_configs,
+        resolve_model_source=resolve_model_source,
+        build_arch_modules=build_arch_modules,
+        load_folder=load_folder,
+        scheduler_config_of=scheduler_config_of,
+        check_num_frames=check_num_frames,
+    )
     frozen_module_names: ClassVar[tuple[str, ...]] = ("text_encoder", "text_encoder_2", "vae")
     # vLLM-Omni's dialect of this family (engine_maps.py)
     engine_maps: ClassVar[EngineMaps | None] = HunyuanVideo15EngineMaps()
@@ -69,72 +81,11 @@ class HunyuanVideo15Bundle(VideoLatentGeometry, FlowMatchingBundle):
         "to_add_out",
     )
 
-    # -- checks before anything is built ----------------------------------------------------
-
-    @classmethod
-    def architecture(cls, path: str) -> tuple[dict, dict] | None:
-        return architecture_configs(path)
-
-    @classmethod
-    def check_image_size(cls, architecture: tuple[dict, dict], key: str, size: int) -> None:
-        transformer, vae = architecture
-        factor = int(vae.get("spatial_compression_ratio", 16))
-        patch = int(transformer.get("patch_size", 1))
-        require_size_multiple(
-            key,
-            size,
-            factor * patch,
-            f"VAE factor {factor} x {patch}x{patch} patches of HunyuanVideo 1.5",
-        )
-
-    @classmethod
-    def trainable_from_architecture(cls, architecture: tuple[dict, dict]) -> torch.nn.Module:
-        from diffusers import HunyuanVideo15Transformer3DModel
-
-        config = {k: v for k, v in architecture[0].items() if not k.startswith("_")}
-        return HunyuanVideo15Transformer3DModel.from_config(config)
-
-    @classmethod
-    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
-        """The shared checks (model path, sizes), then ``num_frames`` of the form 4k + 1."""
-        super().check_config(block, recipe)
-        sampling = getattr(recipe, "sampling", None) or {}
-        frames = sampling.get("num_frames") if isinstance(sampling, dict) else None
-        if isinstance(frames, int) and not isinstance(frames, bool):
-            architecture = cls.architecture(cls._path_of(block))
-            ratio = (
-                4
-                if architecture is None
-                else int(architecture[1].get("temporal_compression_ratio", 4))
-            )
-            check_num_frames(frames, ratio)
-
     # -- modules -------------------------------------------------------------------------------
 
     def load(self) -> None:
+        self.load_modules()
         cfg = self.config
-        self.source = resolve_model_source(cfg.path)
-        if isinstance(self.source, HunyuanVideo15ArchSpec):
-            parts = build_arch_modules(
-                self.source,
-                device=self.device,
-                dtype=self.dtype,
-                text_encoder_dtype=self.text_encoder_dtype,
-                vae_dtype=self.vae_dtype,
-            )
-        else:
-            with hf_progress_bars_disabled():
-                parts = load_folder(self.source, cfg)
-        self.transformer: torch.nn.Module = parts["transformer"]
-        self.vae: Any = parts["vae"]
-        self.text_encoder: torch.nn.Module = parts["text_encoder"]
-        self.text_encoder_2: torch.nn.Module = parts["text_encoder_2"]
-        self.tokenizer = parts["tokenizer"]
-        self.tokenizer_2 = parts["tokenizer_2"]
-        scheduler = scheduler_config_of(dict(parts["scheduler_config"]))
-        if cfg.flow_shift is not None:
-            scheduler["shift"] = float(cfg.flow_shift)
-        self.scheduler_config: dict[str, Any] = scheduler
 
         # Geometry, read once before anyone wraps the transformer.
         tcfg = self.transformer.config

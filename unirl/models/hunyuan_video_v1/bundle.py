@@ -12,15 +12,14 @@ model is guidance-distilled: :class:`~unirl.models.hunyuan_video_v1.guidance.Emb
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
 from unirl.config.require import require
-from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
-from unirl.models.common.geometry import VideoLatentGeometry, sigma_per_sample, video_pixels
+from unirl.models.common.geometry import sigma_per_sample, video_pixels
 from unirl.models.common.guidance import Guidance
-from unirl.models.common.progress import hf_progress_bars_disabled
+from unirl.models.hunyuan_video.shared import HunyuanVideoFamilyBundle, HunyuanVideoGeneration
 from unirl.models.hunyuan_video_v1.arch import HunyuanVideoArchSpec, build_arch_modules
 from unirl.models.hunyuan_video_v1.conditions import HunyuanVideoConditions
 from unirl.models.hunyuan_video_v1.config import (
@@ -45,7 +44,7 @@ from unirl.models.hunyuan_video_v1.text_encode import (
 GUIDANCE_EMBED_SCALE = 1000.0
 
 
-class HunyuanVideoBundle(VideoLatentGeometry, FlowMatchingBundle):
+class HunyuanVideoBundle(HunyuanVideoFamilyBundle):
     """HunyuanVideo 1.0 (text-to-video) weights for rollout and training.
 
     Keyword arguments are the fields of :class:`HunyuanVideoBundleConfig` (a recipe block
@@ -55,6 +54,19 @@ class HunyuanVideoBundle(VideoLatentGeometry, FlowMatchingBundle):
 
     config_class: ClassVar[type[HunyuanVideoBundleConfig]] = HunyuanVideoBundleConfig
     config: HunyuanVideoBundleConfig
+    generation: ClassVar[HunyuanVideoGeneration] = HunyuanVideoGeneration(
+        label="HunyuanVideo",
+        transformer_class="HunyuanVideoTransformer3DModel",
+        spatial_factor=8,
+        patch=2,
+        arch_spec=HunyuanVideoArchSpec,
+        architecture_configs=architecture_configs,
+        resolve_model_source=resolve_model_source,
+        build_arch_modules=build_arch_modules,
+        load_folder=load_folder,
+        scheduler_config_of=scheduler_config_of,
+        check_num_frames=check_num_frames,
+    )
     frozen_module_names: ClassVar[tuple[str, ...]] = ("text_encoder", "text_encoder_2", "vae")
     guidance: ClassVar[Guidance] = EmbeddedGuidance()
     video_vae: ClassVar[str] = HUNYUAN_VIDEO_VAE
@@ -75,72 +87,11 @@ class HunyuanVideoBundle(VideoLatentGeometry, FlowMatchingBundle):
         "to_add_out",
     )
 
-    # -- checks before anything is built ----------------------------------------------------
-
-    @classmethod
-    def architecture(cls, path: str) -> tuple[dict, dict] | None:
-        return architecture_configs(path)
-
-    @classmethod
-    def check_image_size(cls, architecture: tuple[dict, dict], key: str, size: int) -> None:
-        transformer, vae = architecture
-        factor = int(vae.get("spatial_compression_ratio", 8))
-        patch = int(transformer.get("patch_size", 2))
-        require_size_multiple(
-            key,
-            size,
-            factor * patch,
-            f"VAE factor {factor} x {patch}x{patch} patches of HunyuanVideo",
-        )
-
-    @classmethod
-    def trainable_from_architecture(cls, architecture: tuple[dict, dict]) -> torch.nn.Module:
-        from diffusers import HunyuanVideoTransformer3DModel
-
-        config = {k: v for k, v in architecture[0].items() if not k.startswith("_")}
-        return HunyuanVideoTransformer3DModel.from_config(config)
-
-    @classmethod
-    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
-        """The shared checks (model path, sizes), then ``num_frames`` of the form 4k + 1."""
-        super().check_config(block, recipe)
-        sampling = getattr(recipe, "sampling", None) or {}
-        frames = sampling.get("num_frames") if isinstance(sampling, dict) else None
-        if isinstance(frames, int) and not isinstance(frames, bool):
-            architecture = cls.architecture(cls._path_of(block))
-            ratio = (
-                4
-                if architecture is None
-                else int(architecture[1].get("temporal_compression_ratio", 4))
-            )
-            check_num_frames(frames, ratio)
-
     # -- modules -------------------------------------------------------------------------------
 
     def load(self) -> None:
+        self.load_modules()
         cfg = self.config
-        self.source = resolve_model_source(cfg.path)
-        if isinstance(self.source, HunyuanVideoArchSpec):
-            parts = build_arch_modules(
-                self.source,
-                device=self.device,
-                dtype=self.dtype,
-                text_encoder_dtype=self.text_encoder_dtype,
-                vae_dtype=self.vae_dtype,
-            )
-        else:
-            with hf_progress_bars_disabled():
-                parts = load_folder(self.source, cfg)
-        self.transformer: torch.nn.Module = parts["transformer"]
-        self.vae: Any = parts["vae"]
-        self.text_encoder: torch.nn.Module = parts["text_encoder"]
-        self.text_encoder_2: torch.nn.Module = parts["text_encoder_2"]
-        self.tokenizer = parts["tokenizer"]
-        self.tokenizer_2 = parts["tokenizer_2"]
-        scheduler = scheduler_config_of(dict(parts["scheduler_config"]))
-        if cfg.flow_shift is not None:
-            scheduler["shift"] = float(cfg.flow_shift)
-        self.scheduler_config: dict[str, Any] = scheduler
 
         # Geometry, read once before anyone wraps the transformer.
         tcfg = self.transformer.config
