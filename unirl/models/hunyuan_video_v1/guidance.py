@@ -13,30 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from unirl.models.common.guidance import CFGGradient, VelocityModel
+from unirl.models.common.guidance import NoGuidance
 from unirl.types import Conditions
 
 
 @dataclass(frozen=True)
-class EmbeddedGuidance:
+class EmbeddedGuidance(NoGuidance):
     """One conditional forward with the guidance scale written into the conditions (their
-    ``with_guidance(scale)``), whatever the scale."""
+    ``with_guidance(scale)``), whatever the scale; the velocity call is ``NoGuidance``'s."""
 
     def forward_conditions(self, family: Any, conditions: Conditions, scale: float) -> Any:
         return conditions.with_guidance(scale)  # type: ignore[attr-defined]
-
-    def velocity(
-        self,
-        family: VelocityModel,
-        latents: torch.Tensor,
-        sigma: torch.Tensor,
-        fwd_conditions: Any,
-        scale: float,
-        *,
-        cfg_gradient: CFGGradient = "both",
-        v_uncond: torch.Tensor | None = None,
-        uncond_out: list[torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        return family.predict_velocity(latents, sigma, fwd_conditions).float()
