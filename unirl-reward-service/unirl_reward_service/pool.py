@@ -4,14 +4,23 @@ Each replica is a thread that owns its own scorer instance, so a scorer is never
 from two threads at once. Requests are queued as jobs (at most ``max_batch_size`` images
 or videos each); a free replica takes the oldest job, waits up to ``batch_wait_ms`` for more, takes
 every following job that still fits in ``max_batch_size`` and scores them in one call per
-image size. A thread cannot be killed: when a request times out while a replica is still
-scoring its samples (or has been busy for longer than ``timeout_s``), the replica is *abandoned* (its result is dropped when
-it returns and the thread exits) and a replacement replica with a fresh scorer is started,
-at most ``replicas`` abandoned threads at a time.
+image size.
+
+Timeouts cancel the work. When a request times out while a replica is still scoring its
+samples (or has been busy for longer than ``timeout_s``), the replica is retired: a
+replacement with a fresh scorer starts at once, and :class:`ScoringCancelled` is raised
+inside the retired thread (``PyThreadState_SetAsyncExc``), which stops the scorer at its
+next Python bytecode: between two batches, two images, two torch calls. Jobs of other
+requests that shared the cancelled call go back to the front of the queue; the thread exits.
+The bound: a native call already running (one torch op, one OCR engine call, a
+``time.sleep``) finishes first, since CPython delivers the exception when it returns to the
+interpreter; the thread is counted as ``abandoned`` until it has exited, at most
+``replicas`` at a time (past that, no replacement starts until one exits).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import threading
@@ -192,12 +201,31 @@ def _score_group(
     return out
 
 
+class ScoringCancelled(BaseException):
+    """Raised inside a replica thread to stop a scorer call that ran past a request's
+    timeout. A ``BaseException`` (as ``KeyboardInterrupt``), so a scorer's ``except
+    Exception`` does not swallow it."""
+
+
+def interrupt(thread: threading.Thread) -> bool:
+    """Raise :class:`ScoringCancelled` in ``thread`` at its next Python bytecode; whether
+    the interpreter found the thread."""
+    if thread.ident is None:
+        return False
+    found = ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread.ident), ctypes.py_object(ScoringCancelled)
+    )
+    return int(found) == 1
+
+
 class _Job:
-    __slots__ = ("future", "samples")
+    __slots__ = ("expired", "future", "requeued", "samples")
 
     def __init__(self, samples: list[Sample]) -> None:
         self.samples = samples
         self.future: Future[list[SampleResult]] = Future()
+        self.expired = False  # its request gave up waiting
+        self.requeued = False  # taken once, its call cancelled, queued again (future running)
 
 
 class _Replica:
@@ -205,9 +233,15 @@ class _Replica:
         self.index = index
         self.scorer = scorer
         self.started: float | None = None
-        self.running: list[Future] = []
+        self.jobs: list[_Job] = []
         self.abandoned = False
         self.thread: threading.Thread | None = None
+        # ``in_call`` (under ``guard``): the thread is inside the scorer call, the only place
+        # where it may be interrupted
+        self.guard = threading.Lock()
+        self.in_call = False
+        self.interrupted = False
+        self.left = False  # counted out of the pool's abandoned threads
 
 
 class RewardPool:
@@ -247,23 +281,29 @@ class RewardPool:
         return [job.future for job in jobs]
 
     def expire(self, futures: list[Future[list[SampleResult]]], timed_out_samples: int) -> None:
-        """A request gave up on ``futures``: drop queued ones; replace replicas still running
-        them or busy past ``timeout_s`` (at most ``replicas`` abandoned threads at a time)."""
+        """A request gave up on ``futures``: drop queued ones; retire replicas still running
+        them or busy past ``timeout_s``: cancel their call and start a replacement (at most
+        ``replicas`` retired threads not yet exited at a time)."""
         with self._cond:
             for future in futures:
                 future.cancel()  # only succeeds while still queued
             self.counters["timeouts"] += timed_out_samples
             now = time.monotonic()
             expired = {id(f) for f in futures}
+            for job in self._queue:  # a requeued job of this request: nobody waits for it
+                job.expired = job.expired or id(job.future) in expired
             for replica in list(self._replicas):
                 if replica.started is None:
                     continue
+                for job in replica.jobs:
+                    job.expired = job.expired or id(job.future) in expired
                 # Stuck: running a job this request gave up on, or busy past timeout_s.
-                runs_expired = any(id(f) in expired for f in replica.running)
+                runs_expired = any(job.expired for job in replica.jobs)
                 overdue = now - replica.started >= self.config.timeout_s
                 if (runs_expired or overdue) and self._abandoned < self.config.replicas:
                     log.warning(
-                        "%s: replica %d busy for %.2fs past a request's timeout %.1fs; starting a replacement",
+                        "%s: replica %d busy for %.2fs past a request's timeout %.1fs; "
+                        "cancelling its call and starting a replacement",
                         self.source,
                         replica.index,
                         now - replica.started,
@@ -273,6 +313,9 @@ class RewardPool:
                     self._abandoned += 1
                     self._replicas.remove(replica)
                     self._spawn(None)
+                    with replica.guard:
+                        if replica.in_call and replica.thread is not None:
+                            replica.interrupted = interrupt(replica.thread)
 
     def state(self) -> dict[str, int]:
         with self._cond:
@@ -290,7 +333,8 @@ class RewardPool:
         with self._cond:
             self._closed = True
             for job in self._queue:
-                job.future.cancel()
+                if not job.future.cancel() and not job.future.done():  # a requeued job
+                    job.future.set_exception(RuntimeError(f"{self.source}: the pool is shut down"))
             self._queue.clear()
             threads = [r.thread for r in self._replicas if r.thread is not None]
             self._cond.notify_all()
@@ -314,6 +358,32 @@ class RewardPool:
         replica.thread.start()
 
     def _work(self, replica: _Replica) -> None:
+        try:
+            self._serve(replica)
+        except ScoringCancelled:  # from expire(): the call ran past a request's timeout
+            self._cancelled(replica)
+
+    def _cancelled(self, replica: _Replica) -> None:
+        """The retired thread's last act: finish its expired jobs, queue the others again
+        (at the front, in order) for the replicas that remain, and leave the pool."""
+        with self._cond:
+            for job in reversed(replica.jobs):
+                if job.future.done():
+                    continue
+                if job.expired:
+                    job.future.set_exception(
+                        TimeoutError(f"{self.source}: cancelled after timeout_s")
+                    )
+                else:
+                    job.requeued = True
+                    self._queue.appendleft(job)
+            replica.jobs = []
+            replica.started = None
+            self._leave(replica)
+            self._cond.notify_all()
+        log.warning("%s: replica %d cancelled and exited", self.source, replica.index)
+
+    def _serve(self, replica: _Replica) -> None:
         if replica.scorer is None:
             try:
                 replica.scorer = self.config.build()
@@ -327,13 +397,19 @@ class RewardPool:
             jobs = self._take(replica)
             if jobs is None:
                 return
-            self._run(replica.scorer, jobs)
+            self._run(replica, jobs)
             with self._cond:
                 replica.started = None
-                replica.running = []
+                replica.jobs = []
                 if replica.abandoned:
-                    self._abandoned -= 1
+                    self._leave(replica)
                     return
+
+    def _leave(self, replica: _Replica) -> None:
+        """An abandoned replica's thread is exiting (caller holds the lock; counted once)."""
+        if replica.abandoned and not replica.left:
+            replica.left = True
+            self._abandoned -= 1
 
     def _take(self, replica: _Replica) -> list[_Job] | None:
         """Block for the next batch of jobs; ``None`` when the pool closes."""
@@ -350,6 +426,17 @@ class RewardPool:
                 while True:
                     while self._queue and count + len(self._queue[0].samples) <= limit:
                         job = self._queue.popleft()
+                        if job.requeued:  # its future is running already
+                            if job.future.done():
+                                continue
+                            if job.expired:  # its request gave up while it waited again
+                                job.future.set_exception(
+                                    TimeoutError(f"{self.source}: cancelled after timeout_s")
+                                )
+                                continue
+                            jobs.append(job)
+                            count += len(job.samples)
+                            continue
                         if job.future.set_running_or_notify_cancel():  # False: timed out
                             jobs.append(job)
                             count += len(job.samples)
@@ -359,13 +446,22 @@ class RewardPool:
                     self._cond.wait(remaining)
                 if jobs:
                     replica.started = time.monotonic()
-                    replica.running = [job.future for job in jobs]
+                    replica.jobs = jobs
                     return jobs
 
-    def _run(self, scorer: RewardBackend, jobs: list[_Job]) -> None:
+    def _run(self, replica: _Replica, jobs: list[_Job]) -> None:
         samples = [s for job in jobs for s in job.samples]
+        assert replica.scorer is not None
         try:
-            results = score_samples(scorer, samples, self.has_total, self.source)
+            with replica.guard:
+                replica.in_call = True
+            try:
+                results = score_samples(replica.scorer, samples, self.has_total, self.source)
+            finally:
+                with replica.guard:
+                    replica.in_call = False
+        except ScoringCancelled:
+            raise
         except BaseException as exc:  # a bug outside the scorer call: fail these jobs only
             log.exception("%s: scoring a batch failed", self.source)
             for job in jobs:
