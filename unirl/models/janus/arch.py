@@ -1,16 +1,46 @@
 """``janus-pro-*-arch`` presets: the released Janus-Pro shapes with random weights (benchmarks,
-memory planning, offline dry runs).
+memory planning, offline dry runs), in the layout transformers' ``JanusConfig`` takes.
 
-Source of the numbers: the ``config.json`` of ``deepseek-ai/Janus-Pro-1B`` and
-``deepseek-ai/Janus-Pro-7B`` (``language_config``: a LLaMA-style DeepSeek-LLM; ``vision_config``:
-SigLIP-L/16 at 384 px; ``aligner_config`` / ``gen_aligner_config`` / ``gen_head_config``:
-2-layer GELU MLPs at the LLM width; ``gen_vision_config``: the VQ-16 tokenizer, 16,384 codes of
-dimension 8, 24 x 24 = 576 tokens per 384 px image), in the layout transformers'
-``JanusConfig`` takes (``convert_janus_weights_to_hf.py`` maps one onto the other: the VQ
-decoder's channel multipliers, resolution blocks and latent channels are that converter's
-``JanusVQVAEConfig`` defaults). Special ids are the released tokenizer's: ``<｜begin▁of▁sentence｜>``
-100000, ``<｜end▁of▁sentence｜>`` 100001, ``<｜▁pad▁｜>`` 100015, ``<begin_of_image>`` 100016,
-``<image_placeholder>`` 100581.
+How the numbers were checked (against public copies; the ``deepseek-ai`` / ``deepseek-community``
+``config.json`` files themselves are not in the stored corpus this was checked with):
+
+- transformers' converter, ``huggingface/transformers``
+  ``src/transformers/models/janus/convert_janus_weights_to_hf.py`` (the version that reads
+  ``config_data["language_config"]``): ``text_config`` takes ``vocab_size``, ``hidden_size``,
+  ``intermediate_size``, ``num_hidden_layers``, ``num_attention_heads``,
+  ``num_key_value_heads``, ``hidden_act``, ``max_position_embeddings`` from the released
+  ``language_config`` (the rest: ``LlamaConfig`` defaults: ``rms_norm_eps`` 1e-6, RoPE theta
+  10,000, untied LM head) and pad / BOS / EOS from the tokenizer; ``vision_config`` takes
+  ``image_size`` and the aligner's ``n_embed`` (``projection_dim``) and ``depth`` (the rest:
+  ``JanusVisionConfig`` defaults, SigLIP-L/16: 1024 wide, 24 layers, 16 heads, MLP ratio 4,
+  576 tokens); ``vq_config`` takes ``embed_dim`` 8 and ``num_embeddings`` 16,384 (``VQ-16``'s
+  ``n_embed`` / ``image_token_size``), the generation aligner's ``n_embed`` and ``depth`` and the
+  generation head's ``image_token_embed`` (the decoder's channels, multipliers, resolution
+  blocks: ``JanusVQVAEConfig`` defaults); the generation config's pad is ``<｜▁pad▁｜>``.
+- Janus-Pro-7B (``deepseek-ai/Janus-Pro-7B`` ``config.json``, as copied into
+  ``cyan2k/Janus-Pro-7B-bnb-4bit`` and ``YhangChen/iris-step200`` (``_name_or_path``
+  ``deepseek-ai/Janus-Pro-7B``) on the Hub): ``language_config`` = llama, 30 layers, vocab
+  102,400, 16,384 positions (width, MLP and heads left to ``LlamaConfig``'s defaults 4096 /
+  11,008 / 32, which ``wnma3mz/Janus-Pro-7B-LM``'s extracted LLM config states, with 32 KV
+  heads, ``rms_norm_eps`` 1e-6, theta 10,000, ``tie_word_embeddings`` false); aligner
+  ``mlp_gelu`` depth 2, 1024 -> 4096; generation aligner depth 2, 8 -> 4096; generation head
+  ``image_token_embed`` 4096, ``image_token_size`` 16,384; ``gen_vision_config`` ``VQ-16``,
+  16,384 codes of dimension 8.
+- Janus-Pro-1B (converted layout: ``hf-internal-testing/tiny-processor-janus`` ``config.json``,
+  transformers 4.52, every text and vision number at the 1B size; ``pruna-test/tiny_janus``
+  the same with one layer): text 2048 wide, MLP 5632, 16 heads, 16 KV heads, 24 layers, 16,384
+  positions, vocab 102,400, ``rms_norm_eps`` 1e-6, theta 10,000, BOS 100000, EOS 100001, pad
+  100002; vision 1024 wide, 384 px, patch 16, MLP ratio 4, aligner depth 2, 2048 out, 576
+  tokens; ``image_token_id`` 100581.
+
+Fixed by this check: ``text_config.pad_token_id`` was 100015 (``<｜▁pad▁｜>``, the pad of
+*image generation*'s unconditional branch, which the converter puts in the generation config);
+the converted configs carry the tokenizer's pad, 100002. Not verified: the 1B VQ and generation
+head/aligner widths (no 1B ``vq_config`` copy was found; they follow the converter's rule from
+the 7B-style fields, at width 2048); ``<begin_of_image>`` 100016 (from the released
+tokenizer's added tokens, not seen in a copy); the top-level ``tie_word_embeddings`` of the
+``deepseek-community`` folders (``JanusConfig`` defaults it to true in transformers 5.x; the
+released LLM is untied, so it is false here).
 """
 
 from __future__ import annotations
@@ -18,7 +48,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-BOS_ID, EOS_ID, PAD_ID, BOI_ID, IMAGE_PLACEHOLDER_ID = 100000, 100001, 100015, 100016, 100581
+BOS_ID, EOS_ID, PAD_ID, BOI_ID, IMAGE_PLACEHOLDER_ID = 100000, 100001, 100002, 100016, 100581
 
 
 def _janus(hidden: int, intermediate: int, layers: int, heads: int) -> dict[str, Any]:

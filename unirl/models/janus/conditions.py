@@ -51,9 +51,10 @@ class ImageTokenSamplingParams:
 @dataclass(kw_only=True)
 class ImageTokenRequest(TextRequest):
     """The image stage's part of a request: a :class:`TextRequest` (seed ids, temperature;
-    ``max_new_tokens`` = the model's image tokens) plus ``guidance_scale`` (shared). Its
-    uniforms come from their own stream, so an image's draws are independent of the text
-    sample of the same id."""
+    ``max_new_tokens`` = the model's image tokens; ``top_k`` / ``top_p`` truncate the draw)
+    plus ``guidance_scale`` (shared). Its uniforms come from their own stream, so an image's
+    draws are independent of the text sample of the same id; :meth:`batch_seed` seeds the
+    one generator of ``JanusImagePipeline(rng="batch")``."""
 
     stream: ClassVar[str] = IMAGE_TOKEN_STREAM
 
@@ -67,6 +68,13 @@ class ImageTokenRequest(TextRequest):
             gen.manual_seed(noise_seed(seed, int(seed_id), self.stream))
             out[row] = torch.rand(steps, generator=gen, dtype=torch.float64)
         return out
+
+    def batch_seed(self, seed: int) -> int:
+        """The seed of the shard's one generator under ``rng: batch``: ``(seed, the first seed
+        id)`` on a stream of its own, so shards (their first ids differ) draw different
+        numbers and a shard's draws repeat when it is sampled again."""
+        require(len(self.seed_ids) > 0, "ImageTokenRequest.batch_seed needs at least one seed id")
+        return noise_seed(seed, int(self.seed_ids[0]), f"{self.stream}/batch")
 
 
 @dataclass(kw_only=True)

@@ -8,8 +8,11 @@ think-then-draw sampler that chains them on one worker.
   token but BOS and ``<begin_of_image>`` padded) run as one ``[cond; uncond]`` batch through a
   KV cache; each step's generation-head logits are guided ``uncond + w·(cond - uncond)``
   (transformers' ``ClassifierFreeGuidanceLogitsProcessor``), a token is drawn from
-  ``softmax(guided / T)`` with the sample's own uniform (inverse CDF, as the text sampler), its
-  fp32 log-prob recorded, and the token's generation embedding fed to both branches. The track's
+  ``softmax(guided / T)`` (``top_k`` / ``top_p`` of the request truncate the draw, not the
+  recorded policy, as in the text sampler) with the sample's own uniform (inverse CDF;
+  ``rng: per_sample``, the default) or, with ``rng: batch``, by ``torch.multinomial`` over the
+  whole batch in transformers' own draw order; its fp32 log-prob recorded, and the token's
+  generation embedding fed to both branches. The track's
   ``TextSegment`` packs context + image tokens (loss mask on the image tokens);
   :meth:`JanusImagePipeline.token_log_probs` replays that policy in one forward per micro-batch
   (the ``TokenPolicy`` protocol the GRPO loss reads). ``decoded``: the VQ decoder's pixels.
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -43,6 +46,7 @@ from unirl.types import (
 
 TEXT_TRACK = "text"
 IMAGE_TRACK = "image"
+RNG_MODES = ("per_sample", "batch")
 
 
 class JanusTextPipeline(CausalLMPipeline):
@@ -59,6 +63,40 @@ def guided_logits(logits: torch.Tensor, guidance_scale: float) -> torch.Tensor:
     return uncond + (cond - uncond) * guidance_scale
 
 
+def draw_batch(
+    guided: torch.Tensor,
+    *,
+    temperature: float,
+    top_k: int = -1,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """``tokens[R]`` from guided logits ``[R, codebook]`` exactly as transformers'
+    ``JanusForConditionalGeneration.generate(generation_mode="image")`` draws them: its own
+    warpers in its order (temperature, top-k, top-p; after the CFG processor), ``softmax``, then
+    one ``torch.multinomial(probs, 1)`` over the whole batch from ``generator`` (None: torch's
+    global RNG of the logits' device, what transformers uses). Argmax at temperature 0 (no
+    random number drawn). ``top_k = -1`` / ``top_p = 1``: off (transformers' 0 / 1.0)."""
+    if temperature == 0:
+        return guided.argmax(dim=-1)
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    no_ids: Any = None  # the warpers never read the ids
+    scores = guided
+    if temperature != 1.0:
+        scores = TemperatureLogitsWarper(temperature)(no_ids, scores)
+    if top_k > 0:
+        scores = TopKLogitsWarper(top_k)(no_ids, scores)
+    if top_p < 1.0:
+        scores = TopPLogitsWarper(top_p)(no_ids, scores)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
 def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids[R, L], mask[R, L])`` left-padded (every row's last token at the end)."""
     longest = max(len(r) for r in rows)
@@ -72,20 +110,49 @@ def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Te
 
 class JanusImagePipeline:
     """Janus's image stage (see the module docstring). ``forward_batch_size``: images sampled at
-    once (None: the whole shard). ``track_name``: its track and request block (``image``)."""
+    once (None: the whole shard). ``track_name``: its track and request block (``image``).
+
+    ``rng``: where the random numbers of the image tokens come from.
+
+    - ``per_sample`` (default): each sample draws by inverse CDF from its own uniform stream
+      (``ImageTokenRequest.uniforms``, seeded by ``(seed, sample id)``), so a sample's image is
+      independent of its batch neighbours, of ``forward_batch_size`` and of the rank it lands
+      on: the same sample id gives the same image whatever the data-parallel split.
+    - ``batch``: transformers' own draw (:func:`draw_batch`): one ``torch.multinomial`` over the
+      batch per step, from one generator seeded by ``ImageTokenRequest.batch_seed`` (the
+      request's seed and the shard's first seed id). Given that generator in the state
+      ``torch.manual_seed(s)`` leaves the global RNG in, the tokens equal
+      ``generate(generation_mode="image", do_sample=True)`` on the same left-padded batch
+      token for token (fp32; each ``forward_batch_size`` chunk draws as one ``generate`` call,
+      chunk after chunk). A sample's image then depends on its batch: use it to reproduce
+      transformers' samples, not for training runs that reshard.
+
+    The recorded log-probs and the replay are the same in both modes (the policy does not
+    depend on where the random numbers come from)."""
 
     image_output: ClassVar[str] = "tokens"  # what the unified trainer authors for this stage
 
     def __init__(
-        self, *, bundle: Any, forward_batch_size: int | None = None, track_name: str = IMAGE_TRACK
+        self,
+        *,
+        bundle: Any,
+        forward_batch_size: int | None = None,
+        track_name: str = IMAGE_TRACK,
+        rng: Literal["per_sample", "batch"] = "per_sample",
     ) -> None:
         require(
             forward_batch_size is None or forward_batch_size >= 1,
             "unified.image.pipeline.forward_batch_size must be >= 1 or null",
         )
+        require(
+            rng in RNG_MODES,
+            f"unified.image.pipeline.rng={rng!r} must be 'per_sample' (each sample its own "
+            "stream; the default) or 'batch' (transformers' own multinomial draw order)",
+        )
         self.bundle = bundle
         self.forward_batch_size = forward_batch_size
         self.track_name = track_name
+        self.rng = rng
 
     # -- sampling ----------------------------------------------------------------------------------
 
@@ -103,24 +170,33 @@ class JanusImagePipeline:
     def sample_tokens(
         self,
         contexts: list[list[int]],
-        uniforms: torch.Tensor,
+        uniforms: torch.Tensor | None,
         *,
         guidance_scale: float,
         temperature: float,
+        top_k: int = -1,
+        top_p: float = 1.0,
+        generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(tokens[R, N], log_probs[R, N])`` for each context (ending with
-        ``<begin_of_image>``), ``N`` the model's image tokens, drawn with ``uniforms[R, >= N]``
-        from ``softmax(guided / temperature)`` (argmax at temperature 0; log-probs then of the
-        temperature-1 policy), KV-cached, in chunks of ``forward_batch_size``."""
+        ``<begin_of_image>``), ``N`` the model's image tokens, drawn from
+        ``softmax(guided / temperature)`` truncated to ``top_k`` / ``top_p`` (argmax at
+        temperature 0): with ``uniforms[R, >= N]`` (inverse CDF, per sample) or, when
+        ``uniforms`` is None, by :func:`draw_batch` from ``generator`` (None: torch's global
+        RNG). Log-probs are of the untruncated policy (temperature 1 when greedy). KV-cached, in
+        chunks of ``forward_batch_size``."""
         from transformers import DynamicCache
 
         n = self.bundle.num_image_tokens
-        require(uniforms.shape[1] >= n, f"uniforms must be [R, >= {n}]")
+        require(
+            uniforms is None or (uniforms.shape[0] >= len(contexts) and uniforms.shape[1] >= n),
+            f"uniforms must be [R={len(contexts)}, >= {n}]",
+        )
         chunk = self.forward_batch_size or max(len(contexts), 1)
         tokens, logps = [], []
         for start in range(0, len(contexts), chunk):
             rows = contexts[start : start + chunk]
-            u_rows = uniforms[start : start + chunk]
+            u_rows = uniforms[start : start + chunk] if uniforms is not None else None
             ids, mask, positions = self._both(rows)
             cache = DynamicCache()
             model = self.bundle.model
@@ -136,8 +212,19 @@ class JanusImagePipeline:
             picked, chosen_lp = [], []
             for step in range(n):
                 logits = guided_logits(out.logits[:, -1], guidance_scale)
-                u = u_rows[:, step].to(logits.device)
-                chosen = draw_tokens(logits, u, temperature=temperature)
+                if u_rows is None:
+                    chosen = draw_batch(
+                        logits,
+                        temperature=temperature,
+                        top_k=top_k,
+                        top_p=top_p,
+                        generator=generator,
+                    )
+                else:
+                    u = u_rows[:, step].to(logits.device)
+                    chosen = draw_tokens(
+                        logits, u, temperature=temperature, top_p=top_p, top_k=top_k
+                    )
                 lp = policy_log_probs(logits, temperature).gather(1, chosen[:, None])[:, 0]
                 picked.append(chosen)
                 chosen_lp.append(lp)
@@ -168,7 +255,12 @@ class JanusImagePipeline:
         rows = context if context is not None else bundle.encode_prompts(req.prompts)
         require(len(rows) == len(req), f"{len(rows)} context rows for {len(req)} image samples")
         contexts = bundle.image_context([list(map(int, r)) for r in rows])
-        uniforms = block.uniforms(req.seed, bundle.num_image_tokens)
+        uniforms, generator = None, None
+        if self.rng == "per_sample":
+            uniforms = block.uniforms(req.seed, bundle.num_image_tokens)
+        else:
+            generator = torch.Generator(device=bundle.device)
+            generator.manual_seed(block.batch_seed(req.seed))
         t_encode = time.perf_counter() - t0
         t0 = time.perf_counter()
         with bundle.sampling_mode():
@@ -177,6 +269,9 @@ class JanusImagePipeline:
                 uniforms,
                 guidance_scale=float(block.guidance_scale),
                 temperature=float(block.temperature),
+                top_k=int(block.top_k),
+                top_p=float(block.top_p),
+                generator=generator,
             )
         t_generate = time.perf_counter() - t0
         t0 = time.perf_counter()
