@@ -5,7 +5,7 @@ How the numbers were checked (against public copies; the ``deepseek-ai`` / ``dee
 ``config.json`` files themselves are not in the stored corpus this was checked with):
 
 - transformers' converter, ``huggingface/transformers``
-  ``src/transformers/models/janus/convert_janus_weights_to_hf.py`` (the version that reads
+  ``src/transformers/models/janus/convert_janus_weights_to_hf.py`` (the versions that read
   ``config_data["language_config"]``): ``text_config`` takes ``vocab_size``, ``hidden_size``,
   ``intermediate_size``, ``num_hidden_layers``, ``num_attention_heads``,
   ``num_key_value_heads``, ``hidden_act``, ``max_position_embeddings`` from the released
@@ -17,17 +17,19 @@ How the numbers were checked (against public copies; the ``deepseek-ai`` / ``dee
   ``n_embed`` / ``image_token_size``), the generation aligner's ``n_embed`` and ``depth`` and the
   generation head's ``image_token_embed`` (the decoder's channels, multipliers, resolution
   blocks: ``JanusVQVAEConfig`` defaults); the generation config's pad is ``<｜▁pad▁｜>``.
-- Janus-Pro-7B (``deepseek-ai/Janus-Pro-7B`` ``config.json``, as copied into
-  ``cyan2k/Janus-Pro-7B-bnb-4bit`` and ``YhangChen/iris-step200`` (``_name_or_path``
-  ``deepseek-ai/Janus-Pro-7B``) on the Hub): ``language_config`` = llama, 30 layers, vocab
-  102,400, 16,384 positions (width, MLP and heads left to ``LlamaConfig``'s defaults 4096 /
-  11,008 / 32, which ``wnma3mz/Janus-Pro-7B-LM``'s extracted LLM config states, with 32 KV
-  heads, ``rms_norm_eps`` 1e-6, theta 10,000, ``tie_word_embeddings`` false); aligner
+- Janus-Pro-7B (``deepseek-ai/Janus-Pro-7B`` ``config.json``, as copied on the Hub into
+  ``cyan2k/Janus-Pro-7B-bnb-4bit`` ``config.json`` @ f90ae86 and ``YhangChen/iris-step200``
+  ``config.json`` (``_name_or_path`` ``deepseek-ai/Janus-Pro-7B``)): ``language_config`` =
+  llama, 30 layers, vocab 102,400, 16,384 positions (width, MLP and heads left to
+  ``LlamaConfig``'s defaults 4096 / 11,008 / 32, which ``wnma3mz/Janus-Pro-7B-LM``
+  ``config.json`` @ fd07ec9, the extracted LLM, states, with 32 KV heads, ``rms_norm_eps``
+  1e-6, theta 10,000, ``tie_word_embeddings`` false); aligner
   ``mlp_gelu`` depth 2, 1024 -> 4096; generation aligner depth 2, 8 -> 4096; generation head
   ``image_token_embed`` 4096, ``image_token_size`` 16,384; ``gen_vision_config`` ``VQ-16``,
   16,384 codes of dimension 8.
-- Janus-Pro-1B (converted layout: ``hf-internal-testing/tiny-processor-janus`` ``config.json``,
-  transformers 4.52, every text and vision number at the 1B size; ``pruna-test/tiny_janus``
+- Janus-Pro-1B (converted layout: ``hf-internal-testing/tiny-processor-janus``
+  ``config.json`` @ b60fa57, transformers 4.52, every text and vision number at the 1B size;
+  ``pruna-test/tiny_janus``
   the same with one layer): text 2048 wide, MLP 5632, 16 heads, 16 KV heads, 24 layers, 16,384
   positions, vocab 102,400, ``rms_norm_eps`` 1e-6, theta 10,000, BOS 100000, EOS 100001, pad
   100002; vision 1024 wide, 384 px, patch 16, MLP ratio 4, aligner depth 2, 2048 out, 576
