@@ -9,7 +9,7 @@ import torch
 from test_algo_text import ADV, LENGTHS, TinyLM, _batch, _move, _shifted
 
 from unirl.algorithms import ReinforcePP
-from unirl.algorithms.reinforcepp import kl_to_go
+from unirl.algorithms.reinforcepp import batch_token_stats, kl_to_go
 from unirl.config import ConfigError
 from unirl.types import TextEmbedConditions
 
@@ -138,3 +138,34 @@ def test_reinforcepp_validation() -> None:
         ReinforcePP(policy=TinyLM(), adv_eps=-1.0)
     with pytest.raises(TypeError, match="clip_hihg"):
         ReinforcePP(policy=TinyLM(), clip_hihg=0.3)  # type: ignore[call-arg]
+
+
+def _stats_by_hand(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float]:
+    picked = torch.cat([v.double()[m].cpu() for v, m in parts])
+    return float(picked.mean()), float(picked.std(unbiased=False))
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+        ),
+    ],
+)
+def test_batch_token_stats_on_the_values_device(device: str) -> None:
+    """Mean and population std over every part's masked values, on the parts' own device
+    (a host-side count tensor beside device sums failed PPO's first GPU step: torch.stack of
+    cpu and cuda tensors)."""
+    gen = torch.Generator().manual_seed(3)
+    parts = []
+    for n in (5, 7):
+        values = torch.randn(n, generator=gen).to(device)
+        mask = (torch.rand(n, generator=gen) > 0.3).to(device)
+        parts.append((values, mask))
+    mean, std = batch_token_stats(parts)
+    want_mean, want_std = _stats_by_hand(parts)
+    assert mean == pytest.approx(want_mean, abs=1e-12)
+    assert std == pytest.approx(want_std, abs=1e-12)

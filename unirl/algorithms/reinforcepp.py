@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -44,7 +44,7 @@ def batch_token_stats(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[f
     stats = torch.zeros(3, dtype=torch.float64, device=device)
     for values, mask in parts:
         v = values.double()[mask]
-        stats += torch.stack([v.sum(), v.square().sum(), torch.tensor(float(v.numel()))])
+        stats += torch.stack([v.sum(), v.square().sum(), v.new_tensor(float(v.numel()))])
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.all_reduce(stats)
     total, square, count = stats.tolist()
@@ -76,7 +76,7 @@ class ReinforcePP(GRPO):
         adv_eps: float = 1e-8,
         loss_agg: str = "token-mean",
         norm_length: int | None = None,
-        kl: KLConfig | Mapping[str, Any] | None = None,
+        kl: KLConfig | Mapping[str, object] | None = None,
         old_logp_source: Literal["replay", "rollout"] = "replay",
         tis_cap: float | None = None,
     ) -> None:
@@ -100,7 +100,7 @@ class ReinforcePP(GRPO):
         self._return_stats: dict[str, float] = {}
 
     @torch.no_grad()
-    def prepare_segment(self, conditions: Conditions, segment: TextSegment) -> TextSegment:  # type: ignore[override]
+    def prepare_segment(self, conditions: Conditions, segment: TextSegment) -> TextSegment:
         """Anchor π_old, then store ``−β · Σ_{s ≥ t} k1_s`` per token in ``token_advantages``
         (zeros with β = 0); :meth:`prepare_batch` adds the sample's advantage and normalises."""
         segment = super().prepare_segment(conditions, segment)
@@ -119,8 +119,8 @@ class ReinforcePP(GRPO):
         return dataclasses.replace(segment, token_advantages=Packed(values=shaped, offsets=offsets))
 
     def prepare_batch(
-        self, micro: list[tuple[Conditions, Any, torch.Tensor]]
-    ) -> list[tuple[Conditions, Any, torch.Tensor]]:
+        self, micro: list[tuple[Conditions, TextSegment, torch.Tensor]]
+    ) -> list[tuple[Conditions, TextSegment, torch.Tensor]]:
         """``G_t = A_i + shaped_t``, then ``(G − mean G) / (std G + adv_eps)`` with the mean and
         (population) std over every loss token of every micro-batch and every rank."""
         returns, masks = [], []
@@ -129,6 +129,7 @@ class ReinforcePP(GRPO):
                 seg.token_advantages is not None,
                 "ReinforcePP.prepare_batch needs segments anchored by its prepare_segment",
             )
+            assert seg.token_advantages is not None  # required above
             lengths = (seg.tokens.offsets[1:] - seg.tokens.offsets[:-1]).to(adv.device)
             shaped = seg.token_advantages.values.double()
             g = torch.repeat_interleave(adv.double(), lengths).to(shaped.device) + shaped
@@ -144,7 +145,7 @@ class ReinforcePP(GRPO):
             out.append((cond, dataclasses.replace(seg, token_advantages=packed), adv))
         return out
 
-    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]
+    @distributed(dispatch=Dispatch.BROADCAST)
     def after_train(self, rollout_index: int) -> dict[str, float]:
         """GRPO's (KL controller: ``kl/rollout_mean`` is the mean k1 of the reward), plus the
         batch mean and std of the KL-shaped returns before normalisation."""
