@@ -532,13 +532,21 @@ def reward_component_names(block: Any) -> list[str] | None:
     the block: a weighted backend's ``weights`` keys (which it requires to be exactly its
     components' names), a single scorer's ``name``; None when the block does not say."""
     backend = block.get("backend") if isinstance(block, dict) else None
+    return _backend_names(backend, "reward.backend")
+
+
+def _backend_names(backend: Any, where: str) -> list[str] | None:
+    """:func:`reward_component_names` of one backend block; a wrapper that scores with one
+    inner reward (``PerFrame``'s ``scorer``, no name of its own) has the inner one's names."""
     if not isinstance(backend, dict) or "_target_" not in backend:
         return None
     weights = backend.get("weights")
     if isinstance(backend.get("components"), dict) and isinstance(weights, dict):
         return sorted(str(k) for k in weights)
-    name = _setting_of(backend, "reward.backend", "name")
-    return [name] if isinstance(name, str) and name else None
+    name = _setting_of(backend, where, "name")
+    if isinstance(name, str) and name:
+        return [name]
+    return _backend_names(backend.get("scorer"), f"{where}.scorer")
 
 
 def check_component_weights(cfg: RunConfig, objs: dict[str, Any]) -> None:
