@@ -1,6 +1,7 @@
 """Local reward scorers: OCR, JPEG (in)compressibility, image-statistic guards, quick-start
 targets, edit rewards (result vs source; EditJudge, a VLM judge of edits), rule-based text matchers and model-based scorers (CLIP score, PickScore, HPS v2,
-ImageReward, LAION aesthetic; their weights load lazily on the first ``score``)."""
+ImageReward, LAION aesthetic; their weights load lazily on the first ``score``) and the VLM
+rewards of ``vlm/`` (HPSv3, VideoAlign, EditReward, UnifiedReward, WISE judge)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from unirl.reward.local.text_match import (
     math_equal,
 )
 from unirl.reward.local.video import PerFrame, TemporalConsistency, VideoPickScore
+from unirl.reward.local.vlm import EditReward, HPSv3, UnifiedReward, VideoAlign, WISEJudge
 
 __all__ = [
     "BoxedMathAnswer",
@@ -48,8 +50,10 @@ __all__ = [
     "CLIPScore",
     "ColorTarget",
     "EditJudge",
+    "EditReward",
     "ExactMatch",
     "HPSv2",
+    "HPSv3",
     "ImageReward",
     "ImageStats",
     "JpegCompressibility",
@@ -67,7 +71,10 @@ __all__ = [
     "RewardWeightsNotFound",
     "SourcePreservation",
     "TemporalConsistency",
+    "UnifiedReward",
+    "VideoAlign",
     "VideoPickScore",
+    "WISEJudge",
     "color_entropy",
     "convert_image_reward_checkpoint",
     "convert_image_reward_state_dict",
