@@ -11,7 +11,8 @@ on the ``tiny`` preset, fp32 on CPU: seeded sampling and understanding prompts.
   equality.
 - An understanding prompt (an image through the SigLIP tower and aligner, transformers' own
   image processor) gives our policy the same next-token logits as an independently loaded
-  transformers model (1e-5), and our loop sampler's greedy text equals its ``generate``.
+  transformers model (1e-5), and our greedy text (the loop sampler and the decode engine)
+  equals its ``generate``.
 """
 
 from __future__ import annotations
@@ -259,9 +260,12 @@ def test_understanding_prompt_logits_equal_transformers_forward(
     assert float((blank[:, -1] - theirs[:, -1]).abs().max()) > 1e-2
 
 
+@pytest.mark.parametrize("sampler", ["loop", "engine"])
 def test_understanding_prompt_greedy_text_equals_transformers_generate(
-    bundle: JanusBundle, reference_janus: Any
+    bundle: JanusBundle, reference_janus: Any, sampler: str
 ) -> None:
+    from unirl.models.common_ar.engine import hf_prefill
+
     ids, pixels = understanding_inputs(bundle)
     steps = 8
     x, mask = left_padded(ids, bundle.pad_token_id)
@@ -269,18 +273,25 @@ def test_understanding_prompt_greedy_text_equals_transformers_generate(
         theirs = reference_janus.generate(
             x, attention_mask=mask, pixel_values=pixels, do_sample=False, max_new_tokens=steps
         )[:, x.shape[1] :]
-    pipe = JanusTextPipeline(bundle=bundle, sampler="loop")
+    pipe = JanusTextPipeline(bundle=bundle, sampler=sampler)
     block = TextRequest(seed_ids=torch.arange(2), max_new_tokens=steps, temperature=0.0)
+    uniforms = torch.zeros(2, steps, dtype=torch.float64)
+
+    def image_of(rows: Any) -> dict[str, torch.Tensor]:
+        return {"pixel_values": pixels[list(rows)]}
+
     with bundle.sampling_mode():
-        completions = pipe.sample(
-            ids,
-            torch.zeros(2, steps, dtype=torch.float64),
-            block,
-            prefill_inputs_for=lambda rows: {"pixel_values": pixels[rows]},
-        )
+        if sampler == "engine":  # the default sampler: a prefill through Janus's own forward
+            prefill = hf_prefill(
+                bundle.model, ids, pad_token_id=bundle.pad_token_id, extra_inputs=image_of
+            )
+            keys = [(tuple(r), i) for i, r in enumerate(ids)]
+            completions = pipe.sample(ids, uniforms, block, prefix_keys=keys, prefill=prefill)
+        else:
+            completions = pipe.sample(ids, uniforms, block, prefill_inputs_for=image_of)
     for i, completion in enumerate(completions):
         want = theirs[i].tolist()
-        if bundle.stop_token_ids and set(want) & set(bundle.stop_token_ids):
+        if set(want) & set(bundle.stop_token_ids):
             cut = min(want.index(t) for t in bundle.stop_token_ids if t in want)
             want = want[: cut + 1]  # ours stops at the stop token
         assert completion.tokens == want, i
