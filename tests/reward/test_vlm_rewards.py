@@ -621,3 +621,44 @@ def test_missing_head_or_reward_token_is_one_line_naming_the_fix(tmp_path, hps_d
         HPSv3(path=hps_dir, min_pixels=9, max_pixels=4)
     with pytest.raises(Exception, match="must have exactly the keys VQ, MQ, TA"):
         VideoAlign(path=hps_dir, weights={"VQ": 1.0})
+
+
+# -- behind the standalone reward service -------------------------------------------------------
+def test_the_reward_service_serves_the_vlm_rewards_over_http(hps_dir, er_dir, va_dir):
+    """A real ``unirl-reward-service`` on loopback: PNG images / frames survive the trip bit for
+    bit, so the remote scores equal the in-process ones exactly."""
+    service = pytest.importorskip("unirl_reward_service")
+    from unirl_reward_service.testing import serve_in_thread
+
+    from unirl.reward import RemoteRewardBackend
+
+    config = {
+        "server": {"require_auth": False, "batch_wait_ms": 2},
+        "rewards": {
+            "hpsv3": {"_target_": "unirl.reward.local.HPSv3", "path": hps_dir, **PIX},
+            "edit": {"_target_": "unirl.reward.local.EditReward", "path": er_dir, **PIX},
+            "video": {
+                "_target_": "unirl.reward.local.VideoAlign",
+                "path": va_dir,
+                "max_pixels": 3136,
+            },
+        },
+    }
+    images, sources = _images(3, seed=10), _images(3, seed=11)
+    videos = _videos(2, t=4, seed=12)
+    with serve_in_thread(service.create_app(config)) as url:
+        remote = RemoteRewardBackend(url=url, reward="hpsv3", components=("hpsv3",))
+        got = remote.score(images, PROMPTS, [{}] * 3)
+        edit = RemoteRewardBackend(url=url, reward="edit", components=("edit_reward",))
+        got_edit = edit.score_edit(images, sources, PROMPTS, [{}] * 3)
+        video = RemoteRewardBackend(url=url, reward="video", components=("videoalign",))
+        got_video = video.score_video(videos, 8.0, PROMPTS[:2], [{}] * 2)
+    local = HPSv3(path=hps_dir, **PIX).score(images, PROMPTS, [{}] * 3).scores["hpsv3"]
+    assert torch.equal(got.scores["hpsv3"], local)
+    assert got.errors["hpsv3"] == [None] * 3
+    local_edit = EditReward(path=er_dir, **PIX).score_edit(images, sources, PROMPTS, [{}] * 3)
+    assert torch.equal(got_edit.scores["edit_reward"], local_edit.scores["edit_reward"])
+    local_video = VideoAlign(path=va_dir, max_pixels=3136).score_video(
+        videos, 8.0, PROMPTS[:2], [{}] * 2
+    )
+    assert torch.equal(got_video.scores["videoalign"], local_video.scores["videoalign"])
