@@ -10,7 +10,7 @@ mark methods cheaply; the Ray-backed names (``DevicePool``, ``placement``, ``rem
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from unirl.distributed.group.dispatch import Dispatch, DistributedSpec, distributed
 from unirl.distributed.group.errors import PlacementError, RemoteCallError, StalledCallError
@@ -53,7 +53,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,11 +9,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Protocol, Self, TypeGuard, TypeVar, overload
 
 from unirl.config import require
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 SPEC_ATTR = "__unirl_distributed__"
 
@@ -44,12 +44,35 @@ class DistributedSpec:
         )
 
 
+class BatchLike(Protocol):
+    """What the dispatcher splits and merges (``unirl.types.Batch`` provides it)."""
+
+    def __len__(self) -> int: ...
+
+    def chunk(self, n: int) -> Sequence[Self]: ...
+
+    @classmethod
+    def concat(cls, parts: Sequence[Self]) -> Self: ...
+
+
+@overload
+def distributed(
+    fn: F, *, dispatch: Dispatch = Dispatch.BROADCAST, timeout_s: float | None = None
+) -> F: ...
+
+
+@overload
+def distributed(
+    fn: None = None, *, dispatch: Dispatch = Dispatch.BROADCAST, timeout_s: float | None = None
+) -> Callable[[F], F]: ...
+
+
 def distributed(
     fn: F | None = None,
     *,
     dispatch: Dispatch = Dispatch.BROADCAST,
     timeout_s: float | None = None,
-) -> Any:
+) -> F | Callable[[F], F]:
     """Mark a role method as driver-callable through a ``Handle``.
 
     Usable bare (``@distributed``) or with options
@@ -83,7 +106,7 @@ def collect_specs(cls: type) -> dict[str, DistributedSpec]:
     return specs
 
 
-def is_batch_like(value: Any) -> bool:
+def is_batch_like(value: object) -> TypeGuard[BatchLike]:
     """True for objects the dispatcher may split and merge (see module docstring)."""
     if type(value).__module__.startswith("torch") or isinstance(value, str | bytes):
         return False
@@ -94,26 +117,29 @@ def is_batch_like(value: Any) -> bool:
     )
 
 
-def _is_splittable(value: Any) -> bool:
+def _is_splittable(value: object) -> TypeGuard[list[object] | BatchLike]:
     return isinstance(value, list) or is_batch_like(value)
 
 
-def _split_list(items: list[Any], parts: int) -> list[list[Any]]:
+def _split_list(items: list[object], parts: int) -> list[object]:
+    """``items`` cut into ``parts`` equal lists."""
     size = len(items) // parts
     return [items[i * size : (i + 1) * size] for i in range(parts)]
 
 
 def scatter_args(
-    args: Sequence[Any], kwargs: dict[str, Any], dp_size: int, *, role: str, method: str
-) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    args: Sequence[object], kwargs: dict[str, object], dp_size: int, *, role: str, method: str
+) -> list[tuple[tuple[object, ...], dict[str, object]]]:
     """Split Batch-like and list arguments into ``dp_size`` equal parts, one per dp rank.
 
     Everything else is passed unchanged to every part. All split arguments must share one
     length divisible by ``dp_size``; the ValueError says which role and method.
     """
-    split_keys: list[int | str] = [i for i, a in enumerate(args) if _is_splittable(a)]
-    split_keys += [k for k, v in kwargs.items() if _is_splittable(v)]
-    lengths = {k: len(args[k] if isinstance(k, int) else kwargs[k]) for k in split_keys}
+    splittable: dict[int | str, list[object] | BatchLike] = {
+        i: a for i, a in enumerate(args) if _is_splittable(a)
+    }
+    splittable.update({k: v for k, v in kwargs.items() if _is_splittable(v)})
+    lengths = {k: len(v) for k, v in splittable.items()}
     if len(set(lengths.values())) > 1:
         named = ", ".join(
             f"{'arg ' + str(k) if isinstance(k, int) else k}={n}" for k, n in lengths.items()
@@ -129,10 +155,10 @@ def scatter_args(
                 f"'{role}' (method {method}); make batch divisible"
             )
 
-    def parts_of(value: Any) -> list[Any]:
+    def parts_of(value: list[object] | BatchLike) -> list[object]:
         if isinstance(value, list):
             return _split_list(value, dp_size)
-        parts = list(value.chunk(dp_size))
+        parts: list[object] = list(value.chunk(dp_size))
         if len(parts) != dp_size:
             raise ValueError(
                 f"{type(value).__name__}.chunk({dp_size}) returned {len(parts)} parts for role "
@@ -140,8 +166,8 @@ def scatter_args(
             )
         return parts
 
-    split_args = {i: parts_of(args[i]) for i in split_keys if isinstance(i, int)}
-    split_kwargs = {k: parts_of(kwargs[k]) for k in split_keys if isinstance(k, str)}
+    split_args = {i: parts_of(v) for i, v in splittable.items() if isinstance(i, int)}
+    split_kwargs = {k: parts_of(v) for k, v in splittable.items() if isinstance(k, str)}
     out = []
     for part in range(dp_size):
         part_args = tuple(split_args[i][part] if i in split_args else a for i, a in enumerate(args))
@@ -152,14 +178,16 @@ def scatter_args(
     return out
 
 
-def gather_results(results: list[Any]) -> Any:
+def gather_results(results: list[object]) -> object:
     """Merge per-dp-rank results (rank order): Batch -> ``concat``, list -> flattened,
     all None -> None, anything else -> the list of per-rank results."""
     if all(r is None for r in results):
         return None
-    if all(isinstance(r, list) for r in results):
-        return [item for r in results for item in r]
+    lists = [r for r in results if isinstance(r, list)]
+    if len(lists) == len(results):
+        return [item for r in lists for item in r]
     first = results[0]
-    if is_batch_like(first) and all(type(r) is type(first) for r in results):
-        return type(first).concat(results)
+    batches = [r for r in results if is_batch_like(r) and type(r) is type(first)]
+    if is_batch_like(first) and len(batches) == len(results):
+        return type(first).concat(batches)
     return results

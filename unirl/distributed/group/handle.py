@@ -11,7 +11,8 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from enum import Enum
+from typing import Any, Final, Literal, Protocol
 
 import ray
 import ray.exceptions as rex
@@ -29,7 +30,15 @@ from unirl.distributed.group.watchdog import OwedCall, PingedPool, Watchdog
 # ray.get on an object ray.wait already reported ready should return at once; this bound
 # only guards against a stuck object transfer.
 _FETCH_TIMEOUT_S = 300.0
-_UNSET: Any = object()
+
+
+class _Unset(Enum):
+    """The type of ``_UNSET``: no per-handle timeout override was given."""
+
+    TOKEN = "unset"
+
+
+_UNSET: Final = _Unset.TOKEN
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -43,7 +52,7 @@ class WorkerPool(PingedPool, Protocol):
     @property
     def call_timeout_s(self) -> float | None: ...
 
-    def submit(self, pool_rank: int, method: str, *args: Any) -> ray.ObjectRef: ...
+    def submit(self, pool_rank: int, method: str, *args: object) -> ray.ObjectRef: ...
 
     def init_process_group(
         self, pool_ranks: tuple[int, ...], *, group_name: str, timeout_s: float | None = None
@@ -82,7 +91,7 @@ class PendingCall:
     def deadline(self) -> float | None:
         return None if self.timeout_s is None else self.started + self.timeout_s
 
-    def result(self) -> Any:
+    def result(self) -> object:
         """Wait and return the combined result (raises ``RemoteCallError``)."""
         return wait_all([self])[0]
 
@@ -91,7 +100,7 @@ class PendingCall:
             f"rank {call.rank} (pool rank {call.pool_rank}, node {self.node_ips[call.pool_rank]})"
         )
 
-    def _fetch(self, index: int) -> Any:
+    def _fetch(self, index: int) -> object:
         call = self.calls[index]
         head = f"role '{self.role}' method '{self.method}' failed on {self._where(call)}"
         try:
@@ -145,7 +154,7 @@ class PendingCall:
             ranks=ranks,
         )
 
-    def _combine(self, values: list[Any]) -> Any:
+    def _combine(self, values: list[object]) -> object:
         if self.dispatch is Dispatch.RANK_ZERO:
             return values[0]
         if self.dispatch is Dispatch.BROADCAST:
@@ -153,7 +162,7 @@ class PendingCall:
         return gather_results([values[i] for i in self.gather_ranks])
 
 
-def wait_all(pendings: list[PendingCall]) -> list[Any]:
+def wait_all(pendings: list[PendingCall]) -> list[object]:
     """Wait for every call of every pending; returns combined results in order.
 
     Results are checked as they land, so a failing or dead rank raises at once even while
@@ -162,7 +171,7 @@ def wait_all(pendings: list[PendingCall]) -> list[Any]:
     far past its measured duration) raises ``StalledCallError`` naming it.
     """
     outstanding: dict[ray.ObjectRef, tuple[int, int]] = {}
-    values: list[list[Any]] = []
+    values: list[list[object]] = []
     for p_index, pending in enumerate(pendings):
         values.append([None] * len(pending.calls))
         for c_index, call in enumerate(pending.calls):
@@ -205,7 +214,7 @@ def wait_all(pendings: list[PendingCall]) -> list[Any]:
 
 
 def busy_ranks(
-    pendings: list[PendingCall], outstanding: dict[Any, tuple[int, int]]
+    pendings: list[PendingCall], outstanding: dict[ray.ObjectRef, tuple[int, int]]
 ) -> dict[tuple[int, int], OwedCall]:
     """``(id(pool), pool_rank)`` -> the first outstanding call that worker owes, for pendings
     whose pool pings (``stall_policy.ping_interval_s`` set)."""
@@ -269,7 +278,7 @@ class Handle:
         pool_ranks: tuple[int, ...],
         rank_infos: list[RankInfo],
         specs: dict[str, DistributedSpec],
-        timeout_s: Any = _UNSET,
+        timeout_s: float | Literal[_Unset.TOKEN] | None = _UNSET,
     ) -> None:
         self._pool = pool
         self.role = role
@@ -305,7 +314,7 @@ class Handle:
                 "@distributed(dispatch=...) in the role class"
             )
 
-        def caller(*args: Any, **kwargs: Any) -> Any:
+        def caller(*args: object, **kwargs: object) -> Any:
             return self.call_async(method, *args, **kwargs).result()
 
         caller.__name__ = method
@@ -322,11 +331,11 @@ class Handle:
             timeout_s=timeout_s,
         )
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def call(self, method: str, *args: object, **kwargs: object) -> Any:
         """Blocking call of ``method`` with its dispatch mode."""
         return self.call_async(method, *args, **kwargs).result()
 
-    def call_async(self, method: str, *args: Any, **kwargs: Any) -> PendingCall:
+    def call_async(self, method: str, *args: object, **kwargs: object) -> PendingCall:
         """Issue ``method`` on the role's workers now; returns a ``PendingCall``."""
         spec = self._specs.get(method)
         if spec is None:
@@ -343,7 +352,8 @@ class Handle:
         submit = self._pool.submit
         ranks = range(len(self.pool_ranks))
         gather_ranks: list[int] = []
-        payloads: dict[int, Any]  # (args, kwargs) per rank, or a Ray reference to them
+        # (args, kwargs) per rank, or a Ray reference to them
+        payloads: dict[int, tuple[tuple[object, ...], dict[str, object]] | ray.ObjectRef]
         if spec.dispatch is Dispatch.RANK_ZERO:
             payloads = {0: (args, kwargs)}
         elif spec.dispatch is Dispatch.BROADCAST:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from unirl.config import require
 from unirl.distributed.group.handle import Handle
 from unirl.distributed.group.rank import ParallelSizes
+from unirl.distributed.group.role import RoleSpec
 
 
 class PlacementPool(Protocol):
@@ -37,8 +38,8 @@ class PlacementPool(Protocol):
     def create_role(
         self,
         name: str,
-        spec: Mapping[str, Any] | Callable[..., Any],
-        kwargs: dict[str, Any],
+        spec: RoleSpec,
+        kwargs: dict[str, object],
         siblings: dict[str, str],
         pool_ranks: tuple[int, ...],
         parallel: ParallelSizes,
@@ -140,18 +141,18 @@ def current_slab() -> Slab:
     return stack[-1]
 
 
-def _default_name(spec: Any) -> str:
+def _default_name(spec: RoleSpec) -> str:
     if isinstance(spec, Mapping):
         return str(spec["_target_"]).rsplit(".", 1)[-1]
     return getattr(spec, "__name__", type(spec).__name__)
 
 
 def remote(
-    cfg_or_cls: Mapping[str, Any] | Callable[..., Any],
+    cfg_or_cls: RoleSpec,
     *,
     name: str | None = None,
     parallel: ParallelSizes | None = None,
-    **kwargs: Any,
+    **kwargs: object,
 ) -> Handle:
     """Create a role on every worker of the current placement block; returns its Handle.
 
@@ -184,7 +185,7 @@ def remote(
         f"remote(name={role!r}): a role with this name already exists in the pool",
     )
     siblings: dict[str, str] = {}
-    plain: dict[str, Any] = {}
+    plain: dict[str, object] = {}
     for key, value in kwargs.items():
         if isinstance(value, Handle):
             require(

@@ -10,9 +10,8 @@ import contextlib
 import math
 import os
 import uuid
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import ray
 import ray.exceptions as rex
@@ -24,10 +23,14 @@ from unirl.distributed.group.errors import PlacementError
 from unirl.distributed.group.handle import Handle, PendingCall, RankCall, wait_all
 from unirl.distributed.group.layout import Slab
 from unirl.distributed.group.rank import ParallelSizes, RankInfo, pool_rank_infos, slab_rank_infos
-from unirl.distributed.group.role import RoleContext
+from unirl.distributed.group.role import RoleContext, RoleSpec
 from unirl.distributed.group.runtime import ensure_ray
 from unirl.distributed.group.watchdog import HEARTBEAT_GROUP, StallPolicy
-from unirl.distributed.group.worker import WORLD_GROUP, Worker
+from unirl.distributed.group.worker import WORLD_GROUP, Worker, WorkerInfo
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+    from ray.util.placement_group import PlacementGroup
 
 
 @dataclass(kw_only=True)
@@ -52,7 +55,7 @@ class DevicePoolConfig(PoolConfig):
             require(getattr(self, key) > 0, f"DevicePool {key}={getattr(self, key)!r}: must be > 0")
 
     @classmethod
-    def of(cls, pool: PoolConfig, **process: Any) -> DevicePoolConfig:
+    def of(cls, pool: PoolConfig, **process: object) -> DevicePoolConfig:
         """The config of a run's pool: ``pool``'s knobs (a ``RunConfig`` is a ``PoolConfig``)
         and the process-side fields in ``process`` (``name``, ``log_to_driver``, ...; a pool
         knob given there replaces ``pool``'s)."""
@@ -157,15 +160,15 @@ class PoolBase:
     def create_role(
         self,
         name: str,
-        spec: Mapping[str, Any] | Callable[..., Any],
-        kwargs: dict[str, Any],
+        spec: RoleSpec,
+        kwargs: dict[str, object],
         siblings: dict[str, str],
         pool_ranks: tuple[int, ...],
         parallel: ParallelSizes,
     ) -> Handle:
         raise NotImplementedError
 
-    def submit(self, pool_rank: int, method: str, *args: Any) -> ray.ObjectRef:
+    def submit(self, pool_rank: int, method: str, *args: object) -> ray.ObjectRef:
         raise NotImplementedError
 
     def heartbeat(self, pool_rank: int) -> ray.ObjectRef:
@@ -213,14 +216,23 @@ class DryRunPool(PoolBase):
         self.roles[name] = handle
         return handle
 
-    def submit(self, pool_rank: int, method: str, *args: Any) -> ray.ObjectRef:
+    def submit(self, pool_rank: int, method: str, *args: object) -> ray.ObjectRef:
         raise RuntimeError(f"DryRunPool '{self.config.name}' only plans; nothing can be called")
 
     def init_process_group(self, pool_ranks, *, group_name, timeout_s=None) -> None:  # type: ignore[no-untyped-def]
         raise RuntimeError(f"DryRunPool '{self.config.name}' only plans; nothing can be called")
 
 
-def _node_capacity(node: dict[str, Any], config: DevicePoolConfig) -> int:
+class _RayNode(TypedDict, total=False):
+    """The keys of a ``ray.nodes()`` entry read here."""
+
+    NodeID: str
+    Alive: bool
+    NodeManagerAddress: str
+    Resources: dict[str, float]
+
+
+def _node_capacity(node: _RayNode, config: DevicePoolConfig) -> int:
     resources = node.get("Resources", {})
     cpus = resources.get("CPU", 0.0)
     by_cpu = math.floor(cpus / config.cpus_per_worker) if config.cpus_per_worker else math.inf
@@ -244,10 +256,10 @@ class DevicePool(PoolBase):
     def __init__(self, config: DevicePoolConfig) -> None:
         super().__init__(config)
         self._uid = uuid.uuid4().hex[:8]
-        self._placement_groups: list[Any] = []
-        self._actors: list[Any] = []
+        self._placement_groups: list[PlacementGroup] = []
+        self._actors: list[ActorHandle] = []
         self._world_ready = False
-        self.worker_info: list[dict[str, Any]] = []
+        self.worker_info: list[WorkerInfo] = []
         needed_cpus = config.num_devices * config.cpus_per_worker
         ensure_ray(
             num_cpus=max(os.cpu_count() or 1, needed_cpus), log_to_driver=config.log_to_driver
@@ -261,7 +273,7 @@ class DevicePool(PoolBase):
 
     # ---- construction --------------------------------------------------------------------
 
-    def _cluster_summary(self, nodes: list[dict[str, Any]]) -> str:
+    def _cluster_summary(self, nodes: list[_RayNode]) -> str:
         rows = []
         for node in nodes:
             res = node.get("Resources", {})
@@ -334,7 +346,7 @@ class DevicePool(PoolBase):
         runtime_env = {"env_vars": dict(c.env)} if c.env else None
         for info in self.rank_infos:
             pg = self._placement_groups[info.rank // self._per_node]
-            options: dict[str, Any] = {
+            options: dict[str, object] = {
                 "num_cpus": c.cpus_per_worker,
                 "num_gpus": 1 if c.device == "cuda" else 0,
                 "name": f"{c.name}-worker{info.rank}-{self._uid}",
@@ -352,7 +364,8 @@ class DevicePool(PoolBase):
                 )
             )
         ranks = tuple(range(c.num_devices))
-        self.worker_info = self._control("node_info", ranks, timeout_s=c.placement_timeout_s)
+        infos = self._control("node_info", ranks, timeout_s=c.placement_timeout_s)
+        self.worker_info = cast(list[WorkerInfo], infos)
         address = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         for worker in self.worker_info:
             worker["node_ip"] = address[worker["node_id"]]
@@ -370,18 +383,18 @@ class DevicePool(PoolBase):
 
     # ---- calls ---------------------------------------------------------------------------
 
-    def actor(self, pool_rank: int) -> Any:
+    def actor(self, pool_rank: int) -> ActorHandle:
         """The Ray actor handle of worker ``pool_rank`` (for tools such as weight sync)."""
         return self._actors[pool_rank]
 
-    def submit(self, pool_rank: int, method: str, *args: Any) -> ray.ObjectRef:
+    def submit(self, pool_rank: int, method: str, *args: object) -> ray.ObjectRef:
         if self._closed:
             raise RuntimeError(f"DevicePool '{self.config.name}' is shut down")
         return getattr(self._actors[pool_rank], method).remote(*args)
 
     def heartbeat(self, pool_rank: int) -> ray.ObjectRef:
-        method = self._actors[pool_rank].heartbeat
-        return method.options(concurrency_group=HEARTBEAT_GROUP).remote()
+        actor = self._actors[pool_rank]
+        return actor.heartbeat.options(concurrency_group=HEARTBEAT_GROUP).remote()
 
     def worker_pid(self, pool_rank: int) -> int | None:
         if pool_rank < len(self.worker_info):
@@ -389,8 +402,13 @@ class DevicePool(PoolBase):
         return None
 
     def _wait_control(
-        self, method: str, ranks: tuple[int, ...], refs: list[Any], *, timeout_s: float | None
-    ) -> list[Any]:
+        self,
+        method: str,
+        ranks: tuple[int, ...],
+        refs: list[ray.ObjectRef],
+        *,
+        timeout_s: float | None,
+    ) -> list[object]:
         pending = PendingCall(
             role=f"<pool {self.config.name}>",
             method=method,
@@ -402,18 +420,19 @@ class DevicePool(PoolBase):
             # starting (imports, CUDA init) cannot answer pings; placement_timeout_s bounds it
             pool=self if self.worker_info else None,
         )
-        return wait_all([pending])[0]
+        return cast(list[object], wait_all([pending])[0])  # BROADCAST: one value per rank
 
     def _control(
-        self, method: str, ranks: tuple[int, ...], *args: Any, timeout_s: float | None
-    ) -> list[Any]:
+        self, method: str, ranks: tuple[int, ...], *args: object, timeout_s: float | None
+    ) -> list[object]:
         """Call Worker ``method`` on pool ``ranks`` and wait (failures -> RemoteCallError)."""
         refs = [self.submit(r, method, *args) for r in ranks]
         return self._wait_control(method, ranks, refs, timeout_s=timeout_s)
 
     def ping(self, timeout_s: float = 30.0) -> list[int]:
         """Pool ranks of live workers (raises ``RemoteCallError`` naming a dead/stuck one)."""
-        return self._control("ping", tuple(range(self.num_devices)), timeout_s=timeout_s)
+        ranks = self._control("ping", tuple(range(self.num_devices)), timeout_s=timeout_s)
+        return cast(list[int], ranks)
 
     def create_role(self, name, spec, kwargs, siblings, pool_ranks, parallel) -> Handle:  # type: ignore[no-untyped-def]
         infos = slab_rank_infos([self.rank_infos[r] for r in pool_ranks], parallel)
@@ -442,7 +461,7 @@ class DevicePool(PoolBase):
             pool=self,
         )
         try:
-            specs: list[dict[str, DistributedSpec]] = wait_all([pending])[0]
+            specs = cast(list[dict[str, DistributedSpec]], wait_all([pending])[0])
         except BaseException:
             for pool_rank in pool_ranks:  # best effort: do not leave half-built roles behind
                 self.submit(pool_rank, "drop_role", name)

@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from unirl.distributed.group.rank import RankInfo
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
 ROLE_ATTR = "_unirl_role_context"
+
+# what a role is built from: a Hydra mapping with ``_target_`` or a class / factory
+RoleSpec: TypeAlias = Mapping[str, object] | Callable[..., object]
 
 
 class HostWorker(Protocol):
     """What role code needs from the Worker hosting it (``worker.Worker`` provides it)."""
 
-    def process_group_for(self, pool_ranks: tuple[int, ...]) -> Any:
+    def process_group_for(self, pool_ranks: tuple[int, ...]) -> ProcessGroup:
         """The ``torch.distributed`` group over ``pool_ranks`` (WORLD for the whole pool)."""
         ...
 
@@ -83,7 +89,7 @@ def current_rank_info() -> RankInfo:
     return current_role().rank_info
 
 
-def current_process_group() -> Any:
+def current_process_group() -> ProcessGroup:
     """``torch.distributed`` group spanning the running role's workers.
 
     Exists once the driver called ``handle.init_process_group()``; ``dist.group.WORLD`` when
@@ -108,5 +114,5 @@ class Remote:
         return self._role_context().rank_info
 
     @property
-    def process_group(self) -> Any:
+    def process_group(self) -> ProcessGroup:
         return current_worker().process_group_for(self._role_context().pool_ranks)

@@ -18,18 +18,31 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import torch
 
 from unirl.distributed.group.dispatch import DistributedSpec, collect_specs
 from unirl.distributed.group.errors import RoleFailure
 from unirl.distributed.group.rank import RankInfo
-from unirl.distributed.group.role import ROLE_ATTR, RoleContext, role_scope, set_worker
+from unirl.distributed.group.role import ROLE_ATTR, RoleContext, RoleSpec, role_scope, set_worker
 from unirl.distributed.group.watchdog import Beat
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
 WORLD_GROUP = "world"
+
+
+class WorkerInfo(TypedDict):
+    """Where one worker runs (``Worker.node_info``; the driver adds ``node_ip``)."""
+
+    node_id: str
+    actor_id: str | None
+    pid: int
+    gpu_ids: list[str]  # Ray's physical ids
+    node_ip: NotRequired[str]
 
 
 @contextlib.contextmanager
@@ -55,10 +68,10 @@ class Worker:
     def __init__(self, rank_info: RankInfo, *, device: str, cpus_per_worker: int) -> None:
         self.rank_info = rank_info
         self.device = device
-        self._roles: dict[str, Any] = {}
+        self._roles: dict[str, object] = {}
         self._contexts: dict[str, RoleContext] = {}
         self._specs: dict[str, dict[str, DistributedSpec]] = {}
-        self._groups: dict[tuple[int, ...], Any] = {}
+        self._groups: dict[tuple[int, ...], ProcessGroup] = {}
         self._group_names: dict[str, tuple[int, ...]] = {}
         self._running: _Running | None = None  # read by heartbeat() on its own thread
         self._longest: dict[tuple[str, str], float] = {}  # (role, method) -> longest run, s
@@ -109,7 +122,7 @@ class Worker:
             self._longest[key] = max(elapsed, self._longest.get(key, 0.0))
             self._running = None
 
-    def node_info(self) -> dict[str, Any]:
+    def node_info(self) -> WorkerInfo:
         """``node_id``, ``actor_id``, ``pid``, ``gpu_ids`` (Ray's physical ids) of this worker.
 
         The node ip is looked up by the driver from ``ray.nodes()`` (the address Ray itself
@@ -139,8 +152,8 @@ class Worker:
     def create_role(
         self,
         name: str,
-        spec: Mapping[str, Any] | Callable[..., Any],
-        kwargs: dict[str, Any],
+        spec: RoleSpec,
+        kwargs: dict[str, object],
         siblings: dict[str, str],
         context: RoleContext,
     ) -> dict[str, DistributedSpec]:
@@ -186,9 +199,9 @@ class Worker:
         self,
         role: str,
         method: str,
-        payload: tuple[tuple[Any, ...], dict[str, Any]],
+        payload: tuple[tuple[object, ...], dict[str, object]],
         bounded: bool = True,
-    ) -> Any:
+    ) -> object:
         """Run ``role.method(*args, **kwargs)`` with the role's context current.
 
         ``bounded``: the driver applies the measured stall bound to this call (it has no
@@ -247,7 +260,12 @@ class Worker:
                     world_size=self.rank_info.world_size,
                     timeout=timeout,
                 )
-            self._groups[key] = dist.group.WORLD
+            world = dist.group.WORLD
+            if world is None:
+                raise RuntimeError(
+                    f"worker {self.rank_info.rank}: no world process group after init"
+                )
+            self._groups[key] = world
         elif key not in self._groups:
             if not dist.is_initialized():
                 raise RuntimeError(
@@ -265,7 +283,7 @@ class Worker:
         self._group_names[group_name] = key
         return time.monotonic() - start
 
-    def process_group_for(self, pool_ranks: tuple[int, ...]) -> Any:
+    def process_group_for(self, pool_ranks: tuple[int, ...]) -> ProcessGroup:
         """The group over exactly ``pool_ranks``; raises if the driver has not created it."""
         group = self._groups.get(tuple(sorted(pool_ranks)))
         if group is None:

@@ -8,15 +8,34 @@ and on the driver (``WeightSyncDriver`` orchestrates with it); it holds no tenso
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, cast
 
 import torch
+from torch import nn
 
 from unirl.config.precision import parse_dtype
 from unirl.config.require import require
 from unirl.config.typecheck import PositiveFloat, PositiveInt
 from unirl.distributed.weight_sync.manifest import SyncManifest, TensorMeta, WeightSyncError
 from unirl.distributed.weight_sync.remap import NameRemap, RemapRule, canonical_name
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
+
+
+class SyncBackend(Protocol):
+    """What a sync collects from (``unirl.train.backend.FSDPBackend`` provides it; ``has_lora``,
+    ``adapters``, ``lora`` and ``device`` are read with ``getattr`` defaults)."""
+
+    @property
+    def module(self) -> nn.Module: ...
+
+    def named_trainable_parameters(self) -> Sequence[tuple[str, torch.Tensor]]: ...
+
+    def adapter_state_dict(self, adapter: str | None = None) -> Mapping[str, torch.Tensor]: ...
+
+    def full_trainable_state(self) -> Mapping[str, torch.Tensor]: ...
+
 
 _LORA_DICTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
 TRANSPORTS = ("auto", "local", "object_store", "collective", "cuda_ipc", "tensor")
@@ -151,13 +170,13 @@ class WeightSync:
             )
 
     @classmethod
-    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+    def check_config(cls, block: Mapping[str, object], recipe: object) -> None:
         """Before anything is built: the sync fits what the recipe's backend trains."""
         backend = getattr(recipe, "backend", None)
         if isinstance(backend, Mapping) and cls.fixed_kind:
             cls.check_trained(cls.kind, cls.__name__, backend.get("lora") is not None)
 
-    def check_backend(self, backend: Any) -> None:
+    def check_backend(self, backend: SyncBackend) -> None:
         """Raise ``ConfigError`` when this sync cannot move what ``backend`` trains."""
         self.check_trained(
             self.kind, type(self).__name__, bool(getattr(backend, "has_lora", False))
@@ -169,11 +188,11 @@ class WeightSync:
             f"(present: {present}); add it with backend.lora.extra_adapters",
         )
 
-    def adapter_name(self, backend: Any) -> str:
+    def adapter_name(self, backend: SyncBackend) -> str:
         lora = getattr(backend, "lora", None)
         return str(getattr(lora, "adapter_name", "default"))
 
-    def manifest(self, backend: Any) -> SyncManifest:
+    def manifest(self, backend: SyncBackend) -> SyncManifest:
         """Names, shapes and dtypes of what :meth:`collect` returns (no communication)."""
         entries = []
         adapter = self.adapter_name(backend)
@@ -196,10 +215,11 @@ class WeightSync:
             remap=self.remap.describe(),
         )
 
-    def lora_config(self, backend: Any) -> dict[str, Any]:
+    def lora_config(self, backend: SyncBackend) -> dict[str, object]:
         """The trained adapter's peft settings, so the receiver can inject an equal adapter."""
         adapter = self.adapter_name(backend)
-        peft_config = backend.module.peft_config[adapter]
+        configs = cast("Mapping[str, LoraConfig]", backend.module.peft_config)
+        peft_config = configs[adapter]
         targets = peft_config.target_modules
         return {
             "r": int(peft_config.r),
@@ -211,7 +231,7 @@ class WeightSync:
             "adapter_name": adapter,
         }
 
-    def collect(self, backend: Any) -> dict[str, torch.Tensor]:
+    def collect(self, backend: SyncBackend) -> dict[str, torch.Tensor]:
         """Full (unsharded) tensors under canonical trainer names, on every train rank (a
         collective under FSDP: call on every train rank)."""
         if self.kind == "lora":
@@ -227,7 +247,7 @@ class WeightSync:
         )
 
 
-def build_sync(spec: Any) -> WeightSync:
+def build_sync(spec: object) -> WeightSync:
     """A ``WeightSync`` from an instance or a ``_target_`` mapping (a recipe's ``sync`` block)."""
     if isinstance(spec, WeightSync):
         return spec

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from unirl.distributed.weight_sync.base import WeightSync
 from unirl.distributed.weight_sync.checksum import digest
 from unirl.distributed.weight_sync.manifest import SyncManifest, WeightSyncError, compare_checksums
+
+if TYPE_CHECKING:
+    from unirl.distributed.group.handle import Handle
 
 
 class WeightSyncDriver:
@@ -31,8 +34,8 @@ class WeightSyncDriver:
         self,
         *,
         sync: WeightSync,
-        source: Any,
-        engine: Any,
+        source: Handle,
+        engine: Handle,
         layout: str,
         interval: int,
         group_backend: str = "gloo",

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
 from unirl.config.require import require
-from unirl.distributed.weight_sync.base import WeightSync
+from unirl.distributed.weight_sync.base import SyncBackend, WeightSync
 from unirl.distributed.weight_sync.manifest import WeightSyncError
 
 
@@ -55,13 +55,13 @@ class CudaIpcSync(WeightSync):
     fixed_kind: ClassVar[bool] = False  # payload=auto follows what the backend trains
 
     @classmethod
-    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+    def check_config(cls, block: Mapping[str, object], recipe: object) -> None:
         backend = getattr(recipe, "backend", None)
         payload = block.get("payload", "auto")
         if isinstance(backend, Mapping) and payload in ("lora", "full"):
             cls.check_trained(payload, cls.__name__, backend.get("lora") is not None)
 
-    def check_backend(self, backend: Any) -> None:
+    def check_backend(self, backend: SyncBackend) -> None:
         if self.payload == "auto":
             self.kind = "lora" if getattr(backend, "has_lora", False) else "full"  # type: ignore[misc]
         super().check_backend(backend)
@@ -79,7 +79,8 @@ class IpcPayload:
 
     pid: int
     host: str
-    handles: tuple[tuple[str, Any, tuple[Any, ...]], ...]  # (name, rebuild function, args)
+    # (name, rebuild function, its args)
+    handles: tuple[tuple[str, Callable[..., torch.Tensor], tuple[object, ...]], ...]
 
 
 def build_ipc_payload(tensors: dict[str, torch.Tensor]) -> IpcPayload:

@@ -17,8 +17,8 @@ server) override ``_sync_prepare`` / ``_apply_synced`` instead, and
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -37,6 +37,9 @@ from unirl.distributed.weight_sync.manifest import (
 )
 from unirl.distributed.weight_sync.remap import canonical_name
 from unirl.distributed.weight_sync.tensor_wire import DecodedBucket, decode_bucket
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 _LORA_DICTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
 
@@ -219,11 +222,11 @@ class WeightReceiver:
 
     def _apply_synced(
         self, manifest: SyncManifest, tensors: Mapping[str, torch.Tensor]
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """Apply and read back: ``{"bytes", "checksums"}`` (checksums under engine names)."""
         receiver = self._weight_receiver()
         received = receiver.apply(manifest, tensors)
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "bytes": received,
             "checksums": receiver.checksums(manifest.kind, manifest.names),
         }
@@ -233,7 +236,7 @@ class WeightReceiver:
 
     def _apply_tensor_buckets(
         self, manifest: SyncManifest, buckets: Iterable[DecodedBucket]
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """The ``tensor`` transport's buckets (decoded, each verified): by default all of them,
         then one :meth:`_apply_synced`. A server-backed engine forwards bucket by bucket."""
         tensors: dict[str, torch.Tensor] = {}
@@ -252,14 +255,17 @@ class WeightReceiver:
 
     def _report(
         self, manifest: SyncManifest, tensors: Mapping[str, torch.Tensor], t0: float
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         self._check_prepared(manifest)
         return self._finish(manifest, self._apply_synced(manifest, tensors), t0)
 
-    def _finish(self, manifest: SyncManifest, out: dict[str, Any], t0: float) -> dict[str, Any]:
+    def _finish(
+        self, manifest: SyncManifest, out: dict[str, object], t0: float
+    ) -> dict[str, object]:
         if manifest.expected:
+            checksums = cast("dict[str, int]", out["checksums"])  # _apply_synced's read-back
             compare_checksums(
-                manifest.expected, out["checksums"], where=f"{type(self).__name__} read-back"
+                manifest.expected, checksums, where=f"{type(self).__name__} read-back"
             )
         out["num_tensors"] = len(manifest.entries)
         out["time_s"] = time.perf_counter() - t0
@@ -275,19 +281,19 @@ class WeightReceiver:
 
     def receive_local(
         self, tensors: Mapping[str, torch.Tensor], manifest: SyncManifest
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """In-process hand-over from a colocated ``SyncSource`` (not driver-callable)."""
         return self._report(manifest, tensors, time.perf_counter())
 
     @distributed(dispatch=Dispatch.BROADCAST)
     def receive_tensors(
         self, tensors: dict[str, torch.Tensor], manifest: SyncManifest
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """Apply tensors passed by value (the driver relays them)."""
         return self._report(manifest, tensors, time.perf_counter())
 
     @distributed(dispatch=Dispatch.BROADCAST)
-    def receive_ref(self, box: list[Any], manifest: SyncManifest) -> dict[str, Any]:
+    def receive_ref(self, box: list[ObjectRef], manifest: SyncManifest) -> dict[str, object]:
         """Apply the payload trainer rank 0 put in Ray's object store (``box = [ObjectRef]``)."""
         import ray
 
@@ -315,7 +321,7 @@ class WeightReceiver:
         return rank
 
     @distributed(dispatch=Dispatch.BROADCAST)
-    def receive_collective(self, manifest: SyncManifest, bucket_bytes: int) -> dict[str, Any]:
+    def receive_collective(self, manifest: SyncManifest, bucket_bytes: int) -> dict[str, object]:
         """Receive the bucketed broadcast from trainer rank 0 and apply it bucket by bucket."""
         if self._sync_group is None:
             raise WeightSyncError(
@@ -333,13 +339,17 @@ class WeightReceiver:
         return self._report(manifest, tensors, t0)
 
     @distributed(dispatch=Dispatch.BROADCAST)
-    def receive_ipc(self, payload: IpcPayload, manifest: SyncManifest) -> dict[str, Any]:
+    def receive_ipc(self, payload: IpcPayload, manifest: SyncManifest) -> dict[str, object]:
         """Open CUDA IPC handles from a trainer in another process on this GPU and copy."""
         t0 = time.perf_counter()
         return self._report(manifest, open_ipc_payload(payload), t0)
 
     @distributed(dispatch=Dispatch.BROADCAST)
-    def receive_tensor_buckets(self, boxes: list[Any], manifest: SyncManifest) -> dict[str, Any]:
+    def receive_tensor_buckets(
+        self,
+        boxes: Sequence[list[ObjectRef] | bytes | bytearray | memoryview],
+        manifest: SyncManifest,
+    ) -> dict[str, object]:
         """Tensor transport: decode and verify each bucket (``[ObjectRef]`` boxes from
         ``SyncSource.export_buckets``, or the encoded bytes themselves), in order, and apply
         them (``_apply_tensor_buckets``)."""

@@ -8,18 +8,30 @@ where each rank hands its gathered copy to the engine sibling on its own worker.
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import Protocol
 
 import torch
 
 from unirl.distributed.group.dispatch import Dispatch, distributed
-from unirl.distributed.weight_sync.base import WeightSync, build_sync
+from unirl.distributed.weight_sync.base import SyncBackend, WeightSync, build_sync
 from unirl.distributed.weight_sync.bucket import pack, plan_buckets
 from unirl.distributed.weight_sync.checksum import tensor_checksum
 from unirl.distributed.weight_sync.group import SyncGroup, free_port, node_address
-from unirl.distributed.weight_sync.ipc import build_ipc_payload
+from unirl.distributed.weight_sync.ipc import IpcPayload, build_ipc_payload
 from unirl.distributed.weight_sync.manifest import SyncManifest, WeightSyncError, dtype_of
 from unirl.distributed.weight_sync.tensor_wire import encode_bucket
+
+
+class ColocatedEngine(Protocol):
+    """The engine sibling on the same worker (``WeightReceiverMixin`` provides it): the
+    colocate layout hands tensors over in-process."""
+
+    def receive_local(
+        self, tensors: Mapping[str, torch.Tensor], manifest: SyncManifest
+    ) -> dict[str, object]: ...
+
+    def receive_ipc(self, payload: IpcPayload, manifest: SyncManifest) -> dict[str, object]: ...
 
 
 class SyncSource:
@@ -31,7 +43,11 @@ class SyncSource:
     """
 
     def __init__(
-        self, *, backend: Any, sync: WeightSync | dict[str, Any], engine: Any = None
+        self,
+        *,
+        backend: SyncBackend,
+        sync: WeightSync | Mapping[str, object],
+        engine: ColocatedEngine | None = None,
     ) -> None:
         self.backend = backend
         self.sync = build_sync(sync)
@@ -78,7 +94,7 @@ class SyncSource:
     # -- transports ---------------------------------------------------------------------------------
 
     @distributed(dispatch=Dispatch.BROADCAST)
-    def push_local(self, manifest: SyncManifest) -> dict[str, Any]:
+    def push_local(self, manifest: SyncManifest) -> dict[str, object]:
         """Colocate: hand this rank's gathered tensors to the sibling engine in-process."""
         if self.engine is None:
             raise WeightSyncError(
@@ -91,7 +107,7 @@ class SyncSource:
         return report
 
     @distributed(dispatch=Dispatch.BROADCAST)
-    def export(self, manifest: SyncManifest) -> dict[str, Any] | None:
+    def export(self, manifest: SyncManifest) -> dict[str, object] | None:
         """Object store: every rank gathers; rank 0 puts the CPU payload in Ray's object store
         and returns ``{"box": [ObjectRef], "expected": {...}}`` (other ranks ``None``)."""
         import ray
@@ -103,7 +119,7 @@ class SyncSource:
         return {"box": [ray.put(payload)], "expected": self._expected(manifest, wire)}
 
     @distributed(dispatch=Dispatch.BROADCAST)
-    def export_buckets(self, manifest: SyncManifest, bucket_bytes: int) -> dict[str, Any] | None:
+    def export_buckets(self, manifest: SyncManifest, bucket_bytes: int) -> dict[str, object] | None:
         """Tensor transport: every rank gathers; rank 0 encodes the buckets
         (``tensor_wire.encode_bucket``: bytes with their own checksums), puts each in Ray's
         object store and returns ``{"boxes": [[ObjectRef], ...], "expected": {...}, "bytes": n}``
@@ -146,7 +162,9 @@ class SyncSource:
         return 0
 
     @distributed(dispatch=Dispatch.BROADCAST)
-    def send_collective(self, manifest: SyncManifest, bucket_bytes: int) -> dict[str, Any] | None:
+    def send_collective(
+        self, manifest: SyncManifest, bucket_bytes: int
+    ) -> dict[str, object] | None:
         """Collective: every rank gathers; rank 0 broadcasts bucket after bucket and returns
         ``{"expected": {...}, "bytes": n}``."""
         wire = self._wire(manifest)
@@ -163,7 +181,7 @@ class SyncSource:
         return {"expected": self._expected(manifest, wire), "bytes": sent}
 
     @distributed(dispatch=Dispatch.BROADCAST)
-    def push_ipc(self, manifest: SyncManifest) -> dict[str, Any]:
+    def push_ipc(self, manifest: SyncManifest) -> dict[str, object]:
         """CUDA IPC: hand handles of this rank's gathered CUDA tensors to the sibling engine,
         which passes them to its own server process on this GPU."""
         if self.engine is None:
