@@ -6,13 +6,41 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar, Generic, Protocol, TypeVar, cast
 
 import torch
 
-from unirl.algorithms.kl import KLConfig, KLController, as_kl_config
+from unirl.algorithms.kl import KLConfig, KLController, KLState, as_kl_config
 from unirl.distributed.group.dispatch import Dispatch, distributed
-from unirl.types import Conditions, LatentSegment
+from unirl.types import Batch, Conditions
+
+# the segment a loss node trains on: LatentSegment (diffusion) or TextSegment (text)
+SegmentT = TypeVar("SegmentT", bound=Batch)
+
+
+class NamedAdapter(Protocol):
+    """The LoRA settings a loss node reads: the trained adapter's name."""
+
+    @property
+    def adapter_name(self) -> str: ...
+
+
+class TrainBackend(Protocol):
+    """What a loss node is bound to on each train worker (``unirl.train.backend.FSDPBackend``
+    provides it): the adapters of the trained module and the switches between them.
+    ``has_lora``, ``device`` and ``policy_version`` are read with ``getattr`` defaults."""
+
+    @property
+    def lora(self) -> NamedAdapter | None: ...
+
+    @property
+    def adapters(self) -> list[str]: ...
+
+    def adapter_disabled(self) -> AbstractContextManager[None]: ...
+
+    def set_active_adapter(self, name: str) -> AbstractContextManager[None]: ...
+
+    def sync_adapter(self, dst: str, *, src: str | None = None, decay: float = 0.0) -> None: ...
 
 
 @dataclass
@@ -26,7 +54,7 @@ class StepResult:
     terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-class StageAlgorithm(ABC):
+class StageAlgorithm(ABC, Generic[SegmentT]):
     """A small loss node. Class knobs tell the train stack how to drive it.
 
     - ``supports_multi_update``: may take several optimizer steps per rollout.
@@ -46,17 +74,17 @@ class StageAlgorithm(ABC):
     requires_ema_rollout: ClassVar[bool] = False
     stores_steps: ClassVar[bool] = False
 
-    def __init__(self, *, kl: KLConfig | Mapping[str, Any] | None = None) -> None:
-        self._reference: Callable[[], AbstractContextManager[Any]] | None = None
-        self.backend: Any = None
+    def __init__(self, *, kl: KLConfig | Mapping[str, object] | None = None) -> None:
+        self._reference: Callable[[], AbstractContextManager[None]] | None = None
+        self.backend: TrainBackend | None = None
         self.kl_controller = KLController(as_kl_config(kl))
 
-    def bind_reference(self, reference: Callable[[], AbstractContextManager[Any]] | None) -> None:
+    def bind_reference(self, reference: Callable[[], AbstractContextManager[None]] | None) -> None:
         """Install the context that turns the trained module into the frozen reference
         (the backend's ``adapter_disabled``)."""
         self._reference = reference
 
-    def bind_backend(self, backend: Any) -> None:
+    def bind_backend(self, backend: TrainBackend) -> None:
         """Called by the train stack on each worker: the backend that owns the trained module
         (adapters, EMA). The reference policy is the base with the LoRA adapter disabled."""
         self.backend = backend
@@ -65,9 +93,6 @@ class StageAlgorithm(ABC):
         )
 
     # -- loop hooks (driver-callable; every train worker runs them) -----------------------------
-    # ``distributed`` is annotated ``-> Any`` (unirl/distributed/group/dispatch.py), so mypy
-    # --strict calls every use an untyped decorator: the ignores on it in this package go once
-    # it has @overload signatures.
 
     def sampling_adapter(self, mode: str) -> str | None:
         """The adapter a ``train`` or ``eval`` rollout samples with, or ``None`` for the
@@ -80,7 +105,7 @@ class StageAlgorithm(ABC):
         its training noise with it)."""
         return None
 
-    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]
+    @distributed(dispatch=Dispatch.BROADCAST)
     def after_train(self, rollout_index: int) -> dict[str, float]:
         """After the optimizer steps of a rollout (e.g. NFT's EMA of the old adapter);
         returns metrics. Default: :meth:`kl_after_train`."""
@@ -93,11 +118,11 @@ class StageAlgorithm(ABC):
 
     # -- resumable state --------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         """What a resume needs beyond the weights: ``{"kl_controller": ...}``."""
         return {"kl_controller": self.kl_controller.state_dict()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Inverse of :meth:`state_dict`. An adaptive controller needs its saved state."""
         unknown = sorted(set(state) - {"kl_controller"})
         if unknown:
@@ -111,19 +136,19 @@ class StageAlgorithm(ABC):
                     "set algorithm.kl.control=fixed"
                 )
             return
-        self.kl_controller.load_state_dict(kl_state)
+        self.kl_controller.load_state_dict(cast(KLState, kl_state))  # our state_dict's
 
-    @distributed(dispatch=Dispatch.RANK_ZERO)  # type: ignore[untyped-decorator]
-    def algorithm_state(self) -> dict[str, Any]:
+    @distributed(dispatch=Dispatch.RANK_ZERO)
+    def algorithm_state(self) -> dict[str, object]:
         """Rank 0's :meth:`state_dict` (every rank holds the same one) for the checkpoint."""
         return self.state_dict()
 
-    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]
-    def load_algorithm_state(self, state: dict[str, Any]) -> None:
+    @distributed(dispatch=Dispatch.BROADCAST)
+    def load_algorithm_state(self, state: Mapping[str, object]) -> None:
         """Restore the checkpoint's :meth:`state_dict` on every rank."""
         self.load_state_dict(state)
 
-    def reference(self) -> AbstractContextManager[Any]:
+    def reference(self) -> AbstractContextManager[None]:
         if self._reference is None:
             raise RuntimeError(
                 f"{type(self).__name__} needs a reference policy (kl.beta > 0) but none is bound; "
@@ -132,20 +157,20 @@ class StageAlgorithm(ABC):
         return self._reference()
 
     @torch.no_grad()
-    def prepare_segment(self, conditions: Conditions, segment: LatentSegment) -> LatentSegment:
+    def prepare_segment(self, conditions: Conditions, segment: SegmentT) -> SegmentT:
         """Freeze π_old for this micro-batch (default: keep the rollout's anchors)."""
         return segment
 
     def prepare_batch(
-        self, micro: list[tuple[Conditions, Any, torch.Tensor]]
-    ) -> list[tuple[Conditions, Any, torch.Tensor]]:
+        self, micro: list[tuple[Conditions, SegmentT, torch.Tensor]]
+    ) -> list[tuple[Conditions, SegmentT, torch.Tensor]]:
         """After :meth:`prepare_segment` has run on every micro-batch of this rank's rollout
         and before any update: ``micro`` is every ``(conditions, segment, advantages)``; return
         them (changed where a loss needs statistics over the whole batch, e.g. REINFORCE++'s
         batch-normalised token advantages). Default: unchanged."""
         return micro
 
-    def micro_batch_weight(self, segment: Any, advantages: torch.Tensor) -> float:
+    def micro_batch_weight(self, segment: SegmentT, advantages: torch.Tensor) -> float:
         """This micro-batch's weight in the mini-batch loss: the train stack scales its loss
         by ``weight / Σ weights`` of the mini-batch. Default: its sample count (the loss is a
         mean over samples); a token-mean loss weighs by loss tokens."""
@@ -155,7 +180,7 @@ class StageAlgorithm(ABC):
     def compute_loss_and_backward(
         self,
         conditions: Conditions,
-        segment: LatentSegment,
+        segment: SegmentT,
         advantages: torch.Tensor,
         loss_scale: float,
     ) -> StepResult:

@@ -13,7 +13,7 @@ where it acts: dynamic sampling at the rollout seam (``dynamic_sampling`` in the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
 
 from unirl.algorithms.grpo import GRPO, TokenPolicy
 from unirl.algorithms.kl import KLConfig
@@ -36,7 +36,7 @@ class DAPO(GRPO):
         clip_low: float = 0.2,
         clip_high: float = 0.28,
         loss_agg: Literal["token-mean"] = "token-mean",
-        kl: KLConfig | Mapping[str, Any] | None = None,
+        kl: KLConfig | Mapping[str, object] | None = None,
         old_logp_source: str = "replay",
         tis_cap: float | None = None,
     ) -> None:

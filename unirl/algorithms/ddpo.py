@@ -18,7 +18,7 @@ group). The replay loop is ``replay.replay_slot_losses``; this module brings the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -27,6 +27,7 @@ from unirl.algorithms.base import StageAlgorithm, StepResult
 from unirl.algorithms.kl import KLConfig, kl_metrics
 from unirl.algorithms.losses import clipped_surrogate
 from unirl.algorithms.replay import (
+    ReplayPipeline,
     check_flow_knobs,
     check_record_uncond,
     check_slots_per_forward,
@@ -65,7 +66,7 @@ def ddpo_policy_loss(
     raise ValueError(f"unknown estimator {estimator!r}; use one of {ESTIMATORS}")
 
 
-class DDPO(StageAlgorithm):
+class DDPO(StageAlgorithm[LatentSegment]):
     """DDPO (Black et al. 2023) for flow-matching models: a policy gradient over the SDE steps.
 
     ``estimator``: ``importance`` (DDPO_IS, the default: PPO's clipped surrogate of the per-step
@@ -82,13 +83,13 @@ class DDPO(StageAlgorithm):
     def __init__(
         self,
         *,
-        pipeline: Any,
+        pipeline: ReplayPipeline,
         estimator: Estimator = "importance",
         clip_range: PositiveFloat = 1e-4,
         old_logp_source: Literal["replay", "rollout"] = "replay",
         cfg_gradient: CFGGradient = "cond_only",
         slots_per_forward: PositiveInt = 1,
-        kl: KLConfig | Mapping[str, Any] | None = None,
+        kl: KLConfig | Mapping[str, object] | None = None,
     ) -> None:
         super().__init__(kl=kl)
         require(
@@ -190,8 +191,8 @@ class DPOK(DDPO):
     def __init__(
         self,
         *,
-        pipeline: Any,
-        kl: KLConfig | Mapping[str, Any] | None = None,
+        pipeline: ReplayPipeline,
+        kl: KLConfig | Mapping[str, object] | None = None,
         policy_weight: PositiveFloat = 1.0,
         estimator: Estimator = "score_function",
         clip_range: PositiveFloat = 1e-4,

@@ -27,8 +27,9 @@ from typing import Any, ClassVar, Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from unirl.algorithms.base import StageAlgorithm, StepResult
+from unirl.algorithms.base import StageAlgorithm, StepResult, TrainBackend
 from unirl.algorithms.kl import KLConfig, kl_metrics
+from unirl.algorithms.replay import ReplayPipeline
 from unirl.config.require import require
 from unirl.config.typecheck import PositiveFloat, PositiveInt
 from unirl.distributed.group.dispatch import Dispatch, distributed
@@ -196,7 +197,7 @@ def draw_training_noise(
 # --------------------------------------------------------------------------- the loss node
 
 
-class DiffusionNFT(StageAlgorithm):
+class DiffusionNFT(StageAlgorithm[LatentSegment]):
     """DiffusionNFT with a trained LoRA adapter and a frozen "old" copy on the same module.
 
     Train rollouts sample with ``old_adapter`` (:meth:`sampling_adapter`; the trainer's
@@ -237,7 +238,7 @@ class DiffusionNFT(StageAlgorithm):
     def __init__(
         self,
         *,
-        pipeline: Any,
+        pipeline: ReplayPipeline,
         beta: PositiveFloat = 1.0,
         adv_clip_max: PositiveFloat = 5.0,
         num_train_timesteps: PositiveInt = 9,
@@ -245,8 +246,8 @@ class DiffusionNFT(StageAlgorithm):
         t_min: float = 0.0,
         t_max: float = 1.0,
         old_adapter: str = "old",
-        ema: OldAdapterEMA | Mapping[str, Any] | str = "linear",
-        kl: KLConfig | Mapping[str, Any] | None = None,
+        ema: OldAdapterEMA | Mapping[str, object] | str = "linear",
+        kl: KLConfig | Mapping[str, object] | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__(kl=kl)
@@ -282,7 +283,7 @@ class DiffusionNFT(StageAlgorithm):
 
     # -- wiring ---------------------------------------------------------------------------------
 
-    def bind_backend(self, backend: Any) -> None:
+    def bind_backend(self, backend: TrainBackend) -> None:
         """Check the backend holds the trained and the old adapter; bind the reference."""
         require(
             getattr(backend, "has_lora", False),
@@ -290,7 +291,9 @@ class DiffusionNFT(StageAlgorithm):
             f"set backend.lora and backend.lora.extra_adapters=[{self.old_adapter}]",
         )
         super().bind_backend(backend)
-        self.trained_adapter = str(backend.lora.adapter_name)
+        lora = backend.lora
+        assert lora is not None  # has_lora, required above
+        self.trained_adapter = str(lora.adapter_name)
         present = list(backend.adapters)
         require(
             self.old_adapter != self.trained_adapter,
@@ -302,16 +305,15 @@ class DiffusionNFT(StageAlgorithm):
             f"does not have (adapters: {present}); set backend.lora.extra_adapters=[{self.old_adapter}]",
         )
 
-    def _require_backend(self) -> Any:
+    def _require_backend(self) -> TrainBackend:
         if self.backend is None:
             raise RuntimeError(
                 "DiffusionNFT has no backend; the train stack binds it (bind_backend) before use"
             )
         return self.backend
 
-    def _adapter(self, name: str) -> AbstractContextManager[Any]:
-        switch: AbstractContextManager[Any] = self._require_backend().set_active_adapter(name)
-        return switch
+    def _adapter(self, name: str) -> AbstractContextManager[None]:
+        return self._require_backend().set_active_adapter(name)
 
     # -- loop hooks -----------------------------------------------------------------------------
 
@@ -322,7 +324,7 @@ class DiffusionNFT(StageAlgorithm):
     def start_rollout(self, rollout_index: int) -> None:
         self.rollout_index = int(rollout_index)
 
-    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]  # see base.py
+    @distributed(dispatch=Dispatch.BROADCAST)  # see base.py
     def after_train(self, rollout_index: int) -> dict[str, float]:
         """``old ← d·old + (1 − d)·trained`` with d from the EMA schedule; then the KL
         controller's rollout update (:meth:`StageAlgorithm.kl_after_train`)."""

@@ -10,7 +10,6 @@ p_old) gets proportionally more room to move. The gradient never vanishes (no cl
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 
@@ -33,7 +32,7 @@ class DRPO(TokenPolicyLoss):
         token_adaptive: bool = True,
         loss_agg: str = "token-mean",
         norm_length: int | None = None,
-        kl: KLConfig | Mapping[str, Any] | None = None,
+        kl: KLConfig | Mapping[str, object] | None = None,
         old_logp_source: str = "replay",
         tis_cap: float | None = None,
     ) -> None:

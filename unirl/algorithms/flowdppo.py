@@ -11,7 +11,7 @@ moving the way its advantage pushes it; moving back toward π_old is always allo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -19,6 +19,7 @@ from unirl.algorithms.base import StageAlgorithm, StepResult
 from unirl.algorithms.kl import KLConfig, kl_metrics
 from unirl.algorithms.losses import flow_dppo_loss
 from unirl.algorithms.replay import (
+    ReplayPipeline,
     check_flow_knobs,
     check_record_uncond,
     check_slots_per_forward,
@@ -37,7 +38,7 @@ from unirl.models.common.guidance import CFGGradient
 from unirl.types import Conditions, LatentSegment
 
 
-class FlowDPPO(StageAlgorithm):
+class FlowDPPO(StageAlgorithm[LatentSegment]):
     """The KL-masked policy loss for flow-matching models.
 
     ``kl_threshold`` is τ (D is a mean over C·H·W, so τ is small: ~1e-5). π_old is the pair
@@ -59,9 +60,9 @@ class FlowDPPO(StageAlgorithm):
     def __init__(
         self,
         *,
-        pipeline: Any,
+        pipeline: ReplayPipeline,
         kl_threshold: PositiveFloat = 1e-5,
-        kl: KLConfig | Mapping[str, Any] | None = None,
+        kl: KLConfig | Mapping[str, object] | None = None,
         kl_form: Literal["gaussian", "reference"] = "gaussian",
         old_logp_source: Literal["replay", "rollout"] = "replay",
         cfg_gradient: CFGGradient = "cond_only",

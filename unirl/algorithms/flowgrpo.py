@@ -14,7 +14,7 @@ configured by ``kl`` (a :class:`~unirl.algorithms.kl.KLConfig`: fixed or adaptiv
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -22,6 +22,7 @@ from unirl.algorithms.base import StageAlgorithm, StepResult
 from unirl.algorithms.kl import KLConfig, kl_metrics
 from unirl.algorithms.losses import clipped_surrogate, grpo_guard_log_ratio
 from unirl.algorithms.replay import (
+    ReplayPipeline,
     check_flow_knobs,
     check_record_uncond,
     check_slots_per_forward,
@@ -40,7 +41,7 @@ from unirl.models.common.guidance import CFGGradient
 from unirl.types import Conditions, LatentSegment
 
 
-class FlowGRPO(StageAlgorithm):
+class FlowGRPO(StageAlgorithm[LatentSegment]):
     """The GRPO loss for flow-matching models.
 
     ``old_logp_source``: ``replay`` recomputes π_old with the current weights at exactly the
@@ -81,9 +82,9 @@ class FlowGRPO(StageAlgorithm):
     def __init__(
         self,
         *,
-        pipeline: Any,
+        pipeline: ReplayPipeline,
         clip_range: PositiveFloat = 1e-4,
-        kl: KLConfig | Mapping[str, Any] | None = None,
+        kl: KLConfig | Mapping[str, object] | None = None,
         kl_form: Literal["gaussian", "reference"] = "gaussian",
         old_logp_source: Literal["replay", "rollout"] = "replay",
         cfg_gradient: CFGGradient = "cond_only",

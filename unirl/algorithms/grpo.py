@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from abc import abstractmethod
 from collections.abc import Mapping
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -44,7 +44,7 @@ class TokenPolicy(Protocol):
         ...
 
 
-class TokenPolicyLoss(StageAlgorithm):
+class TokenPolicyLoss(StageAlgorithm[TextSegment]):
     """Base of the per-token ratio losses on ``TextSegment`` (packed tokens).
 
     ``old_logp_source``: ``replay`` recomputes π_old with ``policy.token_log_probs`` at the
@@ -79,7 +79,7 @@ class TokenPolicyLoss(StageAlgorithm):
         policy: TokenPolicy,
         loss_agg: str = "token-mean",
         norm_length: int | None = None,
-        kl: KLConfig | Mapping[str, Any] | None = None,
+        kl: KLConfig | Mapping[str, object] | None = None,
         old_logp_source: str = "replay",
         tis_cap: float | None = None,
     ) -> None:
@@ -154,7 +154,7 @@ class TokenPolicyLoss(StageAlgorithm):
         return out
 
     @torch.no_grad()
-    def prepare_segment(self, conditions: Conditions, segment: TextSegment) -> TextSegment:  # type: ignore[override]
+    def prepare_segment(self, conditions: Conditions, segment: TextSegment) -> TextSegment:
         """Anchor π_old (``log_probs``); measure the rollout-vs-replay gap when the engine
         recorded log-probs; keep them as ``rollout_log_probs`` when ``tis_cap`` needs them."""
         recorded = segment.log_probs
@@ -201,7 +201,7 @@ class TokenPolicyLoss(StageAlgorithm):
     def start_rollout(self, rollout_index: int) -> None:
         self._gap_sum, self._gap_tokens, self._gap_max = 0.0, 0, 0.0
 
-    @distributed(dispatch=Dispatch.BROADCAST)  # type: ignore[untyped-decorator]
+    @distributed(dispatch=Dispatch.BROADCAST)
     def after_train(self, rollout_index: int) -> dict[str, float]:
         """The KL controller's step, and this rank's rollout-vs-replay gap of the rollout
         (``rollout/logp_gap``: mean |Δ log p| per loss token; ``rollout/logp_gap_max``)."""
@@ -211,7 +211,7 @@ class TokenPolicyLoss(StageAlgorithm):
             out["rollout/logp_gap_max"] = self._gap_max
         return out
 
-    def micro_batch_weight(self, segment: Any, advantages: torch.Tensor) -> float:
+    def micro_batch_weight(self, segment: TextSegment, advantages: torch.Tensor) -> float:
         """The micro-batch's share in the mini-batch's aggregation: its loss tokens for
         ``token-mean``, its sequences with a loss token for ``seq-mean-token-mean``, its
         sequences for ``seq-mean-token-sum-norm``; so the stack's loss equals the mini-batch's
@@ -227,7 +227,7 @@ class TokenPolicyLoss(StageAlgorithm):
 
     # -- loss --------------------------------------------------------------------------------
 
-    def compute_loss_and_backward(  # type: ignore[override]
+    def compute_loss_and_backward(
         self,
         conditions: Conditions,
         segment: TextSegment,
@@ -350,7 +350,7 @@ class GRPO(TokenPolicyLoss):
         clip_high: float = 0.2,
         loss_agg: str = "token-mean",
         norm_length: int | None = None,
-        kl: KLConfig | Mapping[str, Any] | None = None,
+        kl: KLConfig | Mapping[str, object] | None = None,
         old_logp_source: str = "replay",
         tis_cap: float | None = None,
     ) -> None:
@@ -394,7 +394,7 @@ class GSPO(GRPO):
         clip_high: float = 4e-4,
         loss_agg: str = "seq-mean-token-mean",
         norm_length: int | None = None,
-        kl: KLConfig | Mapping[str, Any] | None = None,
+        kl: KLConfig | Mapping[str, object] | None = None,
         old_logp_source: str = "replay",
         tis_cap: float | None = None,
     ) -> None:

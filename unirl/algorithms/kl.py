@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import torch
 from torch import Tensor
@@ -38,7 +38,9 @@ def adaptive_beta(beta: float, kl: float, target: float, horizon: float) -> floa
     return beta * (1.0 + error / horizon)
 
 
-def _reduce_sum_count(total: float, count: int, device: Any) -> tuple[float, int]:
+def _reduce_sum_count(
+    total: float, count: int, device: torch.device | str | None
+) -> tuple[float, int]:
     """Sum ``(total, count)`` over every rank when torch.distributed is initialised."""
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
@@ -117,6 +119,14 @@ def as_kl_config(value: KLConfig | Mapping[str, Any] | None) -> KLConfig:
     return KLConfig(**{str(k): v for k, v in value.items() if k != "_target_"})
 
 
+class KLState(TypedDict):
+    """:meth:`KLController.state_dict`: what a resume restores."""
+
+    control: str
+    beta: float
+    updates: int
+
+
 class KLController:
     """β of the KL-to-reference term, configured by a :class:`KLConfig`: constant, or moved
     once per rollout by the adaptive rule of this module's docstring."""
@@ -144,7 +154,7 @@ class KLController:
         self._sum = self._sum + torch.where(finite, values, torch.zeros_like(values)).sum()
         self._count = self._count + finite.sum()
 
-    def step(self, *, device: Any = None) -> dict[str, float]:
+    def step(self, *, device: torch.device | str | None = None) -> dict[str, float]:
         """End of a rollout: the mean KL over all ranks and (adaptive) the next β.
 
         Every rank must call it (a collective when torch.distributed is initialised); all
@@ -162,10 +172,10 @@ class KLController:
             self.updates += 1
         return {"kl/rollout_mean": mean, "kl/beta_next": self.beta}
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> KLState:
         return {"control": self.control, "beta": self.beta, "updates": self.updates}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: KLState) -> None:
         """Restore β (adaptive only: a fixed β is the configuration, so resuming with a new
         ``kl.beta`` takes effect) and the update count."""
         missing = sorted({"control", "beta", "updates"} - set(state))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -97,7 +97,7 @@ class PPO(GRPO):
         whiten: bool = True,
         adv_eps: NonNegativeFloat = 1e-8,
         loss_agg: Literal["token-mean"] = "token-mean",
-        kl: KLConfig | Mapping[str, Any] | None = None,
+        kl: KLConfig | Mapping[str, object] | None = None,
         old_logp_source: Literal["replay", "rollout"] = "replay",
     ) -> None:
         require(0.0 <= gamma <= 1.0, f"algorithm.gamma must be in [0, 1], got {gamma}")
@@ -136,7 +136,7 @@ class PPO(GRPO):
         return out.values.float()
 
     @torch.no_grad()
-    def prepare_segment(self, conditions: Conditions, segment: TextSegment) -> TextSegment:  # type: ignore[override]
+    def prepare_segment(self, conditions: Conditions, segment: TextSegment) -> TextSegment:
         """Anchor π_old; V_old; the KL part of each token's reward (−β·k1, zeros with β = 0)
         in ``token_advantages`` until :meth:`prepare_batch` runs GAE."""
         segment = super().prepare_segment(conditions, segment)
@@ -160,8 +160,8 @@ class PPO(GRPO):
         )
 
     def prepare_batch(
-        self, micro: list[tuple[Conditions, Any, torch.Tensor]]
-    ) -> list[tuple[Conditions, Any, torch.Tensor]]:
+        self, micro: list[tuple[Conditions, TextSegment, torch.Tensor]]
+    ) -> list[tuple[Conditions, TextSegment, torch.Tensor]]:
         """Each row's reward (its sample's advantage at its last loss token, plus the KL part),
         GAE(γ, λ) → Â and the value targets; Â whitened over the batch when ``whiten``."""
         staged = []
@@ -170,6 +170,7 @@ class PPO(GRPO):
                 seg.token_advantages is not None and seg.old_values is not None,
                 "PPO.prepare_batch needs segments anchored by its prepare_segment",
             )
+            assert seg.token_advantages is not None and seg.old_values is not None  # required above
             mask = self._mask(seg, seg.token_advantages.values)
             rewards = seg.token_advantages.values.double().clone()
             offsets = seg.tokens.offsets
@@ -202,7 +203,7 @@ class PPO(GRPO):
             )
         return out
 
-    def compute_loss_and_backward(  # type: ignore[override]
+    def compute_loss_and_backward(
         self,
         conditions: Conditions,
         segment: TextSegment,

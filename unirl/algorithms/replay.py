@@ -14,18 +14,68 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 import torch
 from torch.profiler import record_function
 
-from unirl.algorithms.base import StageAlgorithm, StepResult
+from unirl.algorithms.base import StepResult, TrainBackend
+from unirl.algorithms.kl import KLController
 from unirl.config.require import require
 from unirl.models.common.denoise import StepRecord, sigma_max_of
 from unirl.models.common.guidance import CFG_GRADIENTS, CFGGradient, guided
+from unirl.models.common.protocols import FlowMatchingFamily
 from unirl.sde import SDEStrategy
 from unirl.sde.kernels import KLForm
 from unirl.types import Conditions, LatentSegment, host_to_device
+
+
+class ReplayPipeline(FlowMatchingFamily, Protocol):
+    """The diffusion pipeline a loss node replays through
+    (``unirl.models.common.pipeline.FlowMatchingPipeline`` provides it): a family plus the
+    rollout's SDE strategy and the replay of one trained slot."""
+
+    @property
+    def strategy(self) -> SDEStrategy: ...
+
+    def replay(
+        self,
+        conditions: Conditions,
+        segment: LatentSegment,
+        slot: int,
+        *,
+        cfg_gradient: CFGGradient = "both",
+        reuse_uncond: bool = False,
+    ) -> StepRecord: ...
+
+
+class ReferenceHolder(Protocol):
+    """A loss node that can switch its module to the frozen reference policy."""
+
+    def reference(self) -> AbstractContextManager[None]: ...
+
+
+class ReplayLoss(ReferenceHolder, Protocol):
+    """What :func:`replay_slot_losses` reads from its loss node (Flow-GRPO, Flow-DPPO)."""
+
+    @property
+    def pipeline(self) -> ReplayPipeline: ...
+
+    @property
+    def backend(self) -> TrainBackend | None: ...
+
+    @property
+    def kl_controller(self) -> KLController: ...
+
+    @property
+    def cfg_gradient(self) -> CFGGradient: ...
+
+    @property
+    def kl_form(self) -> KLForm: ...
+
+    @property
+    def slots_per_forward(self) -> int: ...
 
 
 def check_flow_knobs(kl_form: str, old_logp_source: str, cfg_gradient: str = "cond_only") -> None:
@@ -122,7 +172,7 @@ def record_rows(record: StepRecord, part: int, parts: int) -> StepRecord:
     return StepRecord(log_prob=cut(record.log_prob), mean=mean, std=std)
 
 
-def check_record_uncond(pipeline: Any, cfg_gradient: str) -> None:
+def check_record_uncond(pipeline: object, cfg_gradient: str) -> None:
     """A recorded unconditional velocity carries no gradient: only ``cond_only`` may use it."""
     require(
         not getattr(pipeline, "record_uncond", False) or cfg_gradient == "cond_only",
@@ -131,7 +181,7 @@ def check_record_uncond(pipeline: Any, cfg_gradient: str) -> None:
     )
 
 
-def reuses_uncond(algorithm: Any, segment: LatentSegment) -> bool | None:
+def reuses_uncond(algorithm: ReplayLoss, segment: LatentSegment) -> bool | None:
     """Whether the trained steps of ``segment`` take v_u from the rollout (``True``: the policy
     version the rollout stamped is the backend's current one), recompute it without grad
     (``False``: an optimizer step since, or no version known), or neither applies (``None``: no
@@ -160,7 +210,7 @@ def uncond_metrics(terms: dict[str, torch.Tensor]) -> dict[str, float]:
 
 @torch.no_grad()
 def replay_anchors(
-    pipeline: Any,
+    pipeline: ReplayPipeline,
     conditions: Conditions,
     segment: LatentSegment,
     *,
@@ -206,8 +256,8 @@ def slot_sigmas(
 
 
 def reference_step(
-    algorithm: StageAlgorithm,
-    pipeline: Any,
+    algorithm: ReferenceHolder,
+    pipeline: ReplayPipeline,
     conditions: Conditions,
     segment: LatentSegment,
     slot: int,
@@ -244,7 +294,7 @@ def step_kl(
 
 
 def replay_slot_losses(
-    algorithm: Any,
+    algorithm: ReplayLoss,
     conditions: Conditions,
     segment: LatentSegment,
     loss_scale: float,

@@ -25,16 +25,18 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from unirl.algorithms.base import StageAlgorithm, StepResult
+from unirl.algorithms.replay import ReplayPipeline
 from unirl.config.require import require
 from unirl.config.typecheck import PositiveFloat, PositiveInt
 from unirl.models.common.denoise import forward_conditions, guided_velocity
+from unirl.models.common.protocols import FlowMatchingFamily
 from unirl.types import Conditions, LatentSegment, host_to_device
 
 
@@ -45,8 +47,8 @@ class DifferentiableReward(Protocol):
 
 
 def euler_chain(
-    pipeline: Any,
-    fwd_conditions: Any,
+    pipeline: FlowMatchingFamily,
+    fwd_conditions: object,
     x: Tensor,
     sigmas: Tensor,
     guidance_scale: float,
@@ -110,7 +112,7 @@ def _generator(seed: int, *parts: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
 
 
-class RewardGradientLoss(StageAlgorithm):
+class RewardGradientLoss(StageAlgorithm[LatentSegment]):
     """The shared part of the reward-gradient losses: restart, decode, reward, backward.
 
     ``reward``: the differentiable reward (a callable on decoded pixels, e.g.
@@ -127,7 +129,7 @@ class RewardGradientLoss(StageAlgorithm):
     def __init__(
         self,
         *,
-        pipeline: Any,
+        pipeline: ReplayPipeline,
         reward: DifferentiableReward,
         reward_scale: PositiveFloat = 1.0,
         checkpoint: bool = True,
@@ -264,7 +266,7 @@ class DRaFT(RewardGradientLoss):
     def __init__(
         self,
         *,
-        pipeline: Any,
+        pipeline: ReplayPipeline,
         reward: DifferentiableReward,
         k: PositiveInt = 1,
         lv_copies: int = 0,
@@ -335,7 +337,7 @@ class AlignProp(RewardGradientLoss):
     def __init__(
         self,
         *,
-        pipeline: Any,
+        pipeline: ReplayPipeline,
         reward: DifferentiableReward,
         max_steps: PositiveInt | None = None,
         reward_scale: PositiveFloat = 1.0,
@@ -379,7 +381,7 @@ class DRTune(RewardGradientLoss):
     def __init__(
         self,
         *,
-        pipeline: Any,
+        pipeline: ReplayPipeline,
         reward: DifferentiableReward,
         num_trained: PositiveInt = 2,
         reward_scale: PositiveFloat = 1.0,
