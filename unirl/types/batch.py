@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal, Self, TypeVar
 
 import torch
 
@@ -94,7 +94,7 @@ class Packed:
 # --- per-value helpers for ``concat`` fields ------------------------------------------------
 
 
-def _value_len(value: Any) -> int | None:
+def _value_len(value: object) -> int | None:
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
@@ -117,7 +117,7 @@ def host_to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return t.to(device)
 
 
-def _select(value: Any, index: torch.Tensor) -> Any:
+def _select(value: object, index: torch.Tensor) -> object:
     if value is None:
         return None
     if isinstance(value, torch.Tensor):
@@ -133,7 +133,23 @@ def _select(value: Any, index: torch.Tensor) -> Any:
     raise TypeError(f"cannot select from {type(value).__name__}")
 
 
-def _concat(name: str, values: list[Any]) -> Any:
+_V = TypeVar("_V")
+
+
+def _all_of(name: str, values: list[object], kind: type[_V]) -> list[_V]:
+    """``values`` when every one is a ``kind`` (the first part's type); else a TypeError."""
+    same = [v for v in values if isinstance(v, kind)]
+    if len(same) != len(values):
+        raise _mixed(name, values)
+    return same
+
+
+def _mixed(name: str, values: list[object]) -> TypeError:
+    found = sorted({type(v).__name__ for v in values})
+    return TypeError(f"field {name!r}: parts hold different types ({found}); cannot concat")
+
+
+def _concat(name: str, values: list[object]) -> object:
     present = [v is not None for v in values]
     if not any(present):
         return None
@@ -141,28 +157,31 @@ def _concat(name: str, values: list[Any]) -> Any:
         raise ValueError(f"field {name!r} is None in some parts and set in others")
     first = values[0]
     if isinstance(first, torch.Tensor):
-        return torch.cat(values, 0)
+        return torch.cat(_all_of(name, values, torch.Tensor), 0)
     if isinstance(first, Batch):
-        return type(first).concat(values)
+        return type(first).concat(_all_of(name, values, type(first)))
     if isinstance(first, Packed):
-        return Packed.concat(values)
+        return Packed.concat(_all_of(name, values, Packed))
     if isinstance(first, list | tuple):
-        out: list[Any] = []
-        for v in values:
-            out.extend(v)
+        out: list[object] = []
+        for part in values:
+            if not isinstance(part, list | tuple):
+                raise _mixed(name, values)
+            out.extend(part)
         return type(first)(out)
     if isinstance(first, dict):
         keys = list(first)
-        for v in values[1:]:
+        dicts = _all_of(name, values, dict)
+        for v in dicts[1:]:
             if list(v) != keys:
                 raise ValueError(
                     f"field {name!r}: dict keys differ across parts ({keys} vs {list(v)})"
                 )
-        return {k: _concat(f"{name}.{k}", [v[k] for v in values]) for k in keys}
+        return {k: _concat(f"{name}.{k}", [v[k] for v in dicts]) for k in keys}
     raise TypeError(f"field {name!r}: cannot concat values of type {type(first).__name__}")
 
 
-def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+def _map_tensors(value: object, fn: Callable[[torch.Tensor], torch.Tensor]) -> object:
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, Batch):
@@ -178,7 +197,7 @@ def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return value
 
 
-def _shared_equal(a: Any, b: Any) -> bool:
+def _shared_equal(a: object, b: object) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return (
             isinstance(a, torch.Tensor)
@@ -231,7 +250,7 @@ class Batch:
             if f.init
         }
 
-    def _per_sample_items(self) -> list[tuple[str, Any]]:
+    def _per_sample_items(self) -> list[tuple[str, object]]:
         return [
             (name, getattr(self, name))
             for name, kind in self.field_kinds().items()
@@ -256,7 +275,7 @@ class Batch:
 
     # -- split / merge -------------------------------------------------------------------
 
-    def _rebuild(self, per_sample: Callable[[str, Any], Any]) -> Self:
+    def _rebuild(self, per_sample: Callable[[str, object], object]) -> Self:
         kwargs = {}
         for name, kind in self.field_kinds().items():
             value = getattr(self, name)
