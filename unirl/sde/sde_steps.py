@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -85,7 +85,7 @@ class RandomSubsetSchedule(SDEStepSchedule):
             self.num_steps >= 1,
             f"RandomSubsetSchedule.num_steps must be >= 1, got {self.num_steps}",
         )
-        frac: Any = self.fraction
+        frac: Sequence[float] = self.fraction  # a recipe's list or a pair
         require(
             len(frac) == 2,
             f"RandomSubsetSchedule.fraction must be a pair (lo, hi), got {frac!r}",
