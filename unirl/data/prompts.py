@@ -146,7 +146,7 @@ def _read_json(file: Path, text: str) -> list[PromptExample]:
     return examples
 
 
-def _from_object(item: dict[str, Any], file: Path, lineno: int) -> PromptExample:
+def _from_object(item: dict[str, object], file: Path, lineno: int) -> PromptExample:
     where = f"{file}:{lineno}"
     prompt = item.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
@@ -170,7 +170,7 @@ def _from_object(item: dict[str, Any], file: Path, lineno: int) -> PromptExample
     return PromptExample(prompt=prompt.strip(), metadata=metadata, media_refs=refs)
 
 
-def _media_ref(entry: Any, file: Path, where: str) -> MediaRef:
+def _media_ref(entry: object, file: Path, where: str) -> MediaRef:
     if not isinstance(entry, dict):
         raise PromptFileError(f"{where}: each 'media' entry must be an object")
     unknown = sorted(set(entry) - {"modality", "role", "uri"})

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import numpy as np
 
 from unirl.config import ConfigError, require
 from unirl.data.prompts import PromptExample, PromptFileError, read_prompt_file
+
+
+class PromptSourceState(TypedDict):
+    """:meth:`PromptFileSource.state_dict`: where the next batch starts (older checkpoints
+    lack the two counts)."""
+
+    epoch: int
+    position: int
+    num_prompts: NotRequired[int]
+    held_out: NotRequired[int]
 
 
 @dataclass(kw_only=True)
@@ -43,7 +54,7 @@ class PromptFileSource:
             self.set_prompts_per_rollout(self.prompts_per_rollout)
 
     @classmethod
-    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+    def check_config(cls, block: Mapping[str, object], recipe: object) -> None:
         """Before anything is built (``unirl.config.validate``'s component hooks): the prompt
         files the run reads parse whole, ``path`` and the recipe's ``eval.prompts_path``
         (read by the trainer in the same format). An empty or malformed file is refused in one
@@ -148,7 +159,7 @@ class PromptFileSource:
             self._advance_epoch()
         return [self._examples[i] for i in picked]
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> PromptSourceState:
         """``{"epoch", "position", "num_prompts", "held_out"}``: where the next batch starts,
         over how many training prompts, with how many of the file's held out for eval."""
         return {
@@ -158,7 +169,7 @@ class PromptFileSource:
             "held_out": len(self._held_out),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: PromptSourceState) -> None:
         """Resume from :meth:`state_dict`; the prompt file must have the same length."""
         epoch, position = int(state["epoch"]), int(state["position"])
         if "num_prompts" in state and int(state["num_prompts"]) != len(self):
