@@ -45,6 +45,13 @@ def warn_truncated_prompts(
     lengths = [
         len(ids) for ids in tokenizer(list(texts), add_special_tokens=add_special_tokens).input_ids
     ]
+    return warn_long_prompts(lengths, texts, max_length, key)
+
+
+def warn_long_prompts(lengths: list[int], texts: list[str], max_length: int, key: str) -> int:
+    """:func:`warn_truncated_prompts` from the token ``lengths`` a family counted itself (the
+    tokens its limit applies to, e.g. after a chat template's dropped prefix); ``texts`` are
+    the prompts as the user wrote them, for the warning to show."""
     over = [i for i, n in enumerate(lengths) if n > max_length]
     if over and key not in _WARNED_TRUNCATION:
         _WARNED_TRUNCATION.add(key)

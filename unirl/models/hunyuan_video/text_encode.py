@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from unirl.models.common.text_encode import warn_long_prompts
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,18 @@ def encode_mllm_prompts(
     if not texts:
         raise ValueError("encode_mllm_prompts: no texts to encode")
     template = template or pipeline_prompt_template()
+    chats = [chat_messages(t, template.system_message) for t in texts]
+    # the tokens after the template's first crop_start are what max_sequence_length counts
+    full: Any = tokenizer.apply_chat_template(chats, add_generation_prompt=True, tokenize=True)
+    ids = full["input_ids"] if isinstance(full, Mapping) else full
+    warn_long_prompts(
+        [len(row) - template.crop_start for row in ids],
+        list(texts),
+        max_sequence_length,
+        "bundle.max_sequence_length",
+    )
     tokens = tokenizer.apply_chat_template(
-        [chat_messages(t, template.system_message) for t in texts],
+        chats,
         add_generation_prompt=True,
         tokenize=True,
         return_dict=True,

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from unirl.models.common.text_encode import warn_long_prompts
+
 
 @dataclass(frozen=True)
 class PromptTemplate:
@@ -84,8 +86,16 @@ def encode_llama_prompts(
     if not texts:
         raise ValueError("encode_llama_prompts: no texts to encode")
     template = template or pipeline_prompt_template()
+    wrapped = [template.template.format(t) for t in texts]
+    # the tokens after the template's first crop_start are what max_sequence_length counts
+    warn_long_prompts(
+        [len(row) - template.crop_start for row in tokenizer(wrapped).input_ids],
+        list(texts),
+        max_sequence_length,
+        "bundle.max_sequence_length",
+    )
     tokens = tokenizer(
-        [template.template.format(t) for t in texts],
+        wrapped,
         max_length=max_sequence_length + template.crop_start,
         padding="max_length",
         truncation=True,

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from unirl.models.common.text_encode import module_device, module_dtype
+from unirl.models.common.text_encode import module_device, module_dtype, warn_long_prompts
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,14 @@ def encode_qwen_prompts(
         raise ValueError("encode_qwen_prompts: no texts to encode")
     template = template or pipeline_prompt_template()
     wrapped = [template.text.format(t) for t in texts]
+    # the tokens after the dropped prefix are what both cuts below count (the config keeps
+    # max_sequence_length within the template's own limit)
+    warn_long_prompts(
+        [len(ids) - template.drop_idx for ids in tokenizer(wrapped).input_ids],
+        list(texts),
+        min(max_sequence_length, template.max_length),
+        "bundle.max_sequence_length",
+    )
     tokens = tokenizer(
         wrapped,
         max_length=template.max_length + template.drop_idx,
