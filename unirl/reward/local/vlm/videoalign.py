@@ -51,16 +51,13 @@ class VideoAlign(QwenVLScorer):
     max_pixels: int | None = 448 * 448  # each frame's pixel upper bound after resizing
     sample_fps: float = 2.0  # frames per second fed to the model (the release samples at 2)
     max_frames: int = 32  # at most this many frames per video, spread over the clip
-    weights: dict[str, float] = field(
-        default_factory=lambda: {"VQ": 1.0, "MQ": 1.0, "TA": 1.0}
-    )  # weight of each dimension in the score
+    # weight of each dimension (VQ, MQ, TA) in the score
+    weights: dict[str, float] = field(default_factory=lambda: {"VQ": 1.0, "MQ": 1.0, "TA": 1.0})
     normalize: bool = True  # standardise each dimension with mean / std first
-    mean: dict[str, float] = field(
-        default_factory=lambda: dict(RELEASED_MEAN)
-    )  # per-dimension mean for normalize
-    std: dict[str, float] = field(
-        default_factory=lambda: dict(RELEASED_STD)
-    )  # per-dimension std for normalize
+    # per-dimension mean subtracted when normalize (the release's inference_config)
+    mean: dict[str, float] = field(default_factory=lambda: dict(RELEASED_MEAN))
+    # per-dimension std divided by when normalize (the release's inference_config)
+    std: dict[str, float] = field(default_factory=lambda: dict(RELEASED_STD))
 
     reward_tokens: ClassVar[tuple[str, ...]] = VIDEOALIGN_TOKENS
 
