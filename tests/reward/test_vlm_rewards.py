@@ -662,3 +662,54 @@ def test_the_reward_service_serves_the_vlm_rewards_over_http(hps_dir, er_dir, va
         videos, 8.0, PROMPTS[:2], [{}] * 2
     )
     assert torch.equal(got_video.scores["videoalign"], local_video.scores["videoalign"])
+
+
+# -- checkpoint conversion ----------------------------------------------------------------------
+def test_convert_maps_a_released_style_checkpoint_onto_its_base(tmp_path):
+    """A checkpoint in the released layout (pre-4.52 keys ``visual.*`` / ``model.*``, the reward
+    token's embedding row, ``rm_head.*``) converted onto its base scores exactly like the model
+    it was taken from."""
+    from unirl.reward.local.vlm.convert import main
+
+    base = _save(tmp_path / "base", "qwen2_vl", _tokenizer())
+    model = transformers.Qwen2VLForConditionalGeneration.from_pretrained(base).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(base)
+    tok.add_special_tokens({"additional_special_tokens": [T.HPSV3_REWARD_TOKEN]})
+    model.resize_token_embeddings(len(tok))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # "trained": differs from the base everywhere
+    g = torch.Generator().manual_seed(4)
+    head = {k: torch.randn(s, generator=g) * 0.5 for k, s in _ranknet_shapes("rm_head").items()}
+    legacy = {}
+    for key, value in model.state_dict().items():
+        key = key.replace("model.language_model.", "model.").replace("model.visual.", "visual.")
+        legacy[key] = value.clone()
+    safetensors_torch.save_file({**legacy, **head}, str(tmp_path / "HPSv3.safetensors"))
+    out = tmp_path / "converted"
+    args = ["--kind", "hpsv3", "--checkpoint", str(tmp_path / "HPSv3.safetensors")]
+    assert main([*args, "--base", base, "--out", str(out), "--dtype", "fp32"]) == 0
+    direct = tmp_path / "direct"
+    model.save_pretrained(direct)
+    tok.save_pretrained(direct)
+    transformers.AutoImageProcessor.from_pretrained(base).save_pretrained(direct)
+    safetensors_torch.save_file(head, str(direct / vlm_engine.HEAD_FILE))
+    images = _images(2, seed=13)
+    got = HPSv3(path=str(out), **PIX).score(images, PROMPTS[:2], [{}] * 2).scores["hpsv3"]
+    want = HPSv3(path=str(direct), **PIX).score(images, PROMPTS[:2], [{}] * 2).scores["hpsv3"]
+    assert torch.equal(got, want)
+    with pytest.raises(RewardError, match="holds no rm_head"):
+        safetensors_torch.save_file(legacy, str(tmp_path / "no_head.safetensors"))
+        main(
+            [
+                "--kind",
+                "hpsv3",
+                "--checkpoint",
+                str(tmp_path / "no_head.safetensors"),
+                "--base",
+                base,
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
