@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 import torch
 from torch import nn
@@ -69,10 +69,26 @@ from unirl.train.parallel import (
     world_info,
 )
 
+if TYPE_CHECKING:
+    from peft import LoraConfig as PeftLoraConfig
+    from torch.distributed.fsdp import FSDPModule
+
+    from unirl.train.parallel import SequenceParallelGroup
+
 _C = TypeVar("_C")
 
 
-def _as_config(value: Any, cls: type[_C], field: str) -> _C | None:
+class TrainedBundle(Protocol):
+    """What the backend needs of the model bundle it trains (a ``models`` bundle): where the
+    policy version is published. Its trainable module, LoRA and FSDP defaults and export hooks
+    are read with ``getattr`` (``trainable_module`` / ``trainable_attr``,
+    ``lora_default_targets``, ``block_class_names``, ``enable_sequence_parallel``,
+    ``save_pretrained``, ``postprocess_lora_export``)."""
+
+    policy_version: int | None
+
+
+def _as_config(value: object, cls: type[_C], field: str) -> _C | None:
     """Accept the dataclass itself or a mapping of its fields (a Hydra block)."""
     if value is None or isinstance(value, cls):
         return value
@@ -85,7 +101,7 @@ def _as_config(value: Any, cls: type[_C], field: str) -> _C | None:
     return None
 
 
-def bundle_trainable_attr(bundle: Any) -> str:
+def bundle_trainable_attr(bundle: object) -> str:
     """Where ``bundle`` keeps its trainable module: its ``trainable_attr``, else the first of
     its ``trainable_module_names``, else ``transformer`` (what ``backend.trainable_attr: null``
     means)."""
@@ -143,12 +159,12 @@ class FSDPBackend:
     def __init__(
         self,
         *,
-        bundle: Any,
-        lora: LoraConfig | Mapping[str, Any] | None = None,
-        optimizer: OptimizerConfig | Mapping[str, Any] | None = None,
-        lr_schedule: LRScheduleConfig | Mapping[str, Any] | None = None,
-        ema: EMAConfig | Mapping[str, Any] | None = None,
-        fsdp: FSDPConfig | Mapping[str, Any] | None = None,
+        bundle: TrainedBundle,
+        lora: LoraConfig | Mapping[str, object] | None = None,
+        optimizer: OptimizerConfig | Mapping[str, object] | None = None,
+        lr_schedule: LRScheduleConfig | Mapping[str, object] | None = None,
+        ema: EMAConfig | Mapping[str, object] | None = None,
+        fsdp: FSDPConfig | Mapping[str, object] | None = None,
         param_dtype: str = "bf16",
         device: str = "cpu",
         seed: int = 0,
@@ -230,8 +246,8 @@ class FSDPBackend:
         setattr(bundle, self.trainable_attr, module)
         self.module = module
         # 4b. sequence parallelism: the SP groups, then the family's hooks on the module
-        self.sequence_parallel: Any = None
-        self._sp_handles: list[Any] = []
+        self.sequence_parallel: SequenceParallelGroup | None = None
+        self._sp_handles: list[object] = []  # whatever the bundle's hooks return
         if sequence_parallel_size > 1:
             enable = getattr(bundle, "enable_sequence_parallel", None)
             require(
@@ -271,7 +287,7 @@ class FSDPBackend:
         self.moved_bytes: dict[str, int] = {"offload": 0, "onload": 0}
 
     @classmethod
-    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+    def check_config(cls, block: Mapping[str, object], recipe: object) -> None:
         """Before anything is built: every LoRA target names a layer of the model (read from
         its config on the meta device when the bundle can say so)."""
         lora = block.get("lora")
@@ -296,7 +312,7 @@ class FSDPBackend:
 
     # -- construction helpers ------------------------------------------------------------------
 
-    def _module_of(self, bundle: Any) -> nn.Module:
+    def _module_of(self, bundle: object) -> nn.Module:
         module = getattr(bundle, "trainable_module", None)
         if module is None:
             module = getattr(bundle, self.trainable_attr, None)
@@ -309,12 +325,13 @@ class FSDPBackend:
         return module
 
     @staticmethod
-    def _bundle_default(bundle: Any, attr: str, field: str) -> Any:
-        value = getattr(bundle, attr, None)
+    def _bundle_default(bundle: object, attr: str, field: str) -> Iterable[str]:
+        value: Iterable[str] | None = getattr(bundle, attr, None)
         require(
             value,
             f"{field} is null and the bundle ({type(bundle).__name__}) has no `{attr}`; set {field}",
         )
+        assert value is not None  # the require above refuses it
         return value
 
     # -- what trains ---------------------------------------------------------------------------
@@ -478,7 +495,7 @@ class FSDPBackend:
         if not (self.is_sharded and self.fsdp_config.gather_for_sampling):
             yield
             return
-        module: Any = self.module  # an FSDPModule here (apply_fsdp shards the root too)
+        module = cast("FSDPModule", self.module)  # apply_fsdp shards the root too
         module.set_reshard_after_forward(False, recurse=True)
         try:
             yield
@@ -530,13 +547,15 @@ class FSDPBackend:
 
     # -- checkpoints and export ----------------------------------------------------------------
 
-    def save_checkpoint(self, path: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
+    def save_checkpoint(
+        self, path: str | Path, *, extra: Mapping[str, object] | None = None
+    ) -> Path:
         """Write a checkpoint to ``path`` atomically (rank 0 writes; call on every rank).
         ``extra`` must be ``torch.load(weights_only=True)``-safe: tensors, numbers, strings,
         lists, tuples, dicts. See ``backend_checkpoint.py``."""
         return backend_checkpoint.save_checkpoint(self, path, extra=extra)
 
-    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+    def load_checkpoint(self, path: str | Path) -> dict[str, object]:
         """Restore parameters, optimizer, schedule, EMA, step and RNG from ``path`` (rank 0
         reads, then broadcasts and shards); returns the saved ``extra`` on every rank."""
         extra = backend_checkpoint.load_checkpoint(self, path)
@@ -566,7 +585,8 @@ class FSDPBackend:
         lora = self._require_lora("export_lora")
         adapter = adapter or lora.adapter_name
         state = self.adapter_state_dict(adapter)
-        peft_configs: Any = self.module.peft_config  # set on the module by peft's injection
+        # set on the module by peft's injection
+        peft_configs = cast("Mapping[str, PeftLoraConfig]", self.module.peft_config)
         peft_config = peft_configs[adapter]
         backend_checkpoint.run_on_rank0(
             self.rank, lambda: self._write_export(path, state, peft_config)
@@ -595,7 +615,7 @@ class FSDPBackend:
         return Path(path)
 
     def _write_export(
-        self, path: str | Path, state: dict[str, torch.Tensor], peft_config: Any
+        self, path: str | Path, state: dict[str, torch.Tensor], peft_config: PeftLoraConfig
     ) -> Path:
         """Rank 0: both formats, then the family's reshaping of the folder
         (``bundle.postprocess_lora_export``, when the bundle has one: Wan 2.2 training both

@@ -10,7 +10,7 @@ checks the checkpoint against the backend, and the state is broadcast and sharde
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -143,7 +143,7 @@ def state_dict_for_checkpoint(backend: CheckpointedBackend) -> dict[str, Any]:
 
 
 def save_checkpoint(
-    backend: CheckpointedBackend, path: str | Path, *, extra: dict[str, Any] | None = None
+    backend: CheckpointedBackend, path: str | Path, *, extra: Mapping[str, object] | None = None
 ) -> Path:
     """Write a checkpoint to ``path`` atomically (rank 0 writes; call on every rank).
     ``extra`` must be ``torch.load(weights_only=True)``-safe: tensors, numbers, strings,
@@ -158,7 +158,7 @@ def save_checkpoint(
     return Path(path)
 
 
-def load_checkpoint(backend: CheckpointedBackend, path: str | Path) -> dict[str, Any]:
+def load_checkpoint(backend: CheckpointedBackend, path: str | Path) -> dict[str, object]:
     """Restore parameters, optimizer, schedule, EMA, step and RNG from ``path`` (rank 0
     reads, then broadcasts and shards); returns the saved ``extra`` on every rank."""
     from torch.distributed.checkpoint.state_dict import (
@@ -168,7 +168,7 @@ def load_checkpoint(backend: CheckpointedBackend, path: str | Path) -> dict[str,
     )
 
     payload = run_on_rank0(backend.rank, lambda: ckpt.read_checkpoint(path)) or {}
-    meta = broadcast_object(payload.get("meta"))
+    meta = broadcast_object(payload.get("meta", {}))  # rank 0's
     _check_meta(backend, meta, payload, path)
     recipe = _recipe_hyperparameters(backend)
     backend.zero_grad()
@@ -187,7 +187,7 @@ def load_checkpoint(backend: CheckpointedBackend, path: str | Path) -> dict[str,
     )
     if backend.ema is not None:
         _load_ema(backend, backend.ema, payload.get("ema"), bool(meta["has_ema"]))
-    scheduler, extra = broadcast_object((payload.get("scheduler"), payload.get("extra")))
+    scheduler, extra = broadcast_object((payload.get("scheduler", {}), payload.get("extra", {})))
     backend.scheduler.load_state_dict(scheduler)
     _apply_recipe_hyperparameters(backend, recipe)
     backend.step = int(meta["step"])

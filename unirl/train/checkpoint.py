@@ -28,9 +28,9 @@ import os
 import random
 import shutil
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 import torch
 
@@ -49,16 +49,45 @@ class CheckpointError(UserFacingError, RuntimeError):
     """A checkpoint directory is missing, incomplete, or does not fit the backend."""
 
 
+_T = TypeVar("_T")
+
+
+class NumpyRngState(TypedDict):
+    """numpy's legacy global RNG state, ``torch.load(weights_only=True)``-safe."""
+
+    kind: str
+    keys: torch.Tensor  # the uint32 key array as int64
+    pos: int
+    has_gauss: int
+    cached_gaussian: float
+
+
+class RngState(TypedDict):
+    """One process's RNG states (:func:`capture_rng_state`)."""
+
+    torch: torch.Tensor
+    numpy: NumpyRngState
+    python: tuple[int, tuple[int, ...], float | None]  # random.getstate()
+    cuda: list[torch.Tensor] | None
+
+
+class ManifestEntry(TypedDict):
+    """A checkpoint file's entry in the manifest of ``trainer_state.json``."""
+
+    bytes: int
+    sha256: str
+
+
 def rng_file(rank: int) -> str:
     return f"{RNG_DIR}/rank_{rank:05d}.pt"
 
 
-def capture_rng_state() -> dict[str, Any]:
+def capture_rng_state() -> RngState:
     """This process's RNG states in a ``torch.load(weights_only=True)``-safe form."""
     import numpy as np
 
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
+    state: RngState = {
         "torch": torch.get_rng_state(),
         "numpy": {
             "kind": str(kind),
@@ -76,7 +105,7 @@ def capture_rng_state() -> dict[str, Any]:
     return state
 
 
-def restore_rng_state(state: dict[str, Any]) -> None:
+def restore_rng_state(state: RngState) -> None:
     """Inverse of :func:`capture_rng_state`."""
     import numpy as np
 
@@ -93,8 +122,9 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     )
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
 
 
 @contextlib.contextmanager
@@ -150,14 +180,14 @@ def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     save_file(out, str(path))
 
 
-def _save_torch(obj: Any, path: Path) -> None:
+def _save_torch(obj: object, path: Path) -> None:
     # a Python file object, so a failed write surfaces as the OSError (ENOSPC) behind torch's
     # RuntimeError instead of "unexpected pos"
     with path.open("wb") as f:
         torch.save(obj, f)
 
 
-def _seal(path: Path) -> dict[str, Any]:
+def _seal(path: Path) -> ManifestEntry:
     """fsync ``path`` and read it back once: its manifest entry ``{"bytes", "sha256"}``."""
     digest = hashlib.sha256()
     size = 0
@@ -232,16 +262,16 @@ def fault_point(point: str, step: int) -> None:
         os._exit(137)
 
 
-def write_checkpoint(final: str | Path, payload: dict[str, Any]) -> Path:
+def write_checkpoint(final: str | Path, payload: Mapping[str, Any]) -> Path:
     """Write ``payload`` (see :func:`backend_checkpoint.state_dict_for_checkpoint` plus
     ``extra`` and ``rng``: a list of per-rank states) atomically to ``final``. Rank 0 only."""
     final = Path(final)
     current = ""  # the file being written, for the error
-    manifest: dict[str, dict[str, Any]] = {}
+    manifest: dict[str, ManifestEntry] = {}
     try:
         with atomic_directory(final) as tmp:
 
-            def put(name: str, write: Any, obj: Any) -> None:
+            def put(name: str, write: Callable[[_T, Path], None], obj: _T) -> None:
                 nonlocal current
                 current = name
                 write(obj, tmp / name)
@@ -307,7 +337,7 @@ def verify_checkpoint(path: str | Path, *, hashes: bool = True) -> dict[str, Any
     existed is checked for presence and safetensors lengths only."""
     path = Path(path)
     meta = read_meta(path)
-    manifest: dict[str, dict[str, Any]] = meta.get("manifest") or {}
+    manifest: dict[str, ManifestEntry] = meta.get("manifest") or {}
     for name in meta.get("files", []):
         file = path / name
         if not file.is_file():
@@ -337,7 +367,7 @@ def verify_checkpoint(path: str | Path, *, hashes: bool = True) -> dict[str, Any
     return meta
 
 
-def _load(path: Path, name: str, loader: Any) -> Any:
+def _load(path: Path, name: str, loader: Callable[[Path], _T]) -> _T:
     try:
         return loader(path / name)
     except Exception as exc:

@@ -12,17 +12,27 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 DIFFUSERS_WEIGHTS = "pytorch_lora_weights.safetensors"
 PEFT_WEIGHTS = "adapter_model.safetensors"
 
 
+class SavesPretrained(Protocol):
+    """A tokenizer or processor: it writes its own files into a ``save_pretrained`` folder."""
+
+    def save_pretrained(self, save_directory: str) -> object: ...
+
+
 def write_lora_export(
-    path: str | Path, lora_state: dict[str, torch.Tensor], peft_config: Any
+    path: str | Path, lora_state: dict[str, torch.Tensor], peft_config: LoraConfig
 ) -> Path:
     """Write both formats to ``path`` from ``lora_state`` (peft names without the adapter
     name, full tensors) and the adapter's ``peft.LoraConfig``."""
@@ -64,7 +74,7 @@ LORA_KEY_PARTS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding
 
 
 def merged_state(
-    module: torch.nn.Module, adapter: str | None, gather: Any
+    module: torch.nn.Module, adapter: str | None, gather: Callable[[torch.Tensor], torch.Tensor]
 ) -> dict[str, torch.Tensor]:
     """The whole state of ``module`` under its own names, unsharded by ``gather(tensor)`` (a
     collective for DTensors: call on every rank). With ``adapter`` the LoRA of that name is
@@ -104,7 +114,10 @@ def plain_class(module: torch.nn.Module) -> type:
 
 
 def write_pretrained(
-    path: str | Path, model: torch.nn.Module, state: dict[str, torch.Tensor], tokenizer: Any
+    path: str | Path,
+    model: torch.nn.Module,
+    state: dict[str, torch.Tensor],
+    tokenizer: SavesPretrained | None,
 ) -> Path:
     """A ``save_pretrained`` folder of a transformers model that plain
     ``AutoModelFor*.from_pretrained(path)`` loads: ``config.json`` (its ``architectures`` the
@@ -135,7 +148,7 @@ def write_pretrained(
     return path
 
 
-def base_model_reference(bundle: Any) -> str | None:
+def base_model_reference(bundle: object) -> str | None:
     """What an adapter of ``bundle`` is applied to, for ``adapter_config.json``'s
     ``base_model_name_or_path``: the bundle's ``path`` (a hub id or a folder), or the folder a
     ``tiny`` preset was built in (under ``~/.cache/unirl``, which a user cannot guess);

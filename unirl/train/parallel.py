@@ -7,18 +7,21 @@ per block, then ``fully_shard`` per block, then ``fully_shard`` on the root.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed import ProcessGroup
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 
 from unirl.config import require
 from unirl.config.precision import canonical_precision, parse_dtype
+
+_T = TypeVar("_T")
 
 _AC_MARKER = "_unirl_activation_checkpointed"
 
@@ -73,7 +76,7 @@ class FSDPConfig:
     cpu_offload: bool = False
     compile: bool = False
     compile_dynamic: bool | None = False
-    inductor_options: dict[str, Any] | None = None
+    inductor_options: dict[str, object] | None = None
     shard_frozen: bool = True
     data_parallel: str = "shard"
     gather_for_sampling: bool = False
@@ -125,7 +128,7 @@ class SequenceParallelGroup:
     index in it (the fields ``models.common.sequence_parallel.SequenceParallel`` has, which
     the bundle's ``enable_sequence_parallel`` reads; ``train`` does not import ``models``)."""
 
-    group: Any
+    group: ProcessGroup | None
     size: int
     rank: int
 
@@ -178,7 +181,7 @@ def apply_activation_checkpointing(blocks: Iterable[nn.Module]) -> None:
             continue
         inner = block.forward
 
-        def forward(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+        def forward(*args: object, _inner: Callable[..., object] = inner, **kwargs: Any) -> object:
             if not torch.is_grad_enabled():
                 return _inner(*args, **kwargs)
             return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
@@ -192,7 +195,7 @@ COMPILE_RECOMPILE_LIMIT = 64
 
 def apply_compile(
     blocks: Iterable[nn.Module],
-    inductor_options: dict[str, Any] | None = None,
+    inductor_options: Mapping[str, object] | None = None,
     dynamic: bool | None = False,
 ) -> None:
     """``torch.compile`` each block in place (``nn.Module.compile``): names stay unchanged.
@@ -250,16 +253,15 @@ def apply_fsdp(
         if cfg.shard_frozen
         else {p for n, p in module.named_parameters() if not p.requires_grad and "lora_" not in n}
     )
-    kwargs: dict[str, Any] = dict(
-        mesh=mesh,
-        mp_policy=mp_policy,
-        offload_policy=offload,
-        reshard_after_forward=cfg.reshard_after_forward,
-        ignored_params=ignored,
-    )
-    for block in blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(module, **kwargs)
+    for part in [*blocks, module]:
+        fully_shard(
+            part,
+            mesh=mesh,
+            mp_policy=mp_policy,
+            offload_policy=offload,
+            reshard_after_forward=cfg.reshard_after_forward,
+            ignored_params=ignored,
+        )
 
 
 GRAD_BUCKET_BYTES = 256 * 2**20
@@ -386,7 +388,7 @@ def shard_like(full: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=0).to_local()
 
 
-def broadcast_object(obj: Any) -> Any:
+def broadcast_object(obj: _T) -> _T:
     """Rank 0's ``obj`` on every rank (identity when not distributed)."""
     _, world = world_info()
     if world == 1:
@@ -396,26 +398,26 @@ def broadcast_object(obj: Any) -> Any:
     return box[0]
 
 
-def gather_objects(obj: Any) -> list[Any] | None:
+def gather_objects(obj: _T) -> list[_T] | None:
     """Every rank's ``obj`` as a list on rank 0 (``None`` elsewhere)."""
     rank, world = world_info()
     if world == 1:
         return [obj]
-    out: list[Any] | None = [None] * world if rank == 0 else None
+    out: list[object] | None = [None] * world if rank == 0 else None
     dist.gather_object(obj, out, dst=0)
-    return out
+    return cast("list[_T] | None", out)  # filled with every rank's obj
 
 
-def scatter_objects(objs: list[Any] | None) -> Any:
+def scatter_objects(objs: list[_T] | None) -> _T:
     """Rank ``r`` receives ``objs[r]`` from rank 0."""
     rank, world = world_info()
     if world == 1:
         require(objs is not None, "scatter_objects: rank 0 needs the list")
         assert objs is not None  # the require above refuses None
         return objs[0]
-    out: list[Any] = [None]
+    out: list[object] = [None]
     dist.scatter_object_list(out, objs if rank == 0 else None, src=0)
-    return out[0]
+    return cast("_T", out[0])  # rank 0's objs[rank]
 
 
 def barrier() -> None:

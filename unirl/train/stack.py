@@ -20,7 +20,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict
 
 import torch
 from torch.profiler import record_function
@@ -29,11 +29,32 @@ from unirl.algorithms.base import StageAlgorithm
 from unirl.config.require import require
 from unirl.config.typecheck import PositiveFloat, PositiveInt
 from unirl.distributed.group.dispatch import Dispatch, distributed
-from unirl.types import RolloutTrack
+from unirl.types import Batch, Conditions, RolloutTrack
 from unirl.types.resident import RESIDENT, TRAIN_FIELDS, unpark
 
+if TYPE_CHECKING:
+    from unirl.train.backend import FSDPBackend
 
-def _logp_gap(rollout: Any, anchored: Any) -> float:
+# one micro-batch as the stack trains it: (conditions, anchored segment, advantages[B])
+MicroBatch = tuple[Conditions, Batch, torch.Tensor]
+
+
+class TrackTrainResult(TypedDict):
+    """What a train call returns: the metrics of each optimizer step and the checksum of the
+    trainable parameters after them (compared across data-parallel ranks by the driver)."""
+
+    steps: list[dict[str, float]]
+    param_checksum: float
+
+
+class NonfiniteLimit(Protocol):
+    """The knob :class:`OptimizerSteps` reads from its stack's config."""
+
+    @property
+    def max_nonfinite_in_row(self) -> int: ...
+
+
+def _logp_gap(rollout: object, anchored: object) -> float:
     """max |rollout sde_logp − re-anchored sde_logp| (0 when nothing was recomputed)."""
     a, b = getattr(rollout, "sde_logp", None), getattr(anchored, "sde_logp", None)
     if a is None or b is None or a is b or a.numel() == 0:
@@ -161,8 +182,8 @@ class OptimizerSteps:
     rank; stop after ``max_nonfinite_in_row`` in a row), and their resume state. Subclasses
     set ``backend`` and ``config`` (with ``max_nonfinite_in_row``)."""
 
-    backend: Any
-    config: Any
+    backend: FSDPBackend
+    config: NonfiniteLimit
 
     def __init__(self) -> None:
         self.nonfinite_in_row = 0
@@ -170,7 +191,7 @@ class OptimizerSteps:
         self.global_step = 0
 
     def _step_scalars(
-        self, losses: list[Any], grad_norm: torch.Tensor
+        self, losses: list[float | torch.Tensor], grad_norm: torch.Tensor
     ) -> tuple[float, float, bool]:
         """``(loss, grad_norm, finite on every rank)`` with a single host read: all ranks must
         take (or skip) the optimizer step together."""
@@ -242,8 +263,9 @@ class TrainStack(OptimizerSteps):
     a :class:`TrainStackConfig` (the recipe's ``stack:`` keys, ``self.config``)."""
 
     config_class: ClassVar[type[TrainStackConfig]] = TrainStackConfig
+    config: TrainStackConfig
 
-    def __init__(self, *, backend: Any, algorithm: StageAlgorithm, **knobs: Any) -> None:
+    def __init__(self, *, backend: FSDPBackend, algorithm: StageAlgorithm, **knobs: Any) -> None:
         self.config = config = self.config_class(**knobs)
         require(
             config.num_updates_per_batch == 1 or algorithm.supports_multi_update,
@@ -268,7 +290,7 @@ class TrainStack(OptimizerSteps):
         gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + rollout_index)
         return torch.randperm(n, generator=gen)
 
-    def plan_micro_batches(self, segment: Any, n: int) -> list[list[torch.Tensor]]:
+    def plan_micro_batches(self, segment: Batch, n: int) -> list[list[torch.Tensor]]:
         """Row indices (into the ordered track) of every micro-batch, per mini-batch:
         ``num_updates_per_batch`` equal mini-batches of consecutive rows, each cut into
         ``micro_batch_size`` rows or, with ``max_tokens_per_micro_batch``, packed by tokens
@@ -337,14 +359,14 @@ class TrainStack(OptimizerSteps):
         return knobs
 
     @distributed(dispatch=Dispatch.DP_SCATTER)
-    def train_track(self, track: RolloutTrack, rollout_index: int = 0) -> dict[str, Any]:
+    def train_track(self, track: RolloutTrack, rollout_index: int = 0) -> TrackTrainResult:
         """Train on this rank's shard of ``track`` (advantages attached); returns
         ``{"steps": [metrics of each optimizer step]}``. A device out-of-memory error names
         the knobs that lower the step's memory (:meth:`explain_out_of_memory`)."""
         with self.explain_out_of_memory(rollout_index):
             return self._train_track(track, rollout_index)
 
-    def _train_track(self, track: RolloutTrack, rollout_index: int) -> dict[str, Any]:
+    def _train_track(self, track: RolloutTrack, rollout_index: int) -> TrackTrainResult:
         cfg = self.config
         resident_key = track.resident_key
         track = unpark(track, TRAIN_FIELDS)  # parked on this worker by the engine

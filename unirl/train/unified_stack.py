@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -36,9 +36,18 @@ from unirl.algorithms.base import StageAlgorithm
 from unirl.config.require import require
 from unirl.config.typecheck import PositiveFloat, PositiveInt
 from unirl.distributed.group.dispatch import Dispatch, distributed
-from unirl.train.stack import OptimizerSteps, TrainStack, _logp_gap
+from unirl.train.stack import (
+    MicroBatch,
+    OptimizerSteps,
+    TrackTrainResult,
+    TrainStack,
+    _logp_gap,
+)
 from unirl.types import RolloutTrack
 from unirl.types.resident import RESIDENT, TRAIN_FIELDS, unpark
+
+if TYPE_CHECKING:
+    from unirl.train.backend import FSDPBackend
 
 TRACKS = ("text", "image")
 
@@ -102,11 +111,12 @@ class UnifiedTrainStack(OptimizerSteps):
     ``backend`` (see the module docstring)."""
 
     config_class: ClassVar[type[UnifiedTrainStackConfig]] = UnifiedTrainStackConfig
+    config: UnifiedTrainStackConfig
 
     def __init__(
         self,
         *,
-        backend: Any,
+        backend: FSDPBackend,
         text_algorithm: StageAlgorithm,
         image_algorithm: StageAlgorithm,
         **knobs: Any,
@@ -143,7 +153,7 @@ class UnifiedTrainStack(OptimizerSteps):
 
     def prepare(
         self, tracks: dict[str, RolloutTrack], rollout_index: int
-    ) -> dict[str, list[tuple[Any, Any, torch.Tensor]]]:
+    ) -> dict[str, list[MicroBatch]]:
         """Per track, its micro-batches ``(conditions, anchored segment, advantages)`` in
         training order, π_old frozen at that geometry. Both tracks use one permutation."""
         lengths = {len(t) for t in tracks.values()}
@@ -152,7 +162,7 @@ class UnifiedTrainStack(OptimizerSteps):
         order = self.stacks["text"]._order(n, rollout_index)
         device = self.backend.device
         self._anchor_gap = 0.0
-        out: dict[str, list[tuple[Any, Any, torch.Tensor]]] = {}
+        out: dict[str, list[MicroBatch]] = {}
         for name in TRACKS:
             if self.weight(name) == 0.0:  # a track that does not train: no replay, no loss
                 out[name] = []
@@ -168,7 +178,7 @@ class UnifiedTrainStack(OptimizerSteps):
             assert track.conditions is not None and track.segment is not None
             assert track.advantages is not None
             conditions = track.conditions.to(device)
-            segment: Any = track.segment.to(device)
+            segment = track.segment.to(device)
             advantages = track.advantages.float().to(device)
             micro = []
             for idx in stack.plan_micro_batches(track.segment, n)[0]:
@@ -180,13 +190,13 @@ class UnifiedTrainStack(OptimizerSteps):
         return out
 
     def backward(
-        self, micro: dict[str, list[tuple[Any, Any, torch.Tensor]]]
-    ) -> tuple[dict[str, list[Any]], dict[str, list[dict[str, torch.Tensor]]]]:
+        self, micro: dict[str, list[MicroBatch]]
+    ) -> tuple[dict[str, list[float | torch.Tensor]], dict[str, list[dict[str, torch.Tensor]]]]:
         """``zero_grad``, then every micro-batch's loss and backward, each scaled by its track's
         weight times its share of the track; returns the per-track losses and terms. The
         gradient left on the parameters is that of ``Σ_track weight · L_track``."""
         self.backend.zero_grad()
-        losses: dict[str, list[Any]] = {}
+        losses: dict[str, list[float | torch.Tensor]] = {}
         terms: dict[str, list[dict[str, torch.Tensor]]] = {}
         for name in TRACKS:
             algorithm, batch = self.algorithms[name], micro[name]
@@ -209,7 +219,7 @@ class UnifiedTrainStack(OptimizerSteps):
     @distributed(dispatch=Dispatch.DP_SCATTER)
     def train_tracks(
         self, text: RolloutTrack, image: RolloutTrack, rollout_index: int = 0
-    ) -> dict[str, Any]:
+    ) -> TrackTrainResult:
         """One optimizer step on this rank's shards of both tracks (advantages attached);
         returns ``{"steps": [metrics], "param_checksum": float}`` like ``TrainStack``; a
         device out-of-memory error names both tracks' memory knobs."""
@@ -218,7 +228,7 @@ class UnifiedTrainStack(OptimizerSteps):
 
     def _train_tracks(
         self, text: RolloutTrack, image: RolloutTrack, rollout_index: int
-    ) -> dict[str, Any]:
+    ) -> TrackTrainResult:
         keys = {"text": text.resident_key, "image": image.resident_key}
         tracks = {"text": unpark(text, TRAIN_FIELDS), "image": unpark(image, TRAIN_FIELDS)}
         t0 = time.perf_counter()
