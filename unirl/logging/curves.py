@@ -15,12 +15,11 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 from PIL import Image
 
 from unirl.logging.plot import PALETTE, Series, line_chart, stack
-from unirl.logging.trackers import read_jsonl_rows
+from unirl.logging.trackers import as_float, read_jsonl_rows
 
 CURVES_DIR = "curves"
 # ``reward/mean`` or ``<stage>/reward/mean``; a component is ``reward/<name>/mean`` (a name
@@ -34,7 +33,7 @@ TRAIN_PANELS = (
 )
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
+def read_rows(path: Path) -> list[dict[str, object]]:
     """The rows of a metrics ``.jsonl`` (none when it does not exist yet); read only: a torn
     last line is left for the tracker to repair."""
     if not path.exists():
@@ -43,30 +42,34 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _column(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float | None]]:
+def _column(rows: list[dict[str, object]], key: str) -> tuple[list[float], list[float | None]]:
     xs, ys = [], []
     for row in rows:
         if key in row:
-            xs.append(float(row["step"]))
+            xs.append(as_float(row["step"]))
             value = row[key]
-            ys.append(None if value is None else float(value))
+            ys.append(None if value is None else as_float(value))
     return xs, ys
 
 
 def _band(
-    rows: list[dict[str, Any]], mean_key: str
+    rows: list[dict[str, object]], mean_key: str
 ) -> tuple[list[float | None], list[float | None]] | tuple[None, None]:
     std_key = mean_key[: -len("mean")] + "std"
     if not any(std_key in r for r in rows):
         return None, None
-    low, high = [], []
+    low: list[float | None] = []
+    high: list[float | None] = []
     for row in rows:
         if mean_key not in row:
             continue
         m, s = row[mean_key], row.get(std_key)
-        ok = m is not None and s is not None
-        low.append(m - s if ok else None)
-        high.append(m + s if ok else None)
+        if m is None or s is None:
+            low.append(None)
+            high.append(None)
+            continue
+        low.append(as_float(m) - as_float(s))
+        high.append(as_float(m) + as_float(s))
     return low, high
 
 
@@ -74,7 +77,7 @@ def _stage_label(stage: str | None, what: str) -> str:
     return f"{stage} {what}" if stage else what
 
 
-def reward_chart(train: list[dict[str, Any]], evals: list[dict[str, Any]]) -> Image.Image:
+def reward_chart(train: list[dict[str, object]], evals: list[dict[str, object]]) -> Image.Image:
     """Train and eval reward means with their ± std bands, one colour per scored stage."""
     keys = sorted(
         {k for r in train for k in r if REWARD_MEAN.match(k)}, key=lambda k: (k != "reward/mean", k)
@@ -123,7 +126,7 @@ def reward_chart(train: list[dict[str, Any]], evals: list[dict[str, Any]]) -> Im
     return line_chart(series, title="Reward", xlabel="rollout", ylabel="reward (mean)")
 
 
-def component_names(rows: list[dict[str, Any]], prefix: str = "") -> list[str]:
+def component_names(rows: list[dict[str, object]], prefix: str = "") -> list[str]:
     """``[<stage>/]reward/<name>/mean`` keys of the rows (``prefix`` stripped), in first-seen
     order."""
     names: list[str] = []
@@ -137,7 +140,7 @@ def component_names(rows: list[dict[str, Any]], prefix: str = "") -> list[str]:
 
 
 def components_chart(
-    train: list[dict[str, Any]], evals: list[dict[str, Any]]
+    train: list[dict[str, object]], evals: list[dict[str, object]]
 ) -> Image.Image | None:
     """One colour per reward component: train solid, eval dashed with dots. ``None`` when the
     reward reported no components."""
@@ -164,7 +167,7 @@ def components_chart(
     )
 
 
-def train_chart(train: list[dict[str, Any]]) -> Image.Image | None:
+def train_chart(train: list[dict[str, object]]) -> Image.Image | None:
     """Loss, approx KL and grad norm, one panel each, one line per trained stage; ``None``
     when no row has any of them."""
     panels = []

@@ -16,7 +16,10 @@ import os
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 # the losses the plain line shows, by metric suffix (each trained stage's prefix kept)
 LINE_LOSSES = ("train/loss", "train/approx_kl")
@@ -69,7 +72,7 @@ class _ThroughBar:
     and redrawn after it (under tqdm's lock, since Ray prints from its own thread); an
     unfinished line waits for its newline. Everything else is the stream's own."""
 
-    def __init__(self, stream: TextIO, bar: Any) -> None:
+    def __init__(self, stream: TextIO, bar: tqdm) -> None:
         self._stream = stream
         self._bar = bar
         self._pending = ""
@@ -99,7 +102,7 @@ class _ThroughBar:
                 self._emit(self._pending + "\n")
                 self._pending = ""
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self._stream, name)
 
 
@@ -115,8 +118,8 @@ class RolloutProgress:
         self.reward_key = reward_key
         self._first = initial
         self._start = time.perf_counter()
-        self._streams: tuple[Any, Any] | None = None
-        self.bar: Any = None
+        self._streams: tuple[TextIO, TextIO] | None = None
+        self.bar: tqdm | None = None
         if progress_enabled(mode):
             from tqdm import tqdm
 

@@ -18,11 +18,11 @@ import os
 import re
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from markupsafe import Markup
 
 from unirl.logging.curves import CURVES_DIR, component_names, draw_curves, read_rows
+from unirl.logging.trackers import as_float
 
 REPORT = "report.html"
 CURVE_FILES = (
@@ -72,17 +72,17 @@ table.completions td:last-child { text-align: right; }
 """
 
 
-def format_value(value: Any) -> str:
+def format_value(value: object) -> str:
     """How the page prints a number: 4 decimals in [1e-3, 1e5), else 3 significant digits in
     scientific notation; a missing or non-finite value is ``–``."""
     if value is None:
         return "–"
-    value = float(value)
-    if not math.isfinite(value):
+    number = as_float(value)
+    if not math.isfinite(number):
         return "–"
-    if value == 0 or 1e-3 <= abs(value) < 1e5:
-        return f"{value:.4f}"
-    return f"{value:.3e}"
+    if number == 0 or 1e-3 <= abs(number) < 1e5:
+        return f"{number:.4f}"
+    return f"{number:.3e}"
 
 
 def _data_uri(path: Path) -> str:
@@ -128,7 +128,7 @@ def completion_rows(path: Path) -> tuple[list[str], list[list[str]]]:
         columns.append("answer")
     columns.append("reward")
 
-    def cell(record: dict[str, Any], column: str) -> str:
+    def cell(record: dict[str, object], column: str) -> str:
         value = record.get(column)
         if column == "reward":
             return format_value(value)
@@ -138,10 +138,10 @@ def completion_rows(path: Path) -> tuple[list[str], list[list[str]]]:
     return columns, [[cell(r, c) for c in columns] for r in records]
 
 
-def _sample_item(path: Path, root: Path, kind: str) -> dict[str, Any]:
+def _sample_item(path: Path, root: Path, kind: str) -> dict[str, object]:
     step = _step(path)
     label = f"rollout {step}" if kind == "train" else f"after {step} rollouts"
-    item: dict[str, Any] = {"step": step, "label": label, "file": str(path.relative_to(root))}
+    item: dict[str, object] = {"step": step, "label": label, "file": str(path.relative_to(root))}
     if path.suffix == ".jsonl":
         item["columns"], item["rows"] = completion_rows(path)
     else:
@@ -149,7 +149,7 @@ def _sample_item(path: Path, root: Path, kind: str) -> dict[str, Any]:
     return item
 
 
-def sample_section(root: Path, folder: str, kind: str) -> dict[str, Any]:
+def sample_section(root: Path, folder: str, kind: str) -> dict[str, object]:
     """The first and the newest samples of each stage prefix, side by side (one when they are
     the same file): a contact sheet inlined, or a text run's completions as a table. A stage
     that wrote both a sheet and a ``.jsonl`` (a prompt enhancer) shows the sheet."""
@@ -182,7 +182,7 @@ def run_info(root: Path) -> dict[str, str]:
     }
 
 
-def _summary_keys(rows: list[dict[str, Any]]) -> list[str]:
+def _summary_keys(rows: list[dict[str, object]]) -> list[str]:
     present = {k for r in rows for k in r}
     keys = []
     for suffix in SUMMARY_SUFFIXES:
@@ -192,18 +192,18 @@ def _summary_keys(rows: list[dict[str, Any]]) -> list[str]:
     return keys
 
 
-def _last_value(rows: list[dict[str, Any]], key: str) -> Any:
+def _last_value(rows: list[dict[str, object]], key: str) -> object:
     return next((r[key] for r in reversed(rows) if key in r), None)
 
 
-def _first_value(rows: list[dict[str, Any]], key: str) -> Any:
+def _first_value(rows: list[dict[str, object]], key: str) -> object:
     return next((r[key] for r in rows if key in r), None)
 
 
-def _summary(train: list[dict[str, Any]]) -> dict[str, Any]:
+def _summary(train: list[dict[str, object]]) -> dict[str, object]:
     rows = []
     for key in _summary_keys(train):
-        values = [float(r[key]) for r in train if r.get(key) is not None]
+        values = [as_float(r[key]) for r in train if r.get(key) is not None]
         finite = [v for v in values if math.isfinite(v)]
         cells = [
             _first_value(train, key),
@@ -219,7 +219,7 @@ def _summary(train: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _eval_keys(evals: list[dict[str, Any]]) -> list[str]:
+def _eval_keys(evals: list[dict[str, object]]) -> list[str]:
     present = {k for r in evals for k in r}
     keys = sorted(k for k in present if re.fullmatch(r"eval/(?:[^/]+/)?reward/mean", k))
     return keys + [f"eval/{k}" for k in component_names(evals, "eval/") if f"eval/{k}" not in keys]

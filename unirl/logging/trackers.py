@@ -7,15 +7,26 @@ import json
 import math
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Protocol, SupportsFloat
 
 
-def _clean(metrics: dict[str, Any]) -> dict[str, float]:
+def as_float(value: object) -> float:
+    """``float(value)`` of a metric read back from JSON (a number, or a numeric string);
+    anything else raises the TypeError ``float`` raises."""
+    if isinstance(value, SupportsFloat | str):
+        return float(value)
+    raise TypeError(
+        f"float() argument must be a string or a real number, not {type(value).__name__!r}"
+    )
+
+
+def _clean(metrics: Mapping[str, object]) -> dict[str, float]:
     out = {}
     for k, v in metrics.items():
         try:
-            out[k] = float(v)
+            out[k] = as_float(v)
         except (TypeError, ValueError):
             continue
     return out
@@ -34,7 +45,7 @@ class LocalTracker:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = self.dir / f"{prefix}.jsonl"
         self.csv = self.dir / f"{prefix}.csv"
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[dict[str, object]] = []
         if self.jsonl.exists():  # resume: keep history, the CSV is rebuilt from it
             self.rows, repair = read_jsonl_rows(self.jsonl)
             if repair is not None:
@@ -44,7 +55,7 @@ class LocalTracker:
     def truncate_after(self, step: int) -> int:
         """Drop rows past ``step`` (a resumed run rewrites what the killed run logged after
         its last checkpoint); returns how many were dropped. The rewrite is atomic."""
-        kept = [r for r in self.rows if r.get("step", -1) <= step]
+        kept = [r for r in self.rows if as_float(r.get("step", -1)) <= step]
         dropped = len(self.rows) - len(kept)
         if dropped:
             self.rows = kept
@@ -62,7 +73,7 @@ class LocalTracker:
         self._write_csv()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        row: dict[str, Any] = {"step": step, **_clean(metrics)}
+        row: dict[str, object] = {"step": step, **_clean(metrics)}
         row = {
             k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in row.items()
@@ -87,14 +98,14 @@ class LocalTracker:
         pass
 
 
-def read_jsonl_rows(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+def read_jsonl_rows(path: Path) -> tuple[list[dict[str, object]], str | None]:
     """The rows of a metrics ``.jsonl`` and, when its end needs repair, what was wrong: a
     torn (unparsable) last line, or a last line without its newline. Raises ``ValueError``
     naming file and line for an unparsable line before the last."""
     text = path.read_bytes().decode("utf-8", errors="replace")
     lines = text.split("\n")
     numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, object]] = []
     repair = None
     for k, (number, line) in enumerate(numbered):
         try:
@@ -161,7 +172,7 @@ class TensorBoardTracker:
         self.writer.close()
 
 
-def sample_table(path: Path) -> tuple[list[str], list[list[Any]]]:
+def sample_table(path: Path) -> tuple[list[str], list[list[object]]]:
     """``(columns, rows)`` of a text run's samples file (one JSON object per line): every key
     any row has, in first-seen order."""
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -171,7 +182,7 @@ def sample_table(path: Path) -> tuple[list[str], list[list[Any]]]:
     return columns, [[r.get(c) for c in columns] for r in records]
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     """One markdown table cell: pipes escaped, one line."""
     return str(value).replace("|", "\\|").replace("\n", " ")
 
@@ -186,7 +197,7 @@ class WandbTracker:
         *,
         project: str | None,
         run_name: str | None,
-        config: dict[str, Any],
+        config: dict[str, object],
     ) -> None:
         try:
             import wandb
@@ -226,7 +237,7 @@ class WandbTracker:
         text run's ``.jsonl`` samples as a ``wandb.Table``."""
         import wandb
 
-        item: Any
+        item: object
         if path.suffix == ".jsonl":
             columns, rows = sample_table(path)
             item = wandb.Table(columns=list[str | int](columns), data=rows)
@@ -247,10 +258,21 @@ def _overrides(argv: list[str]) -> dict[str, str]:
     return {key.rsplit(".", 1)[-1]: value for key, value in pairs}
 
 
+class ExternalTracker(Protocol):
+    """A tracker besides the local files (``TensorBoardTracker``, ``WandbTracker``): it also
+    takes media."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def log_media(self, step: int, name: str, path: Path) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class MultiTracker:
     """Fans one ``log`` out to every configured tracker."""
 
-    def __init__(self, trackers: list[Any]) -> None:
+    def __init__(self, trackers: list[LocalTracker | ExternalTracker]) -> None:
         self.trackers = trackers
 
     @property
@@ -282,11 +304,11 @@ def build_trackers(
     names: list[str],
     output_dir: str | Path,
     *,
-    config: dict[str, Any],
+    config: dict[str, object],
     wandb_project: str | None = None,
     wandb_run_name: str | None = None,
 ) -> MultiTracker:
-    trackers: list[Any] = [LocalTracker(output_dir)]
+    trackers: list[LocalTracker | ExternalTracker] = [LocalTracker(output_dir)]
     if "tensorboard" in names:
         trackers.append(TensorBoardTracker(output_dir))
     if "wandb" in names:
