@@ -611,6 +611,36 @@ def test_reward_service_scores_tracks_with_the_vlm_rewards(hps_dir, va_dir):
     assert torch.equal(scored.rewards, direct)
 
 
+def test_reward_service_scores_edit_and_judge_tracks(er_dir, ur_dir, wise_dir):
+    results, sources = _images(2, seed=14), _images(2, seed=15)
+    er = EditReward(path=er_dir, **PIX)
+    track = RolloutTrack(
+        sample_ids=torch.arange(2),
+        group_ids=torch.tensor([0, 0]),
+        decoded=Images(pixels=results),
+        prompts=PROMPTS[:2],
+        references=Images(pixels=sources),
+    )
+    scored, metrics = RewardService(backend=er).score_track(track)
+    direct = er.score_edit(results, sources, PROMPTS[:2], [{}] * 2).scores["edit_reward"]
+    assert torch.equal(scored.rewards, direct)
+    assert "edit_reward/quality" in metrics
+    plain = RolloutTrack(
+        sample_ids=torch.arange(2),
+        group_ids=torch.tensor([0, 0]),
+        decoded=Images(pixels=results),
+        prompts=PROMPTS[:2],
+        metadata=[{"explanation": "x"}, {"explanation": "y"}],
+    )
+    judge = UnifiedReward(path=ur_dir, max_new_tokens=8, **PIX)
+    scored, _ = RewardService(backend=judge).score_track(plain)
+    assert scored.rewards.tolist() == [4.0, 4.0]
+    wise = WISEJudge(path=wise_dir, max_new_tokens=8, **PIX)
+    scored, metrics = RewardService(backend=wise).score_track(plain)
+    assert scored.rewards.tolist() == pytest.approx([0.8, 0.8])
+    assert metrics["wise/unparsed"] == 0.0
+
+
 # -- loading errors -----------------------------------------------------------------------------
 def test_missing_head_or_reward_token_is_one_line_naming_the_fix(tmp_path, hps_dir, noise_dir):
     import shutil
@@ -635,7 +665,9 @@ def test_missing_head_or_reward_token_is_one_line_naming_the_fix(tmp_path, hps_d
 
 
 # -- behind the standalone reward service -------------------------------------------------------
-def test_the_reward_service_serves_the_vlm_rewards_over_http(hps_dir, er_dir, va_dir):
+def test_the_reward_service_serves_the_vlm_rewards_over_http(
+    hps_dir, er_dir, va_dir, ur_dir, wise_dir, noise_dir
+):
     """A real ``unirl-reward-service`` on loopback: PNG images / frames survive the trip bit for
     bit, so the remote scores equal the in-process ones exactly."""
     service = pytest.importorskip("unirl_reward_service")
@@ -653,6 +685,24 @@ def test_the_reward_service_serves_the_vlm_rewards_over_http(hps_dir, er_dir, va
                 "path": va_dir,
                 "max_pixels": 3136,
             },
+            "unified": {
+                "_target_": "unirl.reward.local.UnifiedReward",
+                "path": ur_dir,
+                "max_new_tokens": 8,
+                **PIX,
+            },
+            "wise": {
+                "_target_": "unirl.reward.local.WISEJudge",
+                "path": wise_dir,
+                "max_new_tokens": 8,
+                **PIX,
+            },
+            "noise": {
+                "_target_": "unirl.reward.local.UnifiedReward",
+                "path": noise_dir,
+                "max_new_tokens": 4,
+                **PIX,
+            },
         },
     }
     images, sources = _images(3, seed=10), _images(3, seed=11)
@@ -664,6 +714,12 @@ def test_the_reward_service_serves_the_vlm_rewards_over_http(hps_dir, er_dir, va
         got_edit = edit.score_edit(images, sources, PROMPTS, [{}] * 3)
         video = RemoteRewardBackend(url=url, reward="video", components=("videoalign",))
         got_video = video.score_video(videos, 8.0, PROMPTS[:2], [{}] * 2)
+        judge = RemoteRewardBackend(url=url, reward="unified", components=("unified_reward",))
+        got_judge = judge.score(images, PROMPTS, [{}] * 3)
+        wise = RemoteRewardBackend(url=url, reward="wise", components=("wise",))
+        got_wise = wise.score(images, PROMPTS, [{"explanation": "e"}] * 3)
+        noise = RemoteRewardBackend(url=url, reward="noise", components=("unified_reward",))
+        got_noise = noise.score(images[:1], PROMPTS[:1], [{}])
     local = HPSv3(path=hps_dir, **PIX).score(images, PROMPTS, [{}] * 3).scores["hpsv3"]
     assert torch.equal(got.scores["hpsv3"], local)
     assert got.errors["hpsv3"] == [None] * 3
@@ -673,6 +729,11 @@ def test_the_reward_service_serves_the_vlm_rewards_over_http(hps_dir, er_dir, va
         videos, 8.0, PROMPTS[:2], [{}] * 2
     )
     assert torch.equal(got_video.scores["videoalign"], local_video.scores["videoalign"])
+    assert got_judge.scores["unified_reward"].tolist() == [4.0, 4.0, 4.0]
+    assert got_wise.scores["wise"].tolist() == pytest.approx([0.8] * 3)
+    # an unreadable answer crosses the wire as NaN with the server's error, not as 0
+    assert torch.isnan(got_noise.scores["unified_reward"]).all()
+    assert "no 'Final Score: <number>'" in got_noise.errors["unified_reward"][0]
 
 
 # -- checkpoint conversion ----------------------------------------------------------------------
