@@ -23,14 +23,22 @@ def check(data: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     return cfg, objs
 
 
+def trainer(data: dict[str, Any], *, dry: bool = False) -> Any:
+    """The validated recipe's trainer (``dry``: to plan only, writing nothing)."""
+    from unirl.trainer.diffusion import DiffusionTrainer
+
+    cfg, _ = check(data)
+    return DiffusionTrainer(cfg, data, dry=dry)
+
+
 def run(data: dict[str, Any]) -> int:
     """Validate the composed recipe before any Ray work; then dry-run or train."""
     from unirl.config.dry_run import print_dry_run
-    from unirl.trainer.diffusion import plan_roles, run_diffusion
+    from unirl.trainer.diffusion import DiffusionTrainer, run_diffusion
 
     cfg, objs = check(data)
     if cfg.dry_run:
-        print_dry_run(cfg, objs, plan_roles(cfg))
+        print_dry_run(cfg, objs, DiffusionTrainer(cfg, data, dry=True).planned())
         return 0
     return run_diffusion(cfg, data)
 

@@ -29,16 +29,24 @@ def check(data: dict[str, Any]) -> tuple[Any, ...]:
     return cfg, objs, pe, drawer_cfg, drawer_objs
 
 
+def trainer(data: dict[str, Any], *, dry: bool = False) -> Any:
+    """The validated recipe's trainer (``dry``: to plan only, writing nothing)."""
+    from unirl.trainer.pe import PETrainer
+
+    cfg, _, pe, _, _ = check(data)
+    return PETrainer(cfg, data, pe, dry=dry)
+
+
 def run(data: dict[str, Any]) -> int:
     """Validate the composed recipe (the policy's blocks, then the ``pe`` block and the
     drawer's) before any Ray work; then dry-run or train."""
     from unirl.config.dry_run import print_dry_run, print_section
-    from unirl.trainer.pe import run_pe
-    from unirl.trainer.pe_config import drawer_summary, plan_roles
+    from unirl.trainer.pe import PETrainer, run_pe
+    from unirl.trainer.pe_config import drawer_summary
 
     cfg, objs, pe, drawer_cfg, drawer_objs = check(data)
     if cfg.dry_run:
-        print_dry_run(cfg, objs, plan_roles(cfg, pe))
+        print_dry_run(cfg, objs, PETrainer(cfg, data, pe, dry=True).planned())
         print_section("drawer (pe.diffusion)", drawer_summary(pe, drawer_cfg, drawer_objs))
         return 0
     return run_pe(cfg, data, pe)

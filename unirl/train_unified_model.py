@@ -25,20 +25,28 @@ def check(data: dict[str, Any]) -> tuple[Any, ...]:
     return cfg, objs, unified, sampling
 
 
+def trainer(data: dict[str, Any], *, dry: bool = False) -> Any:
+    """The validated recipe's trainer (``dry``: to plan only, writing nothing)."""
+    from unirl.trainer.unified_model import UnifiedModelTrainer
+
+    cfg, _, unified, _ = check(data)
+    return UnifiedModelTrainer(cfg, data, unified, dry=dry)
+
+
 def run(data: dict[str, Any]) -> int:
     """Validate the composed recipe (the text stage's blocks, then the ``unified`` block and
     the image stage's) before any Ray work; then dry-run or train."""
     from unirl.config.dry_run import print_dry_run, print_section
     from unirl.trainer.unified_model import (
+        UnifiedModelTrainer,
         check_trainable_here,
         image_summary,
-        plan_roles,
         run_unified,
     )
 
     cfg, objs, unified, sampling = check(data)
     if cfg.dry_run:
-        print_dry_run(cfg, objs, plan_roles(cfg, unified))
+        print_dry_run(cfg, objs, UnifiedModelTrainer(cfg, data, unified, dry=True).planned())
         print_section(
             "image stage (unified.image) and the joint loss", image_summary(cfg, objs, sampling)
         )

@@ -53,6 +53,14 @@ def check_eval_images(cfg: Any) -> None:
         )
 
 
+def trainer(data: dict[str, Any], *, dry: bool = False) -> Any:
+    """The validated recipe's trainer (``dry``: to plan only, writing nothing)."""
+    from unirl.trainer.ar import ARTrainer
+
+    cfg, _ = check(data)
+    return ARTrainer(cfg, data, dry=dry)
+
+
 def run(data: dict[str, Any]) -> int:
     """Validate the composed recipe before any Ray work; then dry-run or train."""
     from unirl.config.dry_run import print_dry_run
@@ -60,7 +68,7 @@ def run(data: dict[str, Any]) -> int:
 
     cfg, objs = check(data)
     if cfg.dry_run:
-        print_dry_run(cfg, objs, ARTrainer.plan(cfg, data))
+        print_dry_run(cfg, objs, ARTrainer(cfg, data, dry=True).planned())
         return 0
     return run_ar(cfg, data)
 

@@ -40,9 +40,24 @@ def test_recipe_composes_and_validates(recipe: str, tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=REFUSED[recipe]):
             validate(data)
         return
-    cfg, objs = importlib.import_module(ENTRY_BY_DOMAIN[recipe.split("/")[0]]).check(data)[:2]
+    entry = importlib.import_module(ENTRY_BY_DOMAIN[recipe.split("/")[0]])
+    cfg, objs = entry.check(data)[:2]
     assert cfg.dry_run is True
     assert objs["sampling"].samples_per_prompt >= 1
+    # the dry run's plan is the trainer's own placement on a plan-only pool: every block the
+    # recipe names is a role (or built by one), every role sits inside the pool, nothing written
+    rows = entry.trainer(data, dry=True).planned()
+    placed = " ".join(target for _, target, _ in rows)
+    for name in ("bundle", "pipeline", "backend", "algorithm", "stack", "rollout", "reward"):
+        block = data.get(name) or {}
+        if "_target_" in block:
+            assert str(block["_target_"]) in placed, (name, block["_target_"], rows)
+    for role, _, where in rows:
+        ranks = re.fullmatch(r"pool ranks (\d+)(?:-(\d+))?(?: .*)?", where)
+        assert ranks is not None, (role, where)
+        assert int(ranks.group(2) or ranks.group(1)) < cfg.num_devices, (role, where)
+    assert len({role for role, _, _ in rows}) == len(rows)
+    assert not (tmp_path / "run").exists()  # a plan writes nothing
 
 
 @pytest.mark.parametrize("case", BROKEN, ids=lambda p: p.stem)

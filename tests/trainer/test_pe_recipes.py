@@ -56,16 +56,19 @@ def test_sglang_recipes_dry_run_with_the_served_policy(
     assert "no Ray started" in out and "layout=colocate" in out
     plan = {
         m.group(1): (m.group(2), m.group(3))
-        for m in re.finditer(r"^  (\S+)\s+(unirl\.\S+)\s+(.+)$", out, re.M)
+        for m in re.finditer(r"^  (\S+)\s+(unirl\.\S+(?: \(\S+\))?)\s+(pool ranks .+)$", out, re.M)
     }
-    assert plan["pe_engine"][0] == "unirl.rollout.engine.sglang_llm.SGLangLLMEngine"
-    assert plan["pe_sync"] == (f"unirl.distributed.weight_sync.{sync}", COLOCATE + " -> rollout")
+    assert plan["pe_engine"] == ("unirl.rollout.engine.sglang_llm.SGLangLLMEngine", COLOCATE)
+    assert plan["pe_sync_source"] == (
+        f"unirl.distributed.weight_sync.source.SyncSource (sync=unirl.distributed.weight_sync.{sync})",
+        COLOCATE,
+    )
     assert plan["rollout"] == ("unirl.rollout.engine.composed.ComposedEngine", COLOCATE)
     assert plan["diffusion_pipeline"] == ("unirl.models.sd3.SD3Pipeline", COLOCATE)
     assert re.search(r"train_both\s+False", out)
 
 
-COLOCATE = "all workers (colocate)"
+COLOCATE = "pool ranks 0-7 dp=8"  # every role on every worker of the 8-device recipe
 
 
 def test_a_separate_served_policy_puts_engine_drawer_and_reward_on_the_rollout_slab(
@@ -80,10 +83,10 @@ def test_a_separate_served_policy_puts_engine_drawer_and_reward_on_the_rollout_s
     )
     assert run(data) == 0
     out = capsys.readouterr().out
-    assert re.search(r"pe_backend\s+\S+\s+train slab: pool ranks 0-3$", out, re.M)
-    assert re.search(r"pe_sync\s+\S+\s+train slab: pool ranks 0-3 -> rollout$", out, re.M)
+    for role in ("train_world", "pe_backend", "pe_sync_source"):
+        assert re.search(rf"^  {role}\s+.+\s+pool ranks 0-3 dp=4$", out, re.M), role
     for role in ("pe_engine", "diffusion_bundle", "rollout", "reward"):
-        assert re.search(rf"^  {role}\s+\S+\s+rollout slab: pool ranks 4-7$", out, re.M), role
+        assert re.search(rf"^  {role}\s+.+\s+pool ranks 4-7 dp=4$", out, re.M), role
 
 
 def test_a_served_policy_refuses_what_it_cannot_place(tmp_path: Path) -> None:
@@ -250,9 +253,11 @@ def test_a_trained_drawer_beside_a_served_policy_is_checked_as_its_own_recipe(
     out = capsys.readouterr().out
     assert re.search(r"sampled_by\s+its dedicated engine \(synced\)", out)
     assert re.search(
-        r"^  diffusion_sync\s+\S+LoraSync\s+all workers \(colocate\) -> rollout$", out, re.M
+        r"^  diffusion_sync_source\s+\S+SyncSource \(sync=\S+LoraSync\)\s+" + COLOCATE + "$",
+        out,
+        re.M,
     )
-    assert re.search(r"^  diffusion_engine\s+\S+DedicatedEngine\s+all workers", out, re.M)
+    assert re.search(r"^  diffusion_engine\s+\S+DedicatedEngine\s+" + COLOCATE, out, re.M)
 
 
 def test_a_dedicated_drawer_is_refused_where_it_cannot_be_synced(tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ def test_dry_run_prints_the_sp_groups(tmp_path: Path, capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     placement = [line for line in out.splitlines() if line.lstrip().startswith("backend ")]
     assert len(placement) == 1
-    assert placement[0].endswith("sp=2 dp=2, SP groups (pool ranks) [0, 1], [2, 3]")
+    assert placement[0].endswith("pool ranks 0-3 dp=2 sp=2, SP groups (pool ranks) [0, 1], [2, 3]")
     assert "  train_ranks                  2\n" in out
     assert "  sequence_parallel_size       2\n" in out
 

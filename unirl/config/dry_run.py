@@ -54,12 +54,20 @@ def batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> dict[str, Any]:
     return geometry
 
 
+def print_plan(roles: list[tuple[str, str, str]]) -> None:
+    """``[unirl] placement plan:`` and one line per ``(role, target, where)`` row (a pool's
+    ``plan_rows()``): printed by ``dry_run`` and by the real run once its roles are up."""
+    print("[unirl] placement plan:", flush=True)
+    wide = max((len(name) for name, _, _ in roles), default=0)
+    tall = max((len(target) for _, target, _ in roles), default=0)
+    for name, target, slab in roles:
+        print(f"  {name:<{wide}}  {target:<{tall}}  {slab}", flush=True)
+
+
 def print_dry_run(cfg: RunConfig, objs: dict[str, Any], roles: list[tuple[str, str, str]]) -> None:
     print("[unirl] dry run: recipe composed and validated; no weights loaded, no Ray started")
     print(f"[unirl] devices: {cfg.num_devices} x {cfg.device}, layout={cfg.layout}")
-    print("[unirl] placement plan:")
-    for name, target, slab in roles:
-        print(f"  {name:<10} {target:<55} {slab}")
+    print_plan(roles)
     print("[unirl] batch geometry:")
     for k, v in batch_geometry(cfg, objs).items():
         print(f"  {k:<28} {v}")

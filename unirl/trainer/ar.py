@@ -20,10 +20,11 @@ from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
 from unirl.config.validate import engine_kind
 from unirl.data.media import ReferenceImages
-from unirl.distributed.group import DevicePool, Handle, placement, remote
+from unirl.distributed.group import Handle, placement, remote
 from unirl.distributed.group.dispatch import Dispatch, distributed
+from unirl.distributed.group.pool import PoolBase
 from unirl.trainer.base import StageTrainer
-from unirl.trainer.dedicated import DedicatedLayout, SyncedRollout, plan_dedicated_roles
+from unirl.trainer.dedicated import DedicatedLayout, SyncedRollout
 from unirl.trainer.request import prompt_metadata, prompt_texts, rollout_ids, text_request
 from unirl.trainer.roles import RewardWorker, TrainOps
 from unirl.trainer.stage import Stage
@@ -118,25 +119,6 @@ class TextDedicatedLayout(DedicatedLayout):
         return text_train_roles(self.cfg)
 
 
-def plan_roles(cfg: RunConfig) -> list[tuple[str, str, str]]:
-    """``(role, _target_, slab)`` in creation order — printed by ``dry_run``."""
-    if engine_kind(cfg) != "trainside":
-        return plan_dedicated_roles(cfg)
-    blocks = [
-        ("bundle", cfg.bundle),
-        ("pipeline", cfg.pipeline),
-        ("backend", cfg.backend),
-        ("algorithm", cfg.algorithm),
-        ("stack", cfg.stack),
-        ("rollout", cfg.rollout),
-        ("reward", cfg.reward),
-    ]
-    if cfg.sync is not None:
-        blocks.append(("sync", cfg.sync))
-    slab = "all workers (colocate)" if cfg.layout == "colocate" else "see layout"
-    return [(name, str((block or {}).get("_target_", "?")), slab) for name, block in blocks]
-
-
 class ARTrainOps(TrainOps):
     """:class:`TrainOps` plus what the text trainer reads from its family."""
 
@@ -172,16 +154,16 @@ class ARTrainer(StageTrainer):
     (every role a sibling on every worker) or on SGLang's server (colocated or on its own
     slab, with weight sync). ``run()`` returns the process exit code."""
 
-    def __init__(self, cfg: RunConfig, data: dict[str, Any]) -> None:
+    def __init__(self, cfg: RunConfig, data: dict[str, Any], *, dry: bool = False) -> None:
         check_ar_recipe(cfg)
-        super().__init__(cfg, data)
+        super().__init__(cfg, data, dry=dry)
         self.sampling: ARSamplingParams = instantiate(cfg.sampling, _convert_="object")
         size = bundle_image_size(cfg)  # a vision-language family: one image per prompt
         self.images = ReferenceImages(size, size) if size is not None else None
 
     # -- placement -----------------------------------------------------------------------------
 
-    def place(self, pool: DevicePool) -> None:
+    def place_roles(self, pool: PoolBase) -> None:
         cfg = self.cfg
         train_ranks, rollout_ranks = cfg.slab_sizes()
         sync = None
@@ -214,7 +196,9 @@ class ARTrainer(StageTrainer):
                 exports_model=(cfg.backend or {}).get("lora") is None,
             )
         ]
-        info = ops.describe_policy()
+
+    def after_place(self) -> None:
+        info = self.stages[0].ops.describe_policy()
         print(
             f"[unirl] trainable parameters: {info['trainable_params']:,} on {info['device']} "
             f"(vocabulary {info['vocab_size']:,}, stop tokens {info['stop_token_ids']})",

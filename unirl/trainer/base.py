@@ -18,10 +18,12 @@ from typing import Any
 import torch
 
 from unirl.algorithms.advantages import advantages_for
+from unirl.config.dry_run import print_plan
 from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
 from unirl.config.secrets import redact_secrets, secret_values
-from unirl.distributed.group import DevicePool, DevicePoolConfig, StalledCallError
+from unirl.distributed.group import DevicePool, DevicePoolConfig, DryRunPool, StalledCallError
+from unirl.distributed.group.pool import PoolBase
 from unirl.logging import LocalTracker, build_trackers, contact_sheet, edit_sheet, video_sheet
 from unirl.logging.progress import RolloutProgress
 from unirl.logging.report import refresh_run_views
@@ -156,12 +158,13 @@ class StageTrainer:
     ``run()`` returns the process exit code.
     """
 
-    def __init__(self, cfg: RunConfig, data: dict[str, Any]) -> None:
+    def __init__(self, cfg: RunConfig, data: dict[str, Any], *, dry: bool = False) -> None:
+        """``dry``: built only to plan (:meth:`plan`): no output folder is made."""
         from hydra.utils import instantiate
 
         self.cfg = cfg
         self.data = data
-        self.out = OutputDir(cfg.output_dir)
+        self.out = OutputDir(cfg.output_dir, create=not dry)
         self.data_source = instantiate(cfg.data_source, _convert_="object")
         self.data_source.set_prompts_per_rollout(cfg.batch_size)
         self.eval_held_out = self._hold_out_eval_prompts()
@@ -186,9 +189,29 @@ class StageTrainer:
 
     # -- the domain's part -------------------------------------------------------------------
 
-    def place(self, pool: DevicePool) -> None:
-        """Build every role in its placement block; set ``self.rollout`` and ``self.stages``."""
+    def place_roles(self, pool: PoolBase) -> None:
+        """Build every role in its placement block; set ``self.rollout`` and ``self.stages``.
+        Nothing here may call a role except behind ``pool.plans_only`` (the dry run places
+        on a :class:`DryRunPool` with this same method)."""
         raise NotImplementedError
+
+    def after_place(self) -> None:
+        """What the driver reads from the placed roles (the family's σ schedules and latent
+        geometry, parameter counts); runs in a real run only."""
+
+    def place(self, pool: PoolBase) -> None:
+        """:meth:`place_roles`, then :meth:`after_place`."""
+        self.place_roles(pool)
+        self.after_place()
+
+    def planned(self) -> list[tuple[str, str, str]]:
+        """The placement plan ``dry_run`` prints: :meth:`place_roles` on a :class:`DryRunPool`
+        of the recipe's pool (no Ray, no weights); ``(role, target, where)`` rows, the same
+        rows the real run prints once its roles are up (a trainer built with ``dry=True``
+        writes nothing)."""
+        pool = DryRunPool(DevicePoolConfig.of(self.cfg))
+        self.place_roles(pool)
+        return pool.plan_rows()
 
     def build_request(
         self, prompts: list[Any], rollout_index: int, *, mode: str = "train"
@@ -308,6 +331,7 @@ class StageTrainer:
         try:
             with stop:
                 self.place(pool)
+                print_plan(pool.plan_rows())
                 self.stages = order_stages(self.stages)
                 if resume_from is not None and state is not None:
                     self.resume(resume_from, state)

@@ -23,8 +23,9 @@ import datetime
 from dataclasses import dataclass
 
 from unirl.config.run import RunConfig
-from unirl.distributed.group import DevicePool, Handle, ParallelSizes, placement, remote
+from unirl.distributed.group import Handle, ParallelSizes, placement, remote
 from unirl.distributed.group.dispatch import Dispatch, distributed
+from unirl.distributed.group.pool import PoolBase
 from unirl.distributed.weight_sync import SyncSource, WeightSync, WeightSyncDriver, build_sync
 from unirl.distributed.weight_sync.group import free_port, node_address
 from unirl.trainer.roles import RewardWorker, TrainOps
@@ -57,25 +58,18 @@ class SlabWorld:
         return int(dist.get_world_size())
 
 
-def plan_dedicated_roles(cfg: RunConfig) -> list[tuple[str, str, str]]:
-    """``(role, _target_, slab)`` for ``dry_run`` (no Ray)."""
-    train, _ = cfg.slab_sizes()
-    if cfg.layout == "separate":
-        train_slab = f"train slab: pool ranks 0-{train - 1}"
-        rollout_slab = f"rollout slab: pool ranks {train}-{cfg.num_devices - 1}"
-    else:
-        train_slab = rollout_slab = "all workers (colocate)"
-    target = lambda block: str((block or {}).get("_target_", "?"))  # noqa: E731
-    return [
-        ("bundle", target(cfg.bundle), train_slab),
-        ("pipeline", target(cfg.pipeline), train_slab),
-        ("backend", target(cfg.backend), train_slab),
-        ("algorithm", target(cfg.algorithm), train_slab),
-        ("stack", target(cfg.stack), train_slab),
-        ("sync", target(cfg.sync), train_slab + " -> rollout"),
-        ("rollout", target(cfg.rollout), rollout_slab),
-        ("reward", target(cfg.reward), rollout_slab),
-    ]
+def train_slab_world(pool: PoolBase, cfg: RunConfig, timeout_s: float) -> None:
+    """In the separate layout's train block: the train slab's own ``torch.distributed`` world
+    (FSDP shards over the train workers only), a :class:`SlabWorld` role; its rendezvous is
+    skipped on a plan-only pool. One train worker needs none."""
+    n_train, _ = cfg.slab_sizes()
+    if n_train < 2:
+        return
+    world = remote(SlabWorld, name="train_world")
+    if not pool.plans_only:
+        host, port = world.endpoint()
+        backend = "gloo" if cfg.device == "cpu" else "cpu:gloo,cuda:nccl"
+        world.init(host, port, backend, float(timeout_s))
 
 
 def train_roles(cfg: RunConfig, parallel: ParallelSizes | None = None) -> dict[str, Handle]:
@@ -180,7 +174,7 @@ class SyncedRollout:
 class DedicatedLayout:
     """Builds the roles of a dedicated-engine run on ``pool`` and its sync driver."""
 
-    def __init__(self, cfg: RunConfig, pool: DevicePool) -> None:
+    def __init__(self, cfg: RunConfig, pool: PoolBase) -> None:
         self.cfg = cfg
         self.sync: WeightSync = build_sync(cfg.sync)
         self.colocate = cfg.layout == "colocate"
@@ -202,7 +196,7 @@ class DedicatedLayout:
     def _train_roles(self) -> dict[str, Handle]:
         return train_roles(self.cfg)
 
-    def _build_colocate(self, pool: DevicePool) -> DedicatedRoles:
+    def _build_colocate(self, pool: PoolBase) -> DedicatedRoles:
         cfg = self.cfg
         if cfg.num_devices > 1:
             pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
@@ -217,18 +211,17 @@ class DedicatedLayout:
                 sync=cfg.sync,
                 engine=engine,
             )
-        engine.sleep()  # asleep until the first rollout wakes it (checkpoint loading may come first)
+        if (
+            not pool.plans_only
+        ):  # asleep until the first rollout wakes it (checkpoint loading may come first)
+            engine.sleep()
         return DedicatedRoles(engine=engine, reward=reward, source=source, **train)
 
-    def _build_separate(self, pool: DevicePool) -> DedicatedRoles:
+    def _build_separate(self, pool: PoolBase) -> DedicatedRoles:
         cfg = self.cfg
         n_train, n_rollout = cfg.slab_sizes()
         with placement(pool, devices=n_train, shared_workers=False):
-            if n_train > 1:
-                world = remote(SlabWorld, name="train_world")
-                host, port = world.endpoint()
-                backend = "gloo" if cfg.device == "cpu" else "cpu:gloo,cuda:nccl"
-                world.init(host, port, backend, float(self.sync.timeout_s))
+            train_slab_world(pool, cfg, self.sync.timeout_s)
             train = self._train_roles()
             source = remote(SyncSource, name="sync_source", backend=train["backend"], sync=cfg.sync)
         with placement(pool, devices=n_rollout, shared_workers=False):
@@ -249,6 +242,6 @@ class DedicatedLayout:
         self.rollout.close()
 
 
-def build_dedicated_layout(cfg: RunConfig, pool: DevicePool) -> DedicatedLayout:
+def build_dedicated_layout(cfg: RunConfig, pool: PoolBase) -> DedicatedLayout:
     """The roles and sync driver of a run whose rollout engine is not trainside."""
     return DedicatedLayout(cfg, pool)

@@ -16,41 +16,16 @@ from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
 from unirl.config.validate import declared, engine_kind, locate
 from unirl.data.media import ReferenceImages, has_references
-from unirl.distributed.group import DevicePool, ParallelSizes, placement, remote
+from unirl.distributed.group import ParallelSizes, placement, remote
+from unirl.distributed.group.pool import PoolBase
 from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.base import StageTrainer
-from unirl.trainer.dedicated import build_dedicated_layout, plan_dedicated_roles, train_roles
+from unirl.trainer.dedicated import build_dedicated_layout, train_roles
 from unirl.trainer.roles import RewardWorker
 from unirl.trainer.stage import Stage
 from unirl.types import DiffusionRequest, DiffusionSamplingParams, Images, RolloutReq, Texts
 
 TRACK = "diffusion"
-
-
-def plan_roles(cfg: RunConfig) -> list[tuple[str, str, str]]:
-    """``(role, _target_, slab)`` in creation order — printed by ``dry_run``."""
-    if engine_kind(cfg) != "trainside":
-        return plan_dedicated_roles(cfg)
-    blocks = [
-        ("bundle", cfg.bundle),
-        ("pipeline", cfg.pipeline),
-        ("backend", cfg.backend),
-        ("rollout", cfg.rollout),
-        ("reward", cfg.reward),
-        ("algorithm", cfg.algorithm),
-        ("stack", cfg.stack),
-    ]
-    if cfg.sync is not None:
-        blocks.append(("sync", cfg.sync))
-    sp = cfg.parallel.sequence_parallel_size
-    slab = "all workers (colocate)"
-    if sp > 1:
-        groups = ", ".join(
-            f"[{', '.join(str(r) for r in range(g * sp, (g + 1) * sp))}]"
-            for g in range(cfg.num_devices // sp)
-        )
-        slab += f", sp={sp} dp={cfg.num_devices // sp}, SP groups (pool ranks) {groups}"
-    return [(name, str((block or {}).get("_target_", "?")), slab) for name, block in blocks]
 
 
 def check_diffusion_recipe(cfg: RunConfig, objs: dict[str, Any]) -> None:
@@ -225,8 +200,8 @@ class DiffusionTrainer(StageTrainer):
     trainside (every role a sibling on every worker) or dedicated (own engine copy, colocated
     or on its own slab, with weight sync). ``run()`` returns the process exit code."""
 
-    def __init__(self, cfg: RunConfig, data: dict[str, Any]) -> None:
-        super().__init__(cfg, data)
+    def __init__(self, cfg: RunConfig, data: dict[str, Any], *, dry: bool = False) -> None:
+        super().__init__(cfg, data, dry=dry)
         self.sampling: DiffusionSamplingParams = instantiate(cfg.sampling, _convert_="object")
         self.sde_steps = self.sampling.sde_steps or AllSteps()
         # ratio losses train recorded SDE steps; likelihood-free ones (NFT) sample with the ODE;
@@ -244,7 +219,7 @@ class DiffusionTrainer(StageTrainer):
 
     # -- placement -----------------------------------------------------------------------------
 
-    def place(self, pool: DevicePool) -> None:
+    def place_roles(self, pool: PoolBase) -> None:
         cfg = self.cfg
         train_ranks, rollout_ranks = cfg.slab_sizes()
         sync = None
@@ -287,11 +262,10 @@ class DiffusionTrainer(StageTrainer):
                 exports_lora=(cfg.backend or {}).get("lora") is not None,
             )
         ]
-        self.describe_model(ops)
 
-    def describe_model(self, ops: Any) -> None:
+    def after_place(self) -> None:
         """Read the family's σ schedules and latent geometry (the driver authors σ and x_T)."""
-        info = ops.describe(self.sampling)
+        info = self.stages[0].ops.describe(self.sampling)
         self.latent_shape = info["latent_shape"]
         self.schedules = {mode: sigmas.cpu() for mode, sigmas in info["sigmas"].items()}
         self.device_name = info["device_name"]

@@ -46,9 +46,11 @@ class OutputDir:
     ``metrics.{jsonl,csv}``, ``eval_metrics.*``, ``samples/``, ``eval/``, ``curves/`` and
     ``report.html`` (``unirl.logging.report``), ``checkpoints/step_<k>/``, ``lora/``."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, *, create: bool = True) -> None:
+        """``create``: make the folder now (false for a plan that must write nothing)."""
         self.root = Path(root).resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        if create:
+            self.root.mkdir(parents=True, exist_ok=True)
 
     @property
     def checkpoints(self) -> Path:

@@ -51,7 +51,8 @@ from hydra.utils import instantiate
 
 from unirl.config.run import RunConfig
 from unirl.config.validate import declared, locate
-from unirl.distributed.group import DevicePool, placement, remote
+from unirl.distributed.group import placement, remote
+from unirl.distributed.group.pool import PoolBase
 from unirl.rollout.engine.composed import DrawRequest
 from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.ar import ARTrainOps, response_metrics
@@ -97,8 +98,10 @@ class PETrainer(StageTrainer):
     ``diffusion`` child; every role a sibling on every worker (trainside), or the policy
     served by a dedicated text engine that its stage syncs (``pe_served.PEServedLayout``)."""
 
-    def __init__(self, cfg: RunConfig, data: dict[str, Any], pe: PEConfig) -> None:
-        super().__init__(cfg, data)
+    def __init__(
+        self, cfg: RunConfig, data: dict[str, Any], pe: PEConfig, *, dry: bool = False
+    ) -> None:
+        super().__init__(cfg, data, dry=dry)
         self.pe = pe
         self.sampling: ARSamplingParams = instantiate(cfg.sampling, _convert_="object")
         self.draw_sampling: DiffusionSamplingParams = instantiate(
@@ -114,7 +117,7 @@ class PETrainer(StageTrainer):
 
     # -- placement -----------------------------------------------------------------------------
 
-    def place(self, pool: DevicePool) -> None:
+    def place_roles(self, pool: PoolBase) -> None:
         cfg, pe = self.cfg, self.pe
         sync = draw_sync = None
         if check_pe_engine({"rollout": cfg.rollout}) == "served":
@@ -123,7 +126,7 @@ class PETrainer(StageTrainer):
             layout = PEServedLayout(cfg, pool, pe, self.data)
             roles = layout.roles
             text = {"stack": roles.stack, "algorithm": roles.algorithm, "ops": roles.ops}
-            draw, info, reward = layout.draw, layout.info, layout.roles.reward
+            draw, self.info, reward = layout.draw, layout.info, layout.roles.reward
             self.rollout = layout.rollout
             sync, draw_sync = layout.policy_sync, layout.drawer_sync
             print(f"[unirl] served: {layout.describe()}", flush=True)
@@ -135,7 +138,9 @@ class PETrainer(StageTrainer):
                 draw = stage_roles(
                     pe.diffusion, IMAGE_TRACK, algorithm_takes="pipeline", ops_class=TrainOps
                 )
-                info = remote(DrawerInfo, name=f"{IMAGE_TRACK}_info", pipeline=draw["pipeline"])
+                self.info = remote(
+                    DrawerInfo, name=f"{IMAGE_TRACK}_info", pipeline=draw["pipeline"]
+                )
                 self.rollout = remote(
                     cfg.rollout,
                     name="rollout",
@@ -145,8 +150,12 @@ class PETrainer(StageTrainer):
                 )
                 reward = remote(RewardWorker, name="reward", service=cfg.reward)
         self.stages = self.make_stages(text, draw, reward, sync, draw_sync)
-        policy = text["ops"].describe_policy()
-        drawer = info.describe(self.draw_sampling)
+        self.policy_ops = text["ops"]
+
+    def after_place(self) -> None:
+        pe = self.pe
+        policy = self.policy_ops.describe_policy()
+        drawer = self.info.describe(self.draw_sampling)
         self.latent_shape = drawer["latent_shape"]
         self.schedules = {mode: sigmas.cpu() for mode, sigmas in drawer["sigmas"].items()}
         print(

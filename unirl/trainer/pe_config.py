@@ -1,8 +1,8 @@
 """The prompt enhancer's recipe before any Ray work: the ``pe`` block's types
 (``PEConfig``, ``DrawerConfig``), which engine places the policy (``check_pe_engine``), every
 check of the policy's, the drawer's and the composed engine's blocks (``check_pe_recipe``,
-the drawer validated as its own recipe), and what ``dry_run`` prints (``plan_roles``,
-``drawer_summary``). ``unirl.trainer.pe`` runs what these accept."""
+the drawer validated as its own recipe), and what ``dry_run`` prints beside the plan
+(``drawer_summary``). ``unirl.trainer.pe`` runs what these accept."""
 
 from __future__ import annotations
 
@@ -299,34 +299,6 @@ def _check_frozen_drawer(view: dict[str, Any]) -> tuple[RunConfig, dict[str, Any
         f"bundle.device={device!r} disagrees with device={d_cfg.device!r}; set one device",
     )
     return d_cfg, objs
-
-
-def plan_roles(cfg: RunConfig, pe: PEConfig) -> list[tuple[str, str, str]]:
-    """``(role, _target_, slab)`` in creation order — printed by ``dry_run``."""
-    target = lambda block: str((block or {}).get("_target_", "?"))  # noqa: E731
-    served = check_pe_engine({"rollout": cfg.rollout}) == "served"
-    train_slab = rollout_slab = "all workers (colocate)"
-    if served and cfg.layout == "separate":
-        n_train, _ = cfg.slab_sizes()
-        train_slab = f"train slab: pool ranks 0-{n_train - 1}"
-        rollout_slab = f"rollout slab: pool ranks {n_train}-{cfg.num_devices - 1}"
-    roles = [
-        (f"{TEXT_TRACK}_{name}", target(getattr(cfg, name)), train_slab)
-        for name in ("bundle", "pipeline", "backend", "algorithm", "stack")
-    ]
-    if served:
-        roles.append((f"{TEXT_TRACK}_sync", target(cfg.sync), f"{train_slab} -> rollout"))
-        roles.append((f"{TEXT_TRACK}_engine", target(cfg.rollout), rollout_slab))
-    d = pe.diffusion
-    names = ("bundle", "pipeline", *(TRAIN_BLOCKS if pe.train_both else ()))
-    draw_slab = train_slab if d.dedicated else rollout_slab  # where the drawer's module lives
-    roles += [(f"{IMAGE_TRACK}_{n}", target(getattr(d, n)), draw_slab) for n in names]
-    if d.dedicated:
-        roles.append((f"{IMAGE_TRACK}_sync", target(d.sync), f"{train_slab} -> rollout"))
-        roles.append((f"{IMAGE_TRACK}_engine", target(d.rollout), rollout_slab))
-    composed = COMPOSED if served else target(cfg.rollout)
-    roles += [("rollout", composed, rollout_slab), ("reward", target(cfg.reward), rollout_slab)]
-    return roles
 
 
 def drawer_summary(pe: PEConfig, d_cfg: RunConfig, d_objs: dict[str, Any]) -> dict[str, Any]:

@@ -19,10 +19,16 @@ from __future__ import annotations
 from typing import Any
 
 from unirl.config.run import RunConfig
-from unirl.distributed.group import DevicePool, Handle, placement, remote
+from unirl.distributed.group import Handle, placement, remote
+from unirl.distributed.group.pool import PoolBase
 from unirl.distributed.weight_sync import SyncSource, WeightSyncDriver, build_sync
 from unirl.trainer.ar import ARTrainOps
-from unirl.trainer.dedicated import DedicatedLayout, DedicatedRoles, SlabWorld, SyncedRollout
+from unirl.trainer.dedicated import (
+    DedicatedLayout,
+    DedicatedRoles,
+    SyncedRollout,
+    train_slab_world,
+)
 from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, PEConfig, compose_block
 from unirl.trainer.pe_roles import DrawerInfo, stage_roles
 from unirl.trainer.roles import RewardWorker, TrainOps
@@ -89,7 +95,7 @@ class PEServedLayout(DedicatedLayout):
     ``rollout``: the outermost of them (what the loop calls).
     """
 
-    def __init__(self, cfg: RunConfig, pool: DevicePool, pe: PEConfig, data: dict[str, Any]):
+    def __init__(self, cfg: RunConfig, pool: PoolBase, pe: PEConfig, data: dict[str, Any]):
         self.pe = pe
         self.compose = compose_block(data, pe, separate=cfg.layout == "separate")
         d = pe.diffusion
@@ -162,7 +168,7 @@ class PEServedLayout(DedicatedLayout):
         if self.pe.diffusion.rollout is not None:
             self.draw_engine = remote(self.pe.diffusion.rollout, name=f"{IMAGE_TRACK}_engine")
 
-    def _build_colocate(self, pool: DevicePool) -> DedicatedRoles:
+    def _build_colocate(self, pool: PoolBase) -> DedicatedRoles:
         cfg = self.cfg
         if cfg.num_devices > 1:
             pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
@@ -180,20 +186,16 @@ class PEServedLayout(DedicatedLayout):
                 engine=engine,
             )
         for asleep in (engine, self.draw_engine):  # until the first rollout wakes them
-            if asleep is not None:
+            if asleep is not None and not pool.plans_only:
                 asleep.sleep()
         return DedicatedRoles(engine=engine, reward=reward, source=source, **text)
 
-    def _build_separate(self, pool: DevicePool) -> DedicatedRoles:
+    def _build_separate(self, pool: PoolBase) -> DedicatedRoles:
         cfg = self.cfg
         n_train, n_rollout = cfg.slab_sizes()
         dedicated_drawer = self.pe.diffusion.dedicated
         with placement(pool, devices=n_train, shared_workers=False):
-            if n_train > 1:  # FSDP shards over the train slab only
-                world = remote(SlabWorld, name="train_world")
-                host, port = world.endpoint()
-                backend = "gloo" if cfg.device == "cpu" else "cpu:gloo,cuda:nccl"
-                world.init(host, port, backend, float(self.sync.timeout_s))
+            train_slab_world(pool, cfg, self.sync.timeout_s)
             text = self._policy_roles()
             source = remote(
                 SyncSource, name=f"{TEXT_TRACK}_sync_source", backend=text["backend"], sync=cfg.sync

@@ -39,7 +39,8 @@ from hydra.utils import instantiate
 from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
 from unirl.config.validate import check_block, declared, locate
-from unirl.distributed.group import DevicePool, placement, remote
+from unirl.distributed.group import placement, remote
+from unirl.distributed.group.pool import PoolBase
 from unirl.models.janus.conditions import ImageTokenRequest, ImageTokenSamplingParams
 from unirl.models.janus.pipeline import JanusImagePipeline, JanusPipeline, JanusTextPipeline
 from unirl.models.unified.bundle import TransfusionBundle
@@ -257,30 +258,6 @@ def check_trainable_here(cfg: RunConfig) -> None:
         raise ConfigError(str(getattr(bundle, "not_built", f"{bundle} cannot train here")))
 
 
-def plan_roles(cfg: RunConfig, unified: UnifiedConfig) -> list[tuple[str, str, str]]:
-    """``(role, _target_, slab)`` in creation order, printed by ``dry_run``."""
-    slab = "all workers (colocate)"
-    sampler = JanusPipeline if image_tokens(unified) else TransfusionPipeline
-    target = lambda block: str((block or {}).get("_target_", "?"))  # noqa: E731
-    image = unified.image
-    roles = [
-        ("bundle", target(cfg.bundle), slab),
-        ("text_pipeline", target(cfg.pipeline), slab),
-        ("image_pipeline", target(image.pipeline), slab),
-        ("backend", target(cfg.backend), slab),
-        ("text_algorithm", target(cfg.algorithm), slab),
-        ("image_algorithm", target(image.algorithm), slab),
-        ("stack", target(cfg.stack), slab),
-        ("sampler", f"{sampler.__module__}.{sampler.__name__}", slab),
-        ("rollout", target(cfg.rollout), slab),
-        ("reward", target(cfg.reward), slab),
-    ]
-    if cfg.sync is not None:  # a served model samples on its server: no sampler role here
-        roles = [r for r in roles if r[0] != "sampler"]
-        roles.append(("sync", target(cfg.sync), slab))
-    return roles
-
-
 def image_summary(
     cfg: RunConfig,
     objs: dict[str, Any],
@@ -321,8 +298,10 @@ class UnifiedModelTrainer(StageTrainer):
     one model, every role a sibling on every worker (trainside), one backend and one joint
     stack for both."""
 
-    def __init__(self, cfg: RunConfig, data: dict[str, Any], unified: UnifiedConfig) -> None:
-        super().__init__(cfg, data)
+    def __init__(
+        self, cfg: RunConfig, data: dict[str, Any], unified: UnifiedConfig, *, dry: bool = False
+    ) -> None:
+        super().__init__(cfg, data, dry=dry)
         self.unified = unified
         self.sampling: ARSamplingParams = instantiate(cfg.sampling, _convert_="object")
         self.image_sampling: Any = instantiate(unified.image.sampling, _convert_="object")
@@ -332,7 +311,7 @@ class UnifiedModelTrainer(StageTrainer):
 
     # -- placement -----------------------------------------------------------------------------
 
-    def place(self, pool: DevicePool) -> None:
+    def place_roles(self, pool: PoolBase) -> None:
         cfg, image = self.cfg, self.unified.image
         if cfg.num_devices > 1:
             pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
@@ -374,7 +353,9 @@ class UnifiedModelTrainer(StageTrainer):
             image_algorithm=image_algorithm,
             reward=reward,
         )
-        info = ops.describe(self.image_sampling)
+
+    def after_place(self) -> None:
+        info = self.trained[0].ops.describe(self.image_sampling)
         if not self.tokens:
             self.latent_shape = info["latent_shape"]
             self.schedules = {mode: sigmas.cpu() for mode, sigmas in info["sigmas"].items()}
@@ -552,6 +533,5 @@ __all__ = [
     "UnifiedModelTrainer",
     "check_unified_recipe",
     "image_summary",
-    "plan_roles",
     "run_unified",
 ]

@@ -87,8 +87,27 @@ def describe_plan(pool: PoolBase) -> str:
     return pool.describe_plan()
 
 
+def role_target(spec: RoleSpec, kwargs: dict[str, object] | None = None) -> str:
+    """What a role runs, as a dotted name: a block's ``_target_`` or a class's path, then the
+    blocks it is given to build (``RewardWorker (service=unirl.reward.RewardService)``)."""
+    if isinstance(spec, dict):
+        return str(spec.get("_target_", "?"))
+    name = f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', repr(spec))}"
+    blocks = [
+        f"{key}={value['_target_']}"
+        for key, value in (kwargs or {}).items()
+        if isinstance(value, dict) and "_target_" in value
+    ]
+    return f"{name} ({', '.join(blocks)})" if blocks else name
+
+
 class PoolBase:
-    """Layout shared by the real and the dry-run pool: ranks, nodes, roles, the plan."""
+    """Layout shared by the real and the dry-run pool: ranks, nodes, roles, the plan.
+
+    ``plans_only``: true for :class:`DryRunPool`; placement code that calls a role while it
+    places (a world rendezvous, putting an engine to sleep) skips those calls there."""
+
+    plans_only = False
 
     def __init__(self, config: DevicePoolConfig) -> None:
         require(
@@ -102,6 +121,8 @@ class PoolBase:
         self.node_ips: list[str] = []
         self.device_labels: list[str] = []
         self.roles: dict[str, Handle] = {}
+        self.role_targets: dict[str, str] = {}  # role -> what it runs (role_target)
+        self.process_groups: list[tuple[str, tuple[int, ...]]] = []  # (name, pool ranks)
         self.root_slab = Slab(pool=self, ranks=tuple(range(config.num_devices)))
         self.stall_policy = config.stall_policy
         self._closed = False
@@ -157,6 +178,38 @@ class PoolBase:
             lines.append(f"  idle workers: {_ranges(tuple(idle))}")
         return "\n".join(lines)
 
+    def plan_rows(self) -> list[tuple[str, str, str]]:
+        """``(role, what it runs, where)`` in creation order: the placement plan ``dry_run``
+        prints and the real run prints when its roles are up (the same text for the same
+        recipe, both made by the trainer's ``place_roles``). ``where``: pool ranks and the
+        parallel sizes; process groups come as ``(group, "torch.distributed", ranks)``."""
+        rows = [
+            (f"group:{name}", "torch.distributed", f"pool ranks {_ranges(ranks)}")
+            for name, ranks in self.process_groups
+        ]
+        for name, handle in self.roles.items():
+            first = handle.rank_infos[0]
+            sizes = f"dp={first.dp_size}" + "".join(
+                f" {k}={v}"
+                for k, v in (("tp", first.tp_size), ("pp", first.pp_size), ("sp", first.sp_size))
+                if v > 1
+            )
+            if first.sp_size > 1:  # the workers that split one data-parallel rank's sequences
+                groups: dict[tuple[int, int], list[int]] = {}
+                for info in handle.rank_infos:
+                    groups.setdefault((info.pp_rank, info.dp_rank), []).append(info.pool_rank)
+                sizes += ", SP groups (pool ranks) " + ", ".join(
+                    f"[{', '.join(map(str, g))}]" for g in groups.values()
+                )
+            rows.append(
+                (
+                    name,
+                    self.role_targets.get(name, "?"),
+                    f"pool ranks {_ranges(handle.pool_ranks)} {sizes}",
+                )
+            )
+        return rows
+
     def create_role(
         self,
         name: str,
@@ -194,11 +247,14 @@ class PoolBase:
 
 
 class DryRunPool(PoolBase):
-    """A pool that only plans: ``placement``/``remote`` record roles, nothing runs.
+    """A pool that only plans: ``placement``/``remote`` record roles and process groups,
+    nothing runs.
 
     Nodes are assumed full (``devices_per_node`` each, default all on one node); node ips
     show as ``node<k>``. Handles from it raise on any call.
     """
+
+    plans_only = True
 
     def __init__(self, config: DevicePoolConfig) -> None:
         super().__init__(config)
@@ -214,13 +270,15 @@ class DryRunPool(PoolBase):
         infos = slab_rank_infos([self.rank_infos[r] for r in pool_ranks], parallel)
         handle = Handle(pool=self, role=name, pool_ranks=pool_ranks, rank_infos=infos, specs={})
         self.roles[name] = handle
+        self.role_targets[name] = role_target(spec, kwargs)
         return handle
 
     def submit(self, pool_rank: int, method: str, *args: object) -> ray.ObjectRef:
         raise RuntimeError(f"DryRunPool '{self.config.name}' only plans; nothing can be called")
 
     def init_process_group(self, pool_ranks, *, group_name, timeout_s=None) -> None:  # type: ignore[no-untyped-def]
-        raise RuntimeError(f"DryRunPool '{self.config.name}' only plans; nothing can be called")
+        """Recorded in the plan (``process_groups``); nothing starts."""
+        self.process_groups.append((group_name, tuple(pool_ranks)))
 
 
 class _RayNode(TypedDict, total=False):
@@ -470,6 +528,7 @@ class DevicePool(PoolBase):
             pool=self, role=name, pool_ranks=pool_ranks, rank_infos=infos, specs=specs[0]
         )
         self.roles[name] = handle
+        self.role_targets[name] = role_target(spec, kwargs)
         return handle
 
     def init_process_group(
@@ -480,6 +539,7 @@ class DevicePool(PoolBase):
         Backend: gloo on CPU, ``cpu:gloo,cuda:nccl`` on CUDA. ``timeout_s`` (default
         ``collective_timeout_s``) bounds the rendezvous and every later collective.
         """
+        self.process_groups.append((group_name, tuple(pool_ranks)))
         timeout = timeout_s or self.config.collective_timeout_s
         backend = "gloo" if self.config.device == "cpu" else "cpu:gloo,cuda:nccl"
         everyone = tuple(range(self.num_devices))
