@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from unirl.config import require
 from unirl.reward.base import (
@@ -25,7 +25,7 @@ from unirl.reward.base import (
     check_lengths,
     images_to_uint8,
 )
-from unirl.reward.local._hf import PretrainedScorer, load_pretrained
+from unirl.reward.local.vlm.engine import QwenVLScorer
 
 DEFAULT_QUESTION = (
     "The first image is the source; the second is the source edited by the instruction: "
@@ -139,7 +139,7 @@ class RatingReader:
 
 
 @dataclass(kw_only=True)
-class EditJudge(PretrainedScorer, EditRewardBackend):
+class EditJudge(QwenVLScorer, EditRewardBackend):
     """A VLM judge of edits. ``score_edit`` shows the model, per sample, the source, the
     result and the instruction (``prompts[i]``) in the folder's chat template
     (:func:`judge_messages`, then the generation prompt and ``answer_prefix``) and returns
@@ -154,10 +154,11 @@ class EditJudge(PretrainedScorer, EditRewardBackend):
     edit request, required) and ``{low}`` / ``{high}`` (the rating scale's ends).
 
     ``path``: a hub id or a local folder holding the model, its tokenizer (with a chat
-    template, or set ``chat_template``) and its image processor. ``max_pixels`` caps each
-    image's pixels after the processor's resize (``None``: the folder's setting). Images are
-    quantised to ``uint8`` before the processor, as a PIL image would be. Weights load on the
-    first ``score_edit``; ``device``, ``dtype``, ``batch_size`` (pairs per forward),
+    template, or set ``chat_template``) and its image processor, loaded by the VLM rewards'
+    engine (:class:`~unirl.reward.local.vlm.engine.QwenVLScorer`; batches padded on the left).
+    ``max_pixels`` caps each image's pixels after the processor's resize (``None``: the
+    folder's setting). Images are quantised to ``uint8`` before the processor, as a PIL image
+    would be. Weights load on the first ``score_edit``; ``device``, ``dtype``, ``batch_size`` (pairs per forward),
     ``offload`` / ``onload`` as for the other model scorers. ``metrics``:
     ``<name>/rating_mass`` (mean probability of beginning a rating) and ``<name>/nonfinite``.
     """
@@ -170,19 +171,13 @@ class EditJudge(PretrainedScorer, EditRewardBackend):
     unit_scale: bool = True
     question: str = DEFAULT_QUESTION
     answer_prefix: str = ""
-    chat_template: str | None = None
-    max_pixels: int | None = None
 
-    _model: Any = field(init=False, repr=False, compare=False, default=None)
-    _tokenizer: Any = field(init=False, repr=False, compare=False, default=None)
-    _image_processor: Any = field(init=False, repr=False, compare=False, default=None)
+    padding_side: ClassVar[str] = "left"
+
     _reader: Any = field(init=False, repr=False, compare=False, default=None)
-    _image_token: str = field(init=False, repr=False, compare=False, default="")
-    _image_token_id: int = field(init=False, repr=False, compare=False, default=-1)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(bool(self.path), "EditJudge.path must name a hub id or a local folder")
         for key in ("min_rating", "max_rating"):
             value = getattr(self, key)
             require(
@@ -205,72 +200,9 @@ class EditJudge(PretrainedScorer, EditRewardBackend):
                 f"EditJudge.question is not a valid format string ({type(exc).__name__}: {exc}); "
                 "use only {instruction}, {low}, {high} and write literal braces as {{ }}",
             )
-        require(
-            self.max_pixels is None or (isinstance(self.max_pixels, int) and self.max_pixels > 0),
-            f"EditJudge.max_pixels={self.max_pixels!r}: use a positive integer or null",
-        )
 
     # -- loading ---------------------------------------------------------------------------
-    def _load(self) -> None:
-        try:
-            from transformers import (
-                MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING,
-                AutoConfig,
-                AutoImageProcessor,
-                AutoTokenizer,
-            )
-        except ImportError as exc:
-            raise ImportError(
-                "EditJudge needs transformers: pip install 'transformers>=4.50'"
-            ) from exc
-        owner = type(self).__name__
-        # The config first, then the concrete class: AutoModel*.from_pretrained looks for a
-        # PEFT adapter on the hub even with local_files_only (transformers 5), which retries
-        # for ~20 s offline; the concrete class does not.
-        config = load_pretrained(
-            AutoConfig.from_pretrained, self.path, owner=owner, field_name="path"
-        )
-        try:
-            model_cls: Any = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING[type(config)]
-        except KeyError:
-            raise RewardError(
-                f"EditJudge: {self.path!r} holds a {type(config).__name__} (model_type "
-                f"{getattr(config, 'model_type', '?')!r}), not an image-text-to-text model; "
-                "set path= to a Qwen2-VL / Qwen2.5-VL folder or hub id"
-            ) from None
-        model = load_pretrained(
-            model_cls.from_pretrained,
-            self.path,
-            owner=owner,
-            field_name="path",
-            config=config,
-            dtype=self.torch_dtype,
-        )
-        tokenizer = load_pretrained(
-            AutoTokenizer.from_pretrained, self.path, owner=owner, field_name="path"
-        )
-        processor = load_pretrained(
-            AutoImageProcessor.from_pretrained, self.path, owner=owner, field_name="path"
-        )
-        image_token_id = getattr(model.config, "image_token_id", None)
-        if image_token_id is None or not hasattr(processor, "merge_size"):
-            raise RewardError(
-                f"EditJudge: {self.path!r} is a {type(model).__name__} with "
-                f"{type(processor).__name__}; EditJudge needs a Qwen2-VL / Qwen2.5-VL style model "
-                "(config.image_token_id and an image processor with merge_size)"
-            )
-        if self.chat_template is not None:
-            tokenizer.chat_template = self.chat_template
-        if not getattr(tokenizer, "chat_template", None):
-            raise RewardError(
-                f"EditJudge: the tokenizer in {self.path!r} has no chat template; set "
-                "chat_template= to the model's Jinja template"
-            )
-        self._model = model.to(self.torch_device)
-        self._tokenizer = tokenizer
-        self._image_processor = processor
-        self._image_token_id = int(image_token_id)
-        self._image_token = str(tokenizer.convert_ids_to_tokens(self._image_token_id))
+    def _after_load(self) -> None:
         self._reader = self._build_reader()
 
     def _build_reader(self) -> RatingReader:
@@ -299,25 +231,17 @@ class EditJudge(PretrainedScorer, EditRewardBackend):
             vocab = self._tokenizer.batch_decode([[i] for i in range(size)])
         return RatingReader.build(ratings, tokens, vocab)
 
-    def _modules(self) -> list[nn.Module]:
-        return [self._model] if self._model is not None else []
-
     # -- prompt ----------------------------------------------------------------------------
-    def _encode_text(self, text: str) -> list[int]:
-        return list(self._tokenizer(text, add_special_tokens=False).input_ids)
-
     def _render(self, instruction: str) -> list[str]:
         """The chat text split at the two image placeholders: ``[before, between, after]``,
         ``after`` ending with the generation prompt and ``answer_prefix``."""
         messages = judge_messages(instruction, self.question, self.min_rating, self.max_rating)
-        text = self._tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        )
-        pieces = str(text + self.answer_prefix).split(self._image_token)
+        image_token = self._pads["image"][1]
+        pieces = str(self.render(messages) + self.answer_prefix).split(image_token)
         if len(pieces) != 3:
             raise RewardError(
                 f"EditJudge: the chat template of {self.path!r} rendered {len(pieces) - 1} "
-                f"'{self._image_token}' placeholders for 2 images (or the instruction "
+                f"'{image_token}' placeholders for 2 images (or the instruction "
                 f"{instruction[:60]!r} contains one); set chat_template= to one that renders "
                 '{"type": "image"} as one placeholder'
             )
@@ -326,39 +250,16 @@ class EditJudge(PretrainedScorer, EditRewardBackend):
     def _inputs(self, images: Tensor, sources: Tensor, prompts: list[str]) -> dict[str, Tensor]:
         """Left-padded ``input_ids[b, L]`` / ``attention_mask``, and the processor's
         ``pixel_values`` / ``image_grid_thw`` of source 0, result 0, source 1, ..."""
+        for prompt in prompts:
+            self._render(prompt)  # one placeholder per image, or a clear error
         results_u8, sources_u8 = images_to_uint8(images), images_to_uint8(sources)
-        pictures = [p for pair in zip(sources_u8, results_u8, strict=True) for p in pair]
-        kwargs: dict[str, Any] = {}
-        if self.max_pixels is not None:
-            size = dict(self._image_processor.size)
-            size["longest_edge"] = self.max_pixels
-            size["shortest_edge"] = min(int(size.get("shortest_edge") or 0), self.max_pixels)
-            kwargs["size"] = {k: v for k, v in size.items() if v is not None}
-        vision = self._image_processor(images=pictures, return_tensors="pt", **kwargs)
-        merge = int(self._image_processor.merge_size) ** 2
-        counts = (vision["image_grid_thw"].prod(-1) // merge).tolist()
-        rows: list[list[int]] = []
-        for i, prompt in enumerate(prompts):
-            before, between, after = (self._encode_text(t) for t in self._render(prompt))
-            image = self._image_token_id
-            rows.append(
-                before + [image] * counts[2 * i] + between + [image] * counts[2 * i + 1] + after
-            )
-        length = max(len(r) for r in rows)
-        pad = self._tokenizer.pad_token_id
-        pad = self._tokenizer.eos_token_id if pad is None else pad
-        ids = torch.full((len(rows), length), int(pad), dtype=torch.long)
-        mask = torch.zeros((len(rows), length), dtype=torch.long)
-        for i, row in enumerate(rows):
-            ids[i, length - len(row) :] = torch.tensor(row, dtype=torch.long)
-            mask[i, length - len(row) :] = 1
-        device = self.torch_device
-        return {
-            "input_ids": ids.to(device),
-            "attention_mask": mask.to(device),
-            "pixel_values": vision["pixel_values"].to(device=device, dtype=self._model.dtype),
-            "image_grid_thw": vision["image_grid_thw"].to(device),
-        }
+        visuals = [
+            [("image", s), ("image", r)] for s, r in zip(sources_u8, results_u8, strict=True)
+        ]
+        chats = [
+            judge_messages(p, self.question, self.min_rating, self.max_rating) for p in prompts
+        ]
+        return self.build_batch(chats, visuals, suffix=self.answer_prefix)
 
     # -- scoring ---------------------------------------------------------------------------
     def score(self, images: Tensor | None, prompts: list[str], metadata: list[dict]) -> ScoreResult:
