@@ -660,6 +660,11 @@ def test_missing_head_or_reward_token_is_one_line_naming_the_fix(tmp_path, hps_d
         HPSv3(path=hps_dir, **PIX).score(_images(1), ["a <|Reward|> b"], [{}])
     with pytest.raises(Exception, match="min_pixels=9 is above max_pixels=4"):
         HPSv3(path=hps_dir, min_pixels=9, max_pixels=4)
+    with pytest.raises(Exception, match="max_frames=0: use a positive integer"):
+        UnifiedReward(path=hps_dir, max_frames=0)
+    assert vlm_engine.sample_frames(81, 16.0, 2.0, 32) == list(range(0, 81, 8))
+    assert vlm_engine.sample_frames(81, 16.0, 16.0, 3) == [0, 40, 80]
+    assert vlm_engine.sample_frames(9, 16.0, 2.0, 1) == [0]
     with pytest.raises(Exception, match="must have exactly the keys VQ, MQ, TA"):
         VideoAlign(path=hps_dir, weights={"VQ": 1.0})
 

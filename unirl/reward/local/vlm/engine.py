@@ -73,6 +73,8 @@ def sample_frames(num_frames: int, fps: float, sample_fps: float, max_frames: in
     them spread evenly over the clip."""
     stride = max(1, round(fps / sample_fps))
     chosen = list(range(0, num_frames, stride))
+    if max_frames == 1:
+        return chosen[:1]
     if len(chosen) > max_frames:
         chosen = [
             chosen[round(i * (len(chosen) - 1) / (max_frames - 1))] for i in range(max_frames)

@@ -188,6 +188,14 @@ class UnifiedReward(GenerativeJudge):
     max_frames: int = 32  # at most this many frames per video
     max_frame_pixels: int | None = 448 * 448  # each video frame's pixel upper bound after resizing
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.sample_fps > 0, f"UnifiedReward.sample_fps={self.sample_fps}: use a value > 0")
+        require(
+            isinstance(self.max_frames, int) and self.max_frames >= 1,
+            f"UnifiedReward.max_frames={self.max_frames!r}: use a positive integer",
+        )
+
     @property
     def frame_pixels(self) -> int | None:
         return self.max_frame_pixels if self.max_frame_pixels is not None else self.max_pixels
