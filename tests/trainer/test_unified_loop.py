@@ -51,7 +51,9 @@ class _JointStack:
     def __init__(self) -> None:
         self.calls: list[tuple[RolloutTrack, RolloutTrack]] = []
 
-    def train_tracks(self, text: RolloutTrack, image: RolloutTrack, k: int) -> list[dict[str, Any]]:
+    def train_tracks(
+        self, text: RolloutTrack, image: RolloutTrack, rollout_index: int
+    ) -> list[dict[str, Any]]:
         self.calls.append((text, image))
         return [{"steps": [{"loss": 0.5, "text/loss": 0.2}], "param_checksum": 1.0}]
 
@@ -77,7 +79,6 @@ def test_image_rewards_reach_the_text_and_one_joint_step_trains_both() -> None:
     cfg.logging.gallery_interval = 0
     trainer = UnifiedModelTrainer.__new__(UnifiedModelTrainer)  # the loop only: no Ray
     trainer.cfg = cfg
-    trainer._held = {}
     trainer.rollout = FixedEngine(_response)
     trainer.data_source = SimpleNamespace(next_batch=lambda: ["a cat", "a dog"], epoch=0)
     trainer.build_request = lambda prompts, k, mode="train": RolloutReq(  # type: ignore[method-assign]
@@ -115,4 +116,3 @@ def test_image_rewards_reach_the_text_and_one_joint_step_trains_both() -> None:
     assert metrics["train/loss"] == 0.5 and metrics["train/text/loss"] == 0.2
     assert metrics["text/response_length/mean"] == 3.0
     assert text_alg.after == 1 and image_alg.after == 1  # every loss node's after_train once
-    assert trainer._held == {}

@@ -219,10 +219,8 @@ def _text_trainer_class() -> type:
     from unirl.trainer.ar import ARTrainer
 
     class TokenCountingARTrainer(ARTrainer):
-        def train_stage(self, stage: Any, track: Any, rollout_index: int) -> dict[str, float]:
-            out = super().train_stage(stage, track, rollout_index)
-            out.update(token_counts(track))
-            return out
+        def track_metrics(self, stage: Any, track: Any) -> dict[str, float]:
+            return {**super().track_metrics(stage, track), **token_counts(track)}
 
     return TokenCountingARTrainer
 

@@ -232,13 +232,9 @@ class ARTrainer(StageTrainer):
 
     # -- what differs from media tracks ----------------------------------------------------------
 
-    def train_stage(
-        self, stage: Stage, track: RolloutTrack, rollout_index: int
-    ) -> dict[str, float]:
-        """The base's training step, plus the rollout's response-length statistics."""
-        out = super().train_stage(stage, track, rollout_index)
-        out.update({stage.key(k): v for k, v in response_metrics(track).items()})
-        return out
+    def track_metrics(self, stage: Stage, track: RolloutTrack) -> dict[str, float]:
+        """The rollout's response-length statistics."""
+        return response_metrics(track)
 
     def gallery(self, path: Path, track: RolloutTrack, limit: int) -> Path:
         """The first ``limit`` samples as JSON lines (prompt, completion, reward, length,

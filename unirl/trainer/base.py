@@ -426,8 +426,8 @@ class StageTrainer:
             if cfg.logging.gallery_interval and rollout_index % cfg.logging.gallery_interval == 0:
                 self.train_gallery(rollout_index, tracks[stage.track], stage)
         t_train_start = time.perf_counter()
-        for stage in self.trained:
-            metrics.update(self.train_stage(stage, tracks[stage.track], rollout_index))
+        for group in self.train_groups():
+            metrics.update(self.train_stages(group, tracks, rollout_index))
         t_train = time.perf_counter() - t_train_start
         for stage in self.stages:
             if stage.sync is not None:  # sync/* metrics; the next sync is due per its interval
@@ -506,39 +506,62 @@ class StageTrainer:
         )
         return {**tracks, stage.track: track}, metrics
 
-    def train_stage(
-        self, stage: Stage, track: RolloutTrack, rollout_index: int
+    def train_groups(self) -> list[list[Stage]]:
+        """The trained stages grouped by the stack that trains them, in stage order: stages
+        that share one stack (a unified model's text and image) train in one call."""
+        groups: dict[int, list[Stage]] = {}
+        for stage in self.trained:
+            groups.setdefault(id(stage.stack), []).append(stage)
+        return list(groups.values())
+
+    def train_stages(
+        self, stages: list[Stage], tracks: dict[str, RolloutTrack], rollout_index: int
     ) -> dict[str, float]:
-        """Train one stage on its track (advantages attached); checks that every data-parallel
-        rank holds the same weights afterwards."""
-        # the trainer needs no media: keep them off the wire
-        per_rank = stage.stack.train_track(dataclasses.replace(track, decoded=None), rollout_index)
+        """One training call of a stack on its stages' tracks (advantages attached; no media
+        on the wire): ``train_track(track, k)`` for one stage, ``train_tracks(k, **tracks)``
+        (one joint optimizer step) for several. Checks that every data-parallel rank holds the
+        same weights afterwards; ``train/*`` under the stage's prefix (a joint step's once,
+        unprefixed), then each stage's ``after_train`` and :meth:`track_metrics`."""
+        stack = stages[0].stack
+        light = {s.track: dataclasses.replace(tracks[s.track], decoded=None) for s in stages}
+        if len(stages) == 1:
+            per_rank = stack.train_track(light[stages[0].track], rollout_index)
+        else:
+            per_rank = stack.train_tracks(rollout_index=rollout_index, **light)
         steps = [
             mean_over_ranks([rank["steps"][u] for rank in per_rank])
             for u in range(len(per_rank[0]["steps"]))
         ]
         checksums = [rank["param_checksum"] for rank in per_rank]
+        names = " + ".join(repr(s.track) for s in stages)
         if any(c != checksums[0] for c in checksums):
             raise RuntimeError(
-                f"rollout {rollout_index}, stage {stage.track!r}: train ranks hold different "
+                f"rollout {rollout_index}, stage {names}: train ranks hold different "
                 f"weights after the update (parameter checksums {checksums}); data-parallel "
                 "gradient sync is broken"
             )
-        out = {stage.key(f"train/{k}"): v for k, v in mean_over_ranks(steps).items()}
-        out.update(
-            {
-                stage.key(k): v
-                for k, v in mean_over_ranks(stage.algorithm.after_train(rollout_index)).items()
-            }
-        )
-        out[stage.key("train/param_checksum")] = checksums[0]
+        prefix = stages[0].prefix if len(stages) == 1 else ""
+        key = (lambda k: f"{prefix}/{k}") if prefix else (lambda k: k)
+        out = {key(f"train/{k}"): v for k, v in mean_over_ranks(steps).items()}
+        for stage in stages:  # each loss node's own end-of-rollout metrics (KL control, …)
+            after = mean_over_ranks(stage.algorithm.after_train(rollout_index))
+            out.update({stage.key(k): v for k, v in after.items()})
+        out[key("train/param_checksum")] = checksums[0]
         if any(s.get("nonfinite/skipped_step") for s in steps):
             print(
-                f"[unirl] rollout {rollout_index}, stage {stage.track!r}: skipped a non-finite "
+                f"[unirl] rollout {rollout_index}, stage {names}: skipped a non-finite "
                 "optimizer step",
                 flush=True,
             )
+        for stage in stages:
+            extra = self.track_metrics(stage, tracks[stage.track])
+            out.update({stage.key(k): v for k, v in extra.items()})
         return out
+
+    def track_metrics(self, stage: Stage, track: RolloutTrack) -> dict[str, float]:
+        """A domain's own metrics of a trained track (response lengths, rewrite counters),
+        unprefixed; :meth:`train_stages` files them under the stage's prefix."""
+        return {}
 
     def train_gallery(self, rollout_index: int, track: RolloutTrack, stage: Stage) -> None:
         """The contact sheet of a training rollout. Media parked on the rollout workers are

@@ -268,19 +268,15 @@ class PETrainer(StageTrainer):
 
     # -- what the two tracks add -----------------------------------------------------------------
 
-    def train_stage(
-        self, stage: Stage, track: RolloutTrack, rollout_index: int
-    ) -> dict[str, float]:
-        """The base's training step; the policy's adds its propagated rewards, response
-        lengths and rewrite counters."""
-        out = super().train_stage(stage, track, rollout_index)
-        if stage.track == TEXT_TRACK:
-            extra = {**response_metrics(track), **rewrite_metrics(track)}
-            assert track.status is not None
-            extra.update(kept_reward_stats(track))
-            extra["dropped_rewrites"] = float((track.status != STATUS_OK).sum())
-            out.update({stage.key(k): v for k, v in extra.items()})
-        return out
+    def track_metrics(self, stage: Stage, track: RolloutTrack) -> dict[str, float]:
+        """The policy's propagated rewards, response lengths and rewrite counters."""
+        if stage.track != TEXT_TRACK:
+            return {}
+        extra = {**response_metrics(track), **rewrite_metrics(track)}
+        assert track.status is not None
+        extra.update(kept_reward_stats(track))
+        extra["dropped_rewrites"] = float((track.status != STATUS_OK).sum())
+        return extra
 
     def gallery(self, path: Path, track: RolloutTrack, limit: int) -> Path:
         """The images captioned with the rewrite they were drawn from (PNG), and

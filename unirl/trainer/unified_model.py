@@ -17,9 +17,9 @@ track (both grouped by prompt). Both tracks train the same weights through ONE b
 optimizer and one step per rollout: ``unirl.train.unified_stack.UnifiedTrainStack`` adds
 ``stack.text.weight · L_GRPO(text) + stack.image.weight · L_FlowGRPO(image)``.
 
-The loop visits trained stages children first (``image``, then ``text``); this trainer's
-``train_stage`` holds the image track until the text track arrives and then runs the one
-joint step, whose metrics go under ``train/`` (``train/loss`` the weighted sum,
+The two stages share one stack, so the loop trains them in one call (``StageTrainer.
+train_stages``: ``stack.train_tracks(text=..., image=...)``), one joint step whose metrics go
+under ``train/`` (``train/loss`` the weighted sum,
 ``train/text/*``, ``train/image/*``). Metrics: the image stage is the main one
 (``reward/mean``), the text stage's go under ``text/`` (``text/reward/mean`` of the propagated
 rewards, ``text/advantage/*``, ``text/response_length/*``).
@@ -56,7 +56,7 @@ from unirl.rollout.engine.vllm_omni.hi3 import Hi3OmniEngine
 from unirl.sde.sde_steps import AllSteps
 from unirl.train.unified_stack import UnifiedTrainStack
 from unirl.trainer.ar import response_metrics
-from unirl.trainer.base import StageTrainer, mean_over_ranks
+from unirl.trainer.base import StageTrainer
 from unirl.trainer.request import (
     prompt_metadata,
     prompt_texts,
@@ -307,7 +307,6 @@ class UnifiedModelTrainer(StageTrainer):
         self.image_sampling: Any = instantiate(unified.image.sampling, _convert_="object")
         self.tokens = image_tokens(unified)
         self.sde_steps = None if self.tokens else self.image_sampling.sde_steps or AllSteps()
-        self._held: dict[str, RolloutTrack] = {}
 
     # -- placement -----------------------------------------------------------------------------
 
@@ -370,7 +369,7 @@ class UnifiedModelTrainer(StageTrainer):
     ) -> list[Stage]:
         """``text`` (metrics under ``text/``) and its child ``image`` (scored; its rewards
         reach ``text`` through lineage). Both train the one backend: they share its stack and
-        ops (the joint step runs once, see :meth:`train_stage`; a checkpoint holds the backend
+        ops (the loop trains stages that share a stack in one call; a checkpoint holds the backend
         in each stage's folder)."""
         cfg = self.cfg
         train_ranks, rollout_ranks = cfg.slab_sizes()
@@ -457,29 +456,14 @@ class UnifiedModelTrainer(StageTrainer):
             sampling_params=params,
         )
 
-    # -- one joint step for both stages ------------------------------------------------------------
+    # -- what the text stage adds ---------------------------------------------------------------
 
-    def train_stage(
-        self, stage: Stage, track: RolloutTrack, rollout_index: int
-    ) -> dict[str, float]:
-        """Hold each trained track until the last one (``text``) arrives, then one joint step
-        (:class:`UnifiedTrainStack`) through the base's ``train_stage`` (checksum check,
-        ``train/*`` metrics); the text stage adds its propagated rewards and lengths."""
-        self._held[stage.track] = track
-        if len(self._held) < len(self.trained):
+    def track_metrics(self, stage: Stage, track: RolloutTrack) -> dict[str, float]:
+        """The text stage's propagated rewards and response lengths (both stages train in one
+        joint call of their shared stack: the base's ``train_stages``)."""
+        if stage.track != TEXT_TRACK:
             return {}
-        held, self._held = self._held, {}
-        joint = dataclasses.replace(
-            stage, stack=_JointCall(stage.stack, held), prefix="", algorithm=_NoAfterTrain()
-        )
-        out = super().train_stage(joint, track, rollout_index)
-        for s in self.trained:  # each loss node's own end-of-rollout metrics (KL control, …)
-            after = mean_over_ranks(s.algorithm.after_train(rollout_index))
-            out.update({s.key(k): v for k, v in after.items()})
-        text = held[TEXT_TRACK]
-        extra = {**response_metrics(text), **kept_reward_stats(text)}
-        out.update({f"{TEXT_TRACK}/{k}": v for k, v in extra.items()})
-        return out
+        return {**response_metrics(track), **kept_reward_stats(track)}
 
     def gallery(self, path: Path, track: RolloutTrack, limit: int) -> Path:
         """Images captioned with the text the model wrote before drawing them (PNG), and
@@ -499,28 +483,6 @@ class UnifiedModelTrainer(StageTrainer):
                 }
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
         return sheet
-
-
-class _JointCall:
-    """The joint stack seen through ``TrainStack.train_track``'s call: the base's
-    ``train_stage`` calls ``train_track(track, k)``; this calls the joint step on the held
-    tracks."""
-
-    def __init__(self, stack: Any, tracks: dict[str, RolloutTrack]) -> None:
-        self.stack = stack
-        self.tracks = tracks
-
-    def train_track(self, track: RolloutTrack, rollout_index: int) -> Any:
-        light = {name: dataclasses.replace(t, decoded=None) for name, t in self.tracks.items()}
-        return self.stack.train_tracks(light[TEXT_TRACK], light[IMAGE_TRACK], rollout_index)
-
-
-class _NoAfterTrain:
-    """Stands in for the stage's algorithm inside the base's ``train_stage``: the trainer calls
-    every stage's own ``after_train`` once itself."""
-
-    def after_train(self, rollout_index: int) -> list[dict[str, float]]:
-        return [{}]
 
 
 def run_unified(cfg: RunConfig, data: dict[str, Any], unified: UnifiedConfig) -> int:
