@@ -34,9 +34,13 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from unirl.config.entry import hydra_entry
+from unirl.logging.trackers import as_float
+
+if TYPE_CHECKING:
+    from unirl.types import RolloutTrack
 
 # dense bf16 peak of known cards (TFLOP/s, vendor spec)
 PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
@@ -104,13 +108,13 @@ OPTS = _parse_own_args([])[0]
 _REST: list[str] = []  # the command line left after the benchmark's own options
 
 
-def _mean(rows: list[dict[str, Any]], key: str) -> float:
-    vals = [float(r[key]) for r in rows if r.get(key) is not None]
+def _mean(rows: list[dict[str, object]], key: str) -> float:
+    vals = [as_float(r[key]) for r in rows if r.get(key) is not None]
     return sum(vals) / len(vals) if vals else 0.0
 
 
 def summarize(
-    rows: list[dict[str, Any]],
+    rows: list[dict[str, object]],
     *,
     warmup: int,
     num_devices: int,
@@ -137,8 +141,8 @@ def summarize(
         "samples_per_s": samples_per_s,
         "samples_per_s_per_device": samples_per_s / num_devices,
         "seconds_per_phase": phases,
-        "compile_and_warmup_s": sum(float(r["time/total"]) for r in rows[:warmup]),
-        "reward_mean_last": float(timed[-1]["reward/mean"]),
+        "compile_and_warmup_s": sum(as_float(r["time/total"]) for r in rows[:warmup]),
+        "reward_mean_last": as_float(timed[-1]["reward/mean"]),
     }
     # how the timed rollouts' trained steps got the unconditional velocity (docs/math.md)
     uncond = {
@@ -171,7 +175,7 @@ def summarize(
     return out
 
 
-def text_throughput(timed: list[dict[str, Any]], phases: dict[str, float]) -> dict[str, Any]:
+def text_throughput(timed: list[dict[str, object]], phases: dict[str, float]) -> dict[str, object]:
     """Token figures of a text recipe from its timed rows: mean tokens per rollout, generated
     tokens/s over the rollout call, trained tokens/s over the train phase (π_old replay
     included) and over its updates alone (the phase less ``old_logp``). Trained tokens are
@@ -199,7 +203,7 @@ def text_throughput(timed: list[dict[str, Any]], phases: dict[str, float]) -> di
     }
 
 
-def token_counts(track: Any) -> dict[str, float]:
+def token_counts(track: RolloutTrack) -> dict[str, float]:
     """One text rollout's token counts (a metrics row's ``bench/*`` keys): generated tokens
     from the engine's per-sample ``response_tokens``; prompt and trained tokens (every row of
     the packed segment) when the segment reached the driver."""

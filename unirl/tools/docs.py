@@ -20,11 +20,14 @@ import dataclasses
 import posixpath
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import yaml
+
+if TYPE_CHECKING:
+    from unirl.config.help import KeyDoc
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -66,7 +69,7 @@ def entrypoint_of(folder: str, repo: Path = REPO) -> str:
     return f"unirl.{module}"
 
 
-def _target(block: Any) -> str | None:
+def _target(block: object) -> str | None:
     return str(block["_target_"]) if isinstance(block, Mapping) and "_target_" in block else None
 
 
@@ -85,7 +88,7 @@ def _short(target: str | None) -> str:
     return "—" if target is None else target.rsplit(".", 1)[-1]
 
 
-def _hardware(recipe: Mapping[str, Any]) -> str:
+def _hardware(recipe: Mapping[str, object]) -> str:
     from unirl.config.run import RunConfig
 
     defaults = RunConfig()
@@ -184,7 +187,7 @@ def recipe_targets(examples: Path = EXAMPLES) -> dict[str, set[str]]:
     """``{_target_: {where it is used (``pipeline.strategy``)}}`` over every recipe."""
     found: dict[str, set[str]] = {}
 
-    def walk(node: Any, where: str) -> None:
+    def walk(node: object, where: str) -> None:
         if isinstance(node, Mapping):
             target = _target(node)
             if target is not None:
@@ -201,13 +204,13 @@ def recipe_targets(examples: Path = EXAMPLES) -> dict[str, set[str]]:
     return found
 
 
-def _md_value(value: Any) -> str:
+def _md_value(value: object) -> str:
     from unirl.config.help import _show
 
     return f"`{_cell(_show(value, width=60))}`"
 
 
-def _key_table(keys: Iterator[Any]) -> list[str]:
+def _key_table(keys: Iterable[KeyDoc]) -> list[str]:
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
     for k in keys:
         if k.key.endswith("._target_"):
@@ -317,7 +320,7 @@ def rewrite_links(markdown: str, source: Path, page: str, repo: Path = REPO) -> 
     return _outside_code(markdown, lambda chunk: _LINK.sub(replace, chunk))
 
 
-def _outside_code(markdown: str, change: Any) -> str:
+def _outside_code(markdown: str, change: Callable[[str], str]) -> str:
     """Apply ``change`` to the text outside fenced code blocks."""
     parts = re.split(r"(^```.*?^```[^\n]*$)", markdown, flags=re.M | re.S)
     return "".join(p if i % 2 else change(p) for i, p in enumerate(parts))

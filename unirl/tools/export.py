@@ -28,7 +28,6 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -102,7 +101,7 @@ def is_text_adapter(adapter: Path) -> bool:
     return config.is_file() and json.loads(config.read_text()).get("task_type") == "CAUSAL_LM"
 
 
-def _bundle_block(run: Path) -> dict[str, Any]:
+def _bundle_block(run: Path) -> dict[str, object]:
     """The ``bundle`` block of the run's ``config.yaml`` ({} when it has none)."""
     config = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))
     bundle = config.get("bundle") if isinstance(config, dict) else None
