@@ -26,7 +26,7 @@ from unirl.distributed.group.pool import PoolBase
 from unirl.trainer.base import StageTrainer
 from unirl.trainer.dedicated import DedicatedLayout, SyncedRollout
 from unirl.trainer.request import prompt_metadata, prompt_texts, rollout_ids, text_request
-from unirl.trainer.roles import RewardWorker, TrainOps
+from unirl.trainer.roles import RewardWorker, TrainOps, stage_roles
 from unirl.trainer.stage import Stage
 from unirl.types import ARSamplingParams, Images, RolloutReq, RolloutTrack, Texts
 
@@ -90,33 +90,12 @@ def bundle_image_size(cfg: RunConfig) -> int | None:
     return int(size) if size is not None else None
 
 
-def text_train_roles(cfg: RunConfig) -> dict[str, Handle]:
-    """The training roles of a text stage in the current placement block: bundle, pipeline
-    (the token policy), backend, algorithm (``policy=pipeline``), stack and ops."""
-    bundle = remote(cfg.bundle, name="bundle")
-    pipeline = remote(cfg.pipeline, name="pipeline", bundle=bundle)
-    backend = remote(cfg.backend, name="backend", bundle=bundle)
-    algorithm = remote(cfg.algorithm, name="algorithm", policy=pipeline)
-    stack = remote(cfg.stack, name="stack", backend=backend, algorithm=algorithm)
-    ops = remote(
-        ARTrainOps, name="ops", backend=backend, pipeline=pipeline, stack=stack, algorithm=algorithm
-    )
-    return {
-        "bundle": bundle,
-        "pipeline": pipeline,
-        "backend": backend,
-        "algorithm": algorithm,
-        "stack": stack,
-        "ops": ops,
-    }
-
-
 class TextDedicatedLayout(DedicatedLayout):
     """A dedicated-engine layout (colocate / separate, weight sync) whose train slab holds a
     text stage's roles."""
 
     def _train_roles(self) -> dict[str, Handle]:
-        return text_train_roles(self.cfg)
+        return stage_roles(self.cfg, algorithm_takes="policy", ops_class=ARTrainOps)
 
 
 class ARTrainOps(TrainOps):
@@ -165,14 +144,13 @@ class ARTrainer(StageTrainer):
 
     def place_roles(self, pool: PoolBase) -> None:
         cfg = self.cfg
-        train_ranks, rollout_ranks = cfg.slab_sizes()
         sync = None
         rollout: Handle | SyncedRollout
         if engine_kind(cfg) == "trainside":
             if cfg.num_devices > 1:
                 pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
             with placement(pool, fraction=1.0):  # every role a sibling on every worker
-                train = text_train_roles(cfg)
+                train = stage_roles(cfg, algorithm_takes="policy", ops_class=ARTrainOps)
                 rollout = remote(cfg.rollout, name="rollout", pipeline=train["pipeline"])
                 reward = remote(RewardWorker, name="reward", service=cfg.reward)
             algorithm, stack, ops = train["algorithm"], train["stack"], train["ops"]
@@ -182,20 +160,15 @@ class ARTrainer(StageTrainer):
             algorithm, stack, ops = layout.roles.algorithm, layout.roles.stack, layout.roles.ops
             print(f"[unirl] {layout.describe()}", flush=True)
         self.rollout = rollout
-        self.stages = [
-            Stage(
-                track=TRACK,
-                reward=reward,
-                stack=stack,
-                algorithm=algorithm,
-                ops=ops,
-                sync=sync,
-                train_ranks=train_ranks,
-                rollout_ranks=rollout_ranks,
-                exports_lora=(cfg.backend or {}).get("lora") is not None,
-                exports_model=(cfg.backend or {}).get("lora") is None,
-            )
-        ]
+        self.stages = self.one_stage(
+            TRACK,
+            reward=reward,
+            stack=stack,
+            algorithm=algorithm,
+            ops=ops,
+            sync=sync,
+            exports_model=(cfg.backend or {}).get("lora") is None,  # a transformers causal LM
+        )
 
     def after_place(self) -> None:
         info = self.stages[0].ops.describe_policy()

@@ -195,6 +195,36 @@ class StageTrainer:
         on a :class:`DryRunPool` with this same method)."""
         raise NotImplementedError
 
+    def one_stage(
+        self,
+        track: str,
+        *,
+        reward: Any,
+        stack: Any,
+        algorithm: Any,
+        ops: Any,
+        sync: Any,
+        exports_model: bool = False,
+    ) -> list[Stage]:
+        """The stage list of a one-stage recipe (diffusion, text): its ranks from the recipe's
+        slabs; it exports its adapter after a LoRA run; ``exports_model``: the whole trained
+        model as a ``save_pretrained`` folder (a full fine-tune of a transformers family)."""
+        train_ranks, rollout_ranks = self.cfg.slab_sizes()
+        return [
+            Stage(
+                track=track,
+                reward=reward,
+                stack=stack,
+                algorithm=algorithm,
+                ops=ops,
+                sync=sync,
+                train_ranks=train_ranks,
+                rollout_ranks=rollout_ranks,
+                exports_lora=(self.cfg.backend or {}).get("lora") is not None,
+                exports_model=exports_model,
+            )
+        ]
+
     def after_place(self) -> None:
         """What the driver reads from the placed roles (the family's σ schedules and latent
         geometry, parameter counts); runs in a real run only."""

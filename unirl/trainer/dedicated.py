@@ -23,12 +23,12 @@ import datetime
 from dataclasses import dataclass
 
 from unirl.config.run import RunConfig
-from unirl.distributed.group import Handle, ParallelSizes, placement, remote
+from unirl.distributed.group import Handle, placement, remote
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.distributed.group.pool import PoolBase
 from unirl.distributed.weight_sync import SyncSource, WeightSync, WeightSyncDriver, build_sync
 from unirl.distributed.weight_sync.group import free_port, node_address
-from unirl.trainer.roles import RewardWorker, TrainOps
+from unirl.trainer.roles import RewardWorker, stage_roles
 from unirl.types import RolloutReq, RolloutResp
 
 
@@ -70,37 +70,6 @@ def train_slab_world(pool: PoolBase, cfg: RunConfig, timeout_s: float) -> None:
         host, port = world.endpoint()
         backend = "gloo" if cfg.device == "cpu" else "cpu:gloo,cuda:nccl"
         world.init(host, port, backend, float(timeout_s))
-
-
-def train_roles(cfg: RunConfig, parallel: ParallelSizes | None = None) -> dict[str, Handle]:
-    """The training roles of a diffusion stage, created in the current placement block:
-    bundle, pipeline, backend, algorithm, stack and ops (``TrainOps``). ``parallel``: their
-    model-parallel sizes (``sp`` > 1: the backend gets ``sequence_parallel_size`` and splits
-    the bundle's transformer over each SP group)."""
-    parallel = parallel or ParallelSizes()
-    sp = {"sequence_parallel_size": parallel.sp} if parallel.sp > 1 else {}
-    bundle = remote(cfg.bundle, name="bundle", parallel=parallel)
-    pipeline = remote(cfg.pipeline, name="pipeline", bundle=bundle, parallel=parallel)
-    backend = remote(cfg.backend, name="backend", bundle=bundle, parallel=parallel, **sp)
-    algorithm = remote(cfg.algorithm, name="algorithm", pipeline=pipeline, parallel=parallel)
-    stack = remote(cfg.stack, name="stack", backend=backend, algorithm=algorithm, parallel=parallel)
-    ops = remote(
-        TrainOps,
-        name="ops",
-        backend=backend,
-        pipeline=pipeline,
-        stack=stack,
-        algorithm=algorithm,
-        parallel=parallel,
-    )
-    return {
-        "bundle": bundle,
-        "pipeline": pipeline,
-        "backend": backend,
-        "algorithm": algorithm,
-        "stack": stack,
-        "ops": ops,
-    }
 
 
 @dataclass(kw_only=True)
@@ -194,7 +163,7 @@ class DedicatedLayout:
         )
 
     def _train_roles(self) -> dict[str, Handle]:
-        return train_roles(self.cfg)
+        return stage_roles(self.cfg)
 
     def _build_colocate(self, pool: PoolBase) -> DedicatedRoles:
         cfg = self.cfg

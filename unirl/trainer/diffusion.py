@@ -20,9 +20,8 @@ from unirl.distributed.group import ParallelSizes, placement, remote
 from unirl.distributed.group.pool import PoolBase
 from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.base import StageTrainer
-from unirl.trainer.dedicated import build_dedicated_layout, train_roles
-from unirl.trainer.roles import RewardWorker
-from unirl.trainer.stage import Stage
+from unirl.trainer.dedicated import build_dedicated_layout
+from unirl.trainer.roles import RewardWorker, stage_roles
 from unirl.types import DiffusionRequest, DiffusionSamplingParams, Images, RolloutReq, Texts
 
 TRACK = "diffusion"
@@ -221,7 +220,6 @@ class DiffusionTrainer(StageTrainer):
 
     def place_roles(self, pool: PoolBase) -> None:
         cfg = self.cfg
-        train_ranks, rollout_ranks = cfg.slab_sizes()
         sync = None
         if engine_kind(cfg) == "trainside":
             if cfg.num_devices > 1:
@@ -230,7 +228,7 @@ class DiffusionTrainer(StageTrainer):
             # same rows for every role); the backend splits each video's tokens over them
             parallel = ParallelSizes(sp=cfg.parallel.sequence_parallel_size)
             with placement(pool, fraction=1.0):  # every role a sibling on every worker
-                train = train_roles(cfg, parallel)
+                train = stage_roles(cfg, parallel=parallel)
                 reward = remote(RewardWorker, name="reward", service=cfg.reward, parallel=parallel)
                 # rollout.reward_overlap: the engine scores chunks through its reward sibling
                 overlap = {"reward": reward} if cfg.rollout.get("reward_overlap") else {}
@@ -249,19 +247,9 @@ class DiffusionTrainer(StageTrainer):
             stack, ops = roles.stack, roles.ops
             print(f"[unirl] {self.dedicated.describe()}", flush=True)
         self.rollout = rollout
-        self.stages = [
-            Stage(
-                track=TRACK,
-                reward=reward,
-                stack=stack,
-                algorithm=algorithm,
-                ops=ops,
-                sync=sync,
-                train_ranks=train_ranks,
-                rollout_ranks=rollout_ranks,
-                exports_lora=(cfg.backend or {}).get("lora") is not None,
-            )
-        ]
+        self.stages = self.one_stage(
+            TRACK, reward=reward, stack=stack, algorithm=algorithm, ops=ops, sync=sync
+        )
 
     def after_place(self) -> None:
         """Read the family's σ schedules and latent geometry (the driver authors σ and x_T)."""

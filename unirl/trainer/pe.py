@@ -30,7 +30,7 @@ otherwise it needs none: it samples with the module it trains (``pe.train_both``
 or stays frozen.
 
 The ``pe`` block's types and every check before Ray are in ``pe_config``; the roles both
-layouts build (``stage_roles``, ``DrawerInfo``) in ``pe_roles``; the served layout in
+layouts place (``DrawerInfo``) in ``pe_roles``, the stages' roles from ``roles.stage_roles``; the served layout in
 ``pe_served``.
 
 Metrics: the image stage is the main one (``reward/mean`` is the image reward; ``train/*``
@@ -58,7 +58,7 @@ from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.ar import ARTrainOps, response_metrics
 from unirl.trainer.base import StageTrainer
 from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, PEConfig, check_pe_engine
-from unirl.trainer.pe_roles import DrawerInfo, stage_roles
+from unirl.trainer.pe_roles import DrawerInfo
 from unirl.trainer.request import (
     EVAL_ID_OFFSET,
     prompt_metadata,
@@ -67,7 +67,7 @@ from unirl.trainer.request import (
     sde_indices,
     text_request,
 )
-from unirl.trainer.roles import RewardWorker, TrainOps
+from unirl.trainer.roles import RewardWorker, TrainOps, stage_roles
 from unirl.trainer.stage import Stage, kept_reward_stats
 from unirl.types import (
     STATUS_OK,
@@ -134,9 +134,11 @@ class PETrainer(StageTrainer):
             if cfg.num_devices > 1:
                 pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
             with placement(pool, fraction=1.0):  # every role a sibling on every worker
-                text = stage_roles(cfg, TEXT_TRACK, algorithm_takes="policy", ops_class=ARTrainOps)
+                text = stage_roles(
+                    cfg, prefix=TEXT_TRACK, algorithm_takes="policy", ops_class=ARTrainOps
+                )
                 draw = stage_roles(
-                    pe.diffusion, IMAGE_TRACK, algorithm_takes="pipeline", ops_class=TrainOps
+                    pe.diffusion, prefix=IMAGE_TRACK, algorithm_takes="pipeline", ops_class=TrainOps
                 )
                 self.info = remote(
                     DrawerInfo, name=f"{IMAGE_TRACK}_info", pipeline=draw["pipeline"]

@@ -30,8 +30,8 @@ from unirl.trainer.dedicated import (
     train_slab_world,
 )
 from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, PEConfig, compose_block
-from unirl.trainer.pe_roles import DrawerInfo, stage_roles
-from unirl.trainer.roles import RewardWorker, TrainOps
+from unirl.trainer.pe_roles import DrawerInfo
+from unirl.trainer.roles import RewardWorker, TrainOps, stage_roles
 from unirl.types import RolloutReq, RolloutTrack
 
 
@@ -133,13 +133,17 @@ class PEServedLayout(DedicatedLayout):
     # -- roles ---------------------------------------------------------------------------------
 
     def _policy_roles(self) -> dict[str, Handle]:
-        return stage_roles(self.cfg, TEXT_TRACK, algorithm_takes="policy", ops_class=ARTrainOps)
+        return stage_roles(
+            self.cfg, prefix=TEXT_TRACK, algorithm_takes="policy", ops_class=ARTrainOps
+        )
 
     def _drawer_roles(self) -> None:
         """The drawer's roles and facts in the current block; a dedicated drawer's sync source
         too (sending to its engine in-process when the engine is already a sibling here)."""
         d = self.pe.diffusion
-        self.draw = stage_roles(d, IMAGE_TRACK, algorithm_takes="pipeline", ops_class=TrainOps)
+        self.draw = stage_roles(
+            d, prefix=IMAGE_TRACK, algorithm_takes="pipeline", ops_class=TrainOps
+        )
         self.info = remote(DrawerInfo, name=f"{IMAGE_TRACK}_info", pipeline=self.draw["pipeline"])
         if d.dedicated:
             siblings: dict[str, Any] = {"engine": self.draw_engine} if self.colocate else {}

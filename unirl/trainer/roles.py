@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from unirl.config.require import require
+from unirl.distributed.group import Handle, ParallelSizes, remote
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import Images, RolloutReq, RolloutTrack
 from unirl.types.resident import unpark
@@ -271,3 +272,44 @@ def _modules_flops(counter: Any, class_names: list[str]) -> int:
         name for name in matched if not any(name.startswith(other + ".") for other in matched)
     ]
     return sum(sum(counts[name].values()) for name in outermost)
+
+
+def stage_roles(
+    blocks: Any,
+    *,
+    prefix: str = "",
+    algorithm_takes: str = "pipeline",
+    ops_class: type = TrainOps,
+    parallel: ParallelSizes | None = None,
+) -> dict[str, Handle]:
+    """One stage's roles in the current placement block, from ``blocks`` (a ``RunConfig`` or
+    a composed recipe's stage block: ``bundle``, ``pipeline``, ``backend``, ``algorithm``,
+    ``stack``): bundle and pipeline, then, when ``blocks.backend`` is set, backend, algorithm
+    (given the pipeline as ``algorithm_takes``: ``pipeline`` for a diffusion loss, ``policy``
+    for a token loss), stack and ops (``ops_class``). Named ``<prefix>_<role>`` (plain names
+    without a prefix). ``parallel``: their model-parallel sizes (``sp`` > 1: the backend gets
+    ``sequence_parallel_size`` and splits the bundle's transformer over each SP group)."""
+    parallel = parallel or ParallelSizes()
+    name = (lambda role: f"{prefix}_{role}") if prefix else (lambda role: role)
+    bundle = remote(blocks.bundle, name=name("bundle"), parallel=parallel)
+    pipeline = remote(blocks.pipeline, name=name("pipeline"), bundle=bundle, parallel=parallel)
+    roles = {"bundle": bundle, "pipeline": pipeline}
+    if blocks.backend is None:  # a frozen stage (a prompt enhancer's drawer)
+        return roles
+    sp = {"sequence_parallel_size": parallel.sp} if parallel.sp > 1 else {}
+    backend = remote(blocks.backend, name=name("backend"), bundle=bundle, parallel=parallel, **sp)
+    needs: dict[str, Any] = {algorithm_takes: pipeline}  # the policy / the pipeline it replays
+    algorithm = remote(blocks.algorithm, name=name("algorithm"), parallel=parallel, **needs)
+    stack = remote(
+        blocks.stack, name=name("stack"), backend=backend, algorithm=algorithm, parallel=parallel
+    )
+    ops = remote(
+        ops_class,
+        name=name("ops"),
+        backend=backend,
+        pipeline=pipeline,
+        stack=stack,
+        algorithm=algorithm,
+        parallel=parallel,
+    )
+    return {**roles, "backend": backend, "algorithm": algorithm, "stack": stack, "ops": ops}
