@@ -13,11 +13,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 
-ModuleFactory = Callable[[], Any]  # a module constructor (diffusers models type as Any)
+from unirl.models.common.config_dict import ConfigDict
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+ModuleFactory = Callable[[], torch.nn.Module]  # a module constructor
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -27,9 +32,9 @@ class ArchSpec:
     family's subclass adds its text encoders (and sets its scheduler default)."""
 
     name: str
-    transformer: dict[str, Any]
-    vae: dict[str, Any]
-    scheduler: dict[str, Any] = field(default_factory=dict)
+    transformer: ConfigDict
+    vae: ConfigDict
+    scheduler: ConfigDict = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -63,18 +68,23 @@ def build_seeded(
     return modules
 
 
+SpecT = TypeVar("SpecT", bound=ArchSpec)
+
+
 @dataclass(frozen=True, kw_only=True)
-class SingleEncoderArch:
+class SingleEncoderArch(Generic[SpecT]):
     """How a family with one transformer, one VAE and one text encoder (Qwen-Image, FLUX.2,
     Z-Image) builds the modules of its arch specs: constructors of the spec's modules and of
     the tokenizer (the tiny preset's, valid in the real vocabulary)."""
 
-    transformer: Callable[[Any], Any]
-    vae: Callable[[Any], Any]
-    text_encoder: Callable[[Any, int | None], Any]  # (spec, pad_token_id; None on meta)
-    tokenizer: Callable[[], Any]
+    transformer: Callable[[SpecT], torch.nn.Module]
+    vae: Callable[[SpecT], torch.nn.Module]
+    text_encoder: Callable[
+        [SpecT, int | None], torch.nn.Module
+    ]  # (spec, pad_token_id; None on meta)
+    tokenizer: Callable[[], PreTrainedTokenizerBase]
 
-    def count_params(self, spec: ArchSpec) -> dict[str, int]:
+    def count_params(self, spec: SpecT) -> dict[str, int]:
         """Parameter counts of the transformer and the text encoder, built on the meta device
         (no allocation)."""
         return count_params_on_meta(
@@ -86,7 +96,7 @@ class SingleEncoderArch:
 
     def build(
         self,
-        spec: ArchSpec,
+        spec: SpecT,
         *,
         device: torch.device,
         dtype: torch.dtype,

@@ -18,21 +18,28 @@ import contextlib
 import dataclasses
 import inspect
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeAlias
 
 import torch
 
 from unirl.config.precision import canonical_precision, parse_dtype
 from unirl.config.require import ConfigError, require
 from unirl.config.typecheck import PositiveInt
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.cuda_graph import GraphedFunction
 from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.guidance import BatchedCFG, Guidance
 from unirl.models.common.presets import ModelSourceError
 from unirl.sde.schedule import sigmas_from_scheduler_config
-from unirl.types import Conditions
+from unirl.types import Conditions, DiffusionSamplingParams
+
+if TYPE_CHECKING:
+    from unirl.models.common.sequence_parallel import SequenceParallel, SequenceParallelHandle
+
+Architecture: TypeAlias = tuple[ConfigDict, ConfigDict]
+"""``(transformer config, VAE config)`` of a model source, read without weights."""
 
 SDPA_BACKENDS = ("auto", "torch", "flash", "efficient", "cudnn", "math")
 
@@ -107,7 +114,7 @@ class FlowMatchingBundleConfig:
         return torch.device(self.device)
 
 
-def sdpa_context(backend: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+def sdpa_context(backend: str, device: torch.device) -> contextlib.AbstractContextManager[None]:
     """The attention kernel choice for one transformer call (see ``FlowMatchingBundleConfig``)."""
     if backend == "torch" or device.type != "cuda":
         return contextlib.nullcontext()
@@ -151,12 +158,12 @@ def require_size_multiple(key: str, size: int, multiple: int, why: str) -> None:
     )
 
 
-def _config_constructor(config_class: type) -> Any:
+def _config_constructor(config_class: type) -> Callable[..., None]:
     """An ``__init__(self, **fields)`` whose signature and annotations are the config's
     fields (keyword-only, with their defaults): what ``inspect``, Hydra and the recipe
     validators read, so the fields are declared once, in the config dataclass."""
 
-    def __init__(self: FlowMatchingBundle, **fields: Any) -> None:
+    def __init__(self: FlowMatchingBundle, **fields: object) -> None:
         self._setup(config_class(**fields))
 
     hints = typing.get_type_hints(config_class, include_extras=True)
@@ -210,19 +217,19 @@ class FlowMatchingBundle:
     takes_references: ClassVar[bool] = False
 
     config: FlowMatchingBundleConfig
-    scheduler_config: dict[str, Any]
+    scheduler_config: ConfigDict
     vae: Any  # every family decodes through a VAE (``compile_vae`` compiles its decoder)
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if "config_class" in cls.__dict__ and "__init__" not in cls.__dict__:
             cls.__init__ = _config_constructor(cls.config_class)  # type: ignore[method-assign]
 
-    def __init__(self, **fields: Any) -> None:
+    def __init__(self, **fields: Any) -> None:  # the config's fields, each of its own type
         self._setup(self.config_class(**fields))
 
     @classmethod
-    def from_config(cls, config: FlowMatchingBundleConfig) -> Any:
+    def from_config(cls, config: FlowMatchingBundleConfig) -> Self:
         """The bundle of a typed config, taken whole."""
         if not isinstance(config, cls.config_class):
             raise TypeError(
@@ -300,29 +307,29 @@ class FlowMatchingBundle:
         raise NotImplementedError
 
     @classmethod
-    def architecture(cls, path: str) -> Any:
+    def architecture(cls, path: str) -> Architecture | None:
         """*Family*: the configs of the model at ``path``, read without weights (None when
         not readable here, e.g. an uncached hub id); raises ``ModelSourceError``."""
         return None
 
     @classmethod
-    def check_image_size(cls, architecture: Any, key: str, size: int) -> None:
+    def check_image_size(cls, architecture: Architecture, key: str, size: int) -> None:
         """*Family*: refuse ``sampling.<key>=size`` this architecture cannot take."""
 
     @classmethod
-    def trainable_from_architecture(cls, architecture: Any) -> torch.nn.Module | None:
+    def trainable_from_architecture(cls, architecture: Architecture) -> torch.nn.Module | None:
         """*Family*: the trainable module built from ``architecture`` (called on meta)."""
         return None
 
     # -- checks before anything is built (dry_run and the driver's validators) -------------
 
     @classmethod
-    def _path_of(cls, block: dict[str, Any]) -> str:
+    def _path_of(cls, block: Mapping[str, object]) -> str:
         default = cls.config_class.__dataclass_fields__["path"].default
         return str(block.get("path", default))
 
     @classmethod
-    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+    def check_config(cls, block: Mapping[str, object], recipe: object) -> None:
         """Refuse a model path that resolves to nothing and image sizes this architecture
         cannot take, reading configs only (no weights, no download)."""
         try:
@@ -338,7 +345,7 @@ class FlowMatchingBundle:
                 cls.check_image_size(architecture, key, size)
 
     @classmethod
-    def trainable_on_meta(cls, block: dict[str, Any]) -> torch.nn.Module | None:
+    def trainable_on_meta(cls, block: Mapping[str, object]) -> torch.nn.Module | None:
         """The trainable module built on the meta device from its config (module names for
         LoRA target checks, no memory); None when the config is not readable here."""
         try:
@@ -356,7 +363,7 @@ class FlowMatchingBundle:
     def trainable_modules(self) -> dict[str, torch.nn.Module]:
         return {name: getattr(self, name) for name in self.trainable_module_names}
 
-    def enable_sequence_parallel(self, sp: Any) -> list[Any]:
+    def enable_sequence_parallel(self, sp: SequenceParallel) -> list[SequenceParallelHandle]:
         """Ulysses sequence parallelism over the SP group ``sp`` (a
         ``common.sequence_parallel.SequenceParallel``) in every trainable module: each still
         takes and returns whole tensors, so sampling, replay and the loss are unchanged. The
@@ -379,7 +386,7 @@ class FlowMatchingBundle:
         modules = (getattr(self, name, None) for name in self.frozen_module_names)
         return [m for m in modules if m is not None]
 
-    def to(self, device: torch.device | str) -> Any:
+    def to(self, device: torch.device | str) -> Self:
         """Move every module to ``device`` (and make it the bundle's device)."""
         self.device = torch.device(device)
         for module in self.trainable_modules.values():
@@ -424,10 +431,10 @@ class FlowMatchingBundle:
 
     # -- contexts for the transformer call -------------------------------------------------------
 
-    def sdpa_context(self) -> contextlib.AbstractContextManager[Any]:
+    def sdpa_context(self) -> contextlib.AbstractContextManager[None]:
         return sdpa_context(self.config.sdpa_backend, self.device)
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
         """On accelerators, autocast runs every matmul (the fp32 LoRA master weights included)
         in the bundle's dtype; on CPU, and in fp32, the math is exactly the module's own."""
         return torch.autocast(
@@ -477,7 +484,7 @@ class FlowMatchingBundle:
 
     # -- σ policy, geometry and decode -----------------------------------------------------------
 
-    def latent_shape_for(self, params: Any) -> tuple[int, ...]:
+    def latent_shape_for(self, params: DiffusionSamplingParams) -> tuple[int, ...]:
         """The latent of a request's sampling params (``height``, ``width``; a video family
         also reads ``num_frames``)."""
         return self.latent_shape(int(params.height), int(params.width))

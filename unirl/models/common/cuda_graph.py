@@ -19,17 +19,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
 
 Signature = tuple[tuple[tuple[int, ...], torch.dtype], ...]
 
 
 @dataclass
 class _Captured:
-    graph: Any  # torch.cuda.CUDAGraph
+    graph: torch.cuda.CUDAGraph
     inputs: tuple[torch.Tensor, ...]
     outputs: tuple[torch.Tensor, ...]
 
@@ -59,7 +62,7 @@ class GraphedFunction:
         self.switch = switch
         self.warmup = warmup
         self._graphs: dict[Signature, _Captured] = {}
-        self._pool: Any = None
+        self._pool: _POOL_HANDLE | None = None
         self.captures = 0
         self.replays = 0
 

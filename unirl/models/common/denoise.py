@@ -15,18 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from unirl.models.common.guidance import CFGGradient, guidance_of, guided
 from unirl.models.common.protocols import FlowMatchingFamily
+from unirl.sde.kernels import SDEStrategy
 from unirl.types import Conditions, LatentSegment, host_to_device
 
 
 def forward_conditions(
     family: FlowMatchingFamily, conditions: Conditions, guidance_scale: float
-) -> Any:
+) -> object:
     """What the velocity forwards of one loop (or one replayed micro-batch) consume, as the
     family's guidance builds it: CFG pairs (2·N rows), a (cond, uncond) pair, or plain rows."""
     return guidance_of(family).forward_conditions(family, conditions, guidance_scale)
@@ -36,7 +36,7 @@ def guided_velocity(
     family: FlowMatchingFamily,
     latents: torch.Tensor,
     sigma: torch.Tensor,
-    fwd_conditions: Any,
+    fwd_conditions: object,
     guidance_scale: float,
     *,
     cfg_gradient: CFGGradient = "both",
@@ -94,7 +94,7 @@ def sample_trajectory(
     sigmas: torch.Tensor,
     sde_indices: torch.Tensor,
     sde_noise: torch.Tensor | Callable[[], torch.Tensor] | None,
-    strategy: Any,
+    strategy: SDEStrategy,
     guidance_scale: float,
     storage_dtype: torch.dtype = torch.float32,
     record_means: bool = False,
@@ -207,10 +207,10 @@ def sample_trajectory(
 def replay_step(
     family: FlowMatchingFamily,
     *,
-    fwd_conditions: Any,
+    fwd_conditions: object,
     segment: LatentSegment,
     slot: int,
-    strategy: Any,
+    strategy: SDEStrategy,
     cfg_gradient: CFGGradient = "both",
     reuse_uncond: bool = False,
 ) -> StepRecord:

@@ -16,22 +16,28 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeAlias
 
 import torch
 
 from unirl.config.require import ConfigError
+from unirl.models.common.config_dict import JSONDict
 from unirl.types import Conditions
 
 Engine = Literal["sglang", "vllm_omni"]
 ENGINES: tuple[Engine, ...] = ("sglang", "vllm_omni")
 
 
+PromptEntry: TypeAlias = torch.Tensor | Mapping[str, "PromptEntry"] | None
+"""One entry of a vLLM-Omni prompt: an embedding row, a nested group of them
+(``additional_information``), or None for an absent one."""
+
+
 class EngineMapError(ValueError):
     """An engine's output cannot be mapped into the family's types (a key or shape is off)."""
 
 
-def sample_tensor(value: Any, ndim: int, what: str) -> torch.Tensor:
+def sample_tensor(value: object, ndim: int, what: str) -> torch.Tensor:
     """One sample's fp32 tensor from an engine value: a one-element list / tuple is unwrapped
     and leading singleton dims are dropped down to ``ndim`` dims."""
     if isinstance(value, list | tuple) and len(value) == 1:
@@ -72,24 +78,24 @@ class EngineMaps:
         """The family's conditions (``N`` rows) from SGLang's per-sample ``denoising_env``."""
         raise NotImplementedError(f"{self.family}: no SGLang condition mapper")
 
-    def sglang_guidance(self, scale: float) -> dict[str, Any]:
+    def sglang_guidance(self, scale: float) -> JSONDict:
         """The ``/rollout/generate`` payload keys that set classifier-free guidance."""
         return {"guidance_scale": scale}
 
     # -- vLLM-Omni -------------------------------------------------------------------------------
 
-    def vllm_omni_prompt(self, conditions: Conditions, row: int) -> dict[str, Any]:
+    def vllm_omni_prompt(self, conditions: Conditions, row: int) -> dict[str, PromptEntry]:
         """The vLLM-Omni prompt entries (embeddings, no ``prompt`` text) of ``conditions[row]``."""
         raise NotImplementedError(f"{self.family}: no vLLM-Omni prompt mapper")
 
-    def vllm_omni_guidance(self, scale: float) -> dict[str, Any]:
+    def vllm_omni_guidance(self, scale: float) -> JSONDict:
         """The vLLM-Omni sampling keys that set classifier-free guidance."""
         return {"guidance_scale": scale}
 
     # video families set ``video = True``: the engine is asked for frames and returns videos
     video: ClassVar[bool] = False
 
-    def vllm_omni_video(self, num_frames: int, fps: float) -> dict[str, Any]:
+    def vllm_omni_video(self, num_frames: int, fps: float) -> JSONDict:
         """The vLLM-Omni sampling keys of a video's length and frame rate; an image family
         takes none and refuses ``num_frames > 1``."""
         if num_frames != 1:
@@ -143,12 +149,12 @@ class VideoEngineMaps(EngineMaps):
     fps_key: ClassVar[str | None] = "fps"
     guidance_key: ClassVar[str] = "guidance_scale"
 
-    def vllm_omni_guidance(self, scale: float) -> dict[str, Any]:
+    def vllm_omni_guidance(self, scale: float) -> JSONDict:
         return {self.guidance_key: scale}
 
-    def vllm_omni_video(self, num_frames: int, fps: float) -> dict[str, Any]:
+    def vllm_omni_video(self, num_frames: int, fps: float) -> JSONDict:
         """``{num_frames: n, fps: r}`` under ``frames_key`` / ``fps_key``."""
-        keys: dict[str, Any] = {self.frames_key: int(num_frames)}
+        keys: JSONDict = {self.frames_key: int(num_frames)}
         if self.fps_key is not None:
             keys[self.fps_key] = float(fps)
         return keys

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unirl.models.common.arch import ArchSpec
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.progress import hf_progress_bars_disabled
 
 if TYPE_CHECKING:
     from unirl.models.common.bundle import FlowMatchingBundle
 
 
-def read_scheduler_config(folder: Path) -> dict[str, Any]:
+def read_scheduler_config(folder: Path) -> ConfigDict:
     """``scheduler/scheduler_config.json`` of a diffusers folder."""
     return dict(json.loads((folder / "scheduler" / "scheduler_config.json").read_text()))
 

@@ -19,11 +19,12 @@ VAE's ``[C, F, H/f, W/f]`` with ``F = (num_frames − 1)/t + 1`` (:func:`check_v
 from __future__ import annotations
 
 from collections.abc import Sized
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
 from unirl.config.require import ConfigError
+from unirl.types import DiffusionSamplingParams
 
 PATCH = 2  # the 2x2 packing of VAE latents into tokens (PackedLatentGeometry)
 
@@ -156,7 +157,7 @@ class VideoLatentGeometry:
         """The latent of one frame (``num_frames=1``); videos: :meth:`latent_shape_for`."""
         return self.video_latent_shape(1, height, width)
 
-    def latent_shape_for(self, params: Any) -> tuple[int, int, int, int]:
+    def latent_shape_for(self, params: DiffusionSamplingParams) -> tuple[int, int, int, int]:
         """The latent of a request's sampling params (``num_frames``, ``height``, ``width``)."""
         return self.video_latent_shape(
             int(getattr(params, "num_frames", 1)), int(params.height), int(params.width)

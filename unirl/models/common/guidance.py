@@ -27,13 +27,17 @@ geometry, so a replay that must agree bit for bit with another (the π_old ancho
 trained step) uses the same ``cfg_gradient`` in both. ``v_uncond`` hands in the unconditional
 velocity the rollout recorded (``uncond_out`` is how the sampler records it), skipping that
 forward; the caller checks that the policy is still the one that computed it.
+
+What ``forward_conditions`` returns is each kind's own form (rows, a ``(cond, uncond)`` pair,
+Z-Image's ``CFGInputs``): the denoise loop holds it as an ``object`` and hands it back to the
+same kind's ``velocity``, which casts it to that form.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, cast, runtime_checkable
 
 import torch
 
@@ -45,8 +49,14 @@ CFG_GRADIENTS: tuple[CFGGradient, ...] = ("cond_only", "both")
 
 class VelocityModel(Protocol):
     def predict_velocity(
-        self, latents: torch.Tensor, sigma: torch.Tensor, conditions: Any
+        self, latents: torch.Tensor, sigma: torch.Tensor, conditions: Conditions
     ) -> torch.Tensor: ...
+
+
+class CFGFamily(VelocityModel, Protocol):
+    """A family batched CFG can guide: its velocity and its ``[uncond; cond]`` rows."""
+
+    def cfg_conditions(self, conditions: Conditions) -> Conditions: ...
 
 
 @runtime_checkable
@@ -62,8 +72,10 @@ class PairedConditions(Protocol):
 class Guidance(Protocol):
     """How one family guides: the forward inputs, then the combined fp32 velocity."""
 
-    def forward_conditions(self, family: Any, conditions: Conditions, scale: float) -> Any:
-        """What :meth:`velocity` consumes for ``conditions`` (N rows) at guidance ``scale``."""
+    def forward_conditions(self, family: CFGFamily, conditions: Conditions, scale: float) -> object:
+        """What :meth:`velocity` consumes for ``conditions`` (N rows) at guidance ``scale``: the
+        guidance's own form (rows, a ``(cond, uncond)`` pair, ...), which the denoise loop only
+        hands back to :meth:`velocity`."""
         ...
 
     def velocity(
@@ -71,7 +83,7 @@ class Guidance(Protocol):
         family: VelocityModel,
         latents: torch.Tensor,
         sigma: torch.Tensor,
-        fwd_conditions: Any,
+        fwd_conditions: object,
         scale: float,
         *,
         cfg_gradient: CFGGradient = "both",
@@ -111,8 +123,8 @@ def guided_branches(
     latents: torch.Tensor,
     sigma: torch.Tensor,
     *,
-    halves: Callable[[], tuple[Any, Any]],
-    both: Any,
+    halves: Callable[[], tuple[Conditions, Conditions]],
+    both: Conditions,
     uncond_first: bool,
     cfg_gradient: CFGGradient,
     v_uncond: torch.Tensor | None,
@@ -144,7 +156,9 @@ def guided_branches(
 class BatchedCFG:
     """``[uncond; cond]`` (2·N rows, built by ``family.cfg_conditions``) in one forward."""
 
-    def forward_conditions(self, family: Any, conditions: Conditions, scale: float) -> Any:
+    def forward_conditions(
+        self, family: CFGFamily, conditions: Conditions, scale: float
+    ) -> Conditions:
         return family.cfg_conditions(conditions) if guided(scale) else conditions
 
     def velocity(
@@ -152,19 +166,20 @@ class BatchedCFG:
         family: VelocityModel,
         latents: torch.Tensor,
         sigma: torch.Tensor,
-        fwd_conditions: Any,
+        fwd_conditions: object,
         scale: float,
         *,
         cfg_gradient: CFGGradient = "both",
         v_uncond: torch.Tensor | None = None,
         uncond_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        rows = cast(Conditions, fwd_conditions)  # what forward_conditions returned
         if not guided(scale):
-            return family.predict_velocity(latents, sigma, fwd_conditions).float()
+            return family.predict_velocity(latents, sigma, rows).float()
         n = latents.shape[0]
 
-        def halves() -> tuple[Any, Any]:
-            uncond, cond = fwd_conditions.split([n, n])
+        def halves() -> tuple[Conditions, Conditions]:
+            uncond, cond = rows.split([n, n])
             return cond, uncond
 
         v_c, v_u = guided_branches(
@@ -172,7 +187,7 @@ class BatchedCFG:
             latents,
             sigma,
             halves=halves,
-            both=fwd_conditions,
+            both=rows,
             uncond_first=True,
             cfg_gradient=cfg_gradient,
             v_uncond=v_uncond,
@@ -188,7 +203,9 @@ class SeparateCFG:
     rescale: the FLUX.2 base pipelines' guidance. Its conditions must carry negative rows even
     when guidance is off (one conditional forward at a scale of at most 1)."""
 
-    def forward_conditions(self, family: Any, conditions: Conditions, scale: float) -> Any:
+    def forward_conditions(
+        self, family: CFGFamily, conditions: Conditions, scale: float
+    ) -> Conditions | tuple[Conditions, Conditions]:
         paired = require_paired(type(self).__name__, conditions)
         if not guided(scale):
             return paired.positive()
@@ -203,7 +220,7 @@ class SeparateCFG:
         family: VelocityModel,
         latents: torch.Tensor,
         sigma: torch.Tensor,
-        fwd_conditions: Any,
+        fwd_conditions: object,
         scale: float,
         *,
         cfg_gradient: CFGGradient = "both",
@@ -211,8 +228,9 @@ class SeparateCFG:
         uncond_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         if not guided(scale):
-            return family.predict_velocity(latents, sigma, fwd_conditions).float()
-        cond, uncond = fwd_conditions
+            rows = cast(Conditions, fwd_conditions)  # forward_conditions' positive rows
+            return family.predict_velocity(latents, sigma, rows).float()
+        cond, uncond = cast(tuple[Conditions, Conditions], fwd_conditions)
         v_cond = family.predict_velocity(latents, sigma, cond).float()
         if v_uncond is None:
             with torch.set_grad_enabled(torch.is_grad_enabled() and cfg_gradient == "both"):
@@ -237,7 +255,9 @@ class NormRescaledCFG(SeparateCFG):
 
     channel_dim: int = -1
 
-    def forward_conditions(self, family: Any, conditions: Conditions, scale: float) -> Any:
+    def forward_conditions(
+        self, family: CFGFamily, conditions: Conditions, scale: float
+    ) -> Conditions | tuple[Conditions, Conditions]:
         if not guided(scale):
             return positive_rows(conditions)
         return super().forward_conditions(family, conditions, scale)
@@ -253,7 +273,9 @@ class NormRescaledCFG(SeparateCFG):
 class NoGuidance:
     """One conditional forward: for step-distilled models, which have no unconditional branch."""
 
-    def forward_conditions(self, family: Any, conditions: Conditions, scale: float) -> Any:
+    def forward_conditions(
+        self, family: CFGFamily, conditions: Conditions, scale: float
+    ) -> Conditions:
         if guided(scale):
             raise ValueError(
                 f"sampling.guidance_scale={scale} but this model is distilled without "
@@ -266,20 +288,21 @@ class NoGuidance:
         family: VelocityModel,
         latents: torch.Tensor,
         sigma: torch.Tensor,
-        fwd_conditions: Any,
+        fwd_conditions: object,
         scale: float,
         *,
         cfg_gradient: CFGGradient = "both",
         v_uncond: torch.Tensor | None = None,
         uncond_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        return family.predict_velocity(latents, sigma, fwd_conditions).float()
+        rows = cast(Conditions, fwd_conditions)  # what forward_conditions returned
+        return family.predict_velocity(latents, sigma, rows).float()
 
 
 DEFAULT_GUIDANCE = BatchedCFG()
 
 
-def guidance_of(family: Any) -> Guidance:
+def guidance_of(family: object) -> Guidance:
     """The family's guidance (its ``guidance`` attribute), :class:`BatchedCFG` by default."""
     guidance = getattr(family, "guidance", None)
     return DEFAULT_GUIDANCE if guidance is None else guidance

@@ -18,6 +18,7 @@ from torch.profiler import record_function
 
 from unirl.config.precision import parse_dtype
 from unirl.config.typecheck import PositiveInt
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.denoise import (
     StepRecord,
     forward_conditions,
@@ -25,6 +26,7 @@ from unirl.models.common.denoise import (
     sample_trajectory,
 )
 from unirl.models.common.guidance import CFGGradient, Guidance, guidance_of
+from unirl.sde.kernels import SDEStrategy
 from unirl.types import (
     Conditions,
     DiffusionRequest,
@@ -98,7 +100,7 @@ class FlowMatchingPipeline:
         self,
         *,
         bundle: Any,
-        strategy: Any,
+        strategy: SDEStrategy,
         storage_dtype: str = "fp32",
         record_means: bool = False,
         record_uncond: bool = False,
@@ -132,7 +134,7 @@ class FlowMatchingPipeline:
         return guidance_of(self.bundle)
 
     @property
-    def scheduler_config(self) -> dict[str, Any]:
+    def scheduler_config(self) -> ConfigDict:
         return self.bundle.scheduler_config
 
     def latent_shape(self, height: int, width: int) -> tuple[int, ...]:
@@ -146,7 +148,7 @@ class FlowMatchingPipeline:
         return self.bundle.cfg_conditions(conditions)
 
     def predict_velocity(
-        self, latents: torch.Tensor, sigma: torch.Tensor, conditions: Any
+        self, latents: torch.Tensor, sigma: torch.Tensor, conditions: Conditions
     ) -> torch.Tensor:
         return self.bundle.predict_velocity(latents, sigma, conditions)
 

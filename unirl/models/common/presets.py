@@ -21,9 +21,27 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from unirl.models.common.config_dict import ConfigDict, JSONDict, JSONValue
 from unirl.models.common.tiny import corpus_lines
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+SpecT = TypeVar("SpecT")
+
+
+class ModelConfigs(Protocol):
+    """An ``*-arch`` spec as far as reading its architecture goes: its transformer's and its
+    VAE's ``config.json`` dicts."""
+
+    @property
+    def transformer(self) -> ConfigDict: ...
+
+    @property
+    def vae(self) -> ConfigDict: ...
+
 
 TINY = "tiny"
 MANIFEST = "unirl_preset.json"
@@ -88,7 +106,7 @@ def build_cached(
     root: Path,
     name: str,
     write: Callable[[Path], None],
-    manifest: Mapping[str, Any],
+    manifest: Mapping[str, JSONValue],
     *,
     marker: str = DIFFUSERS_MARKER,
 ) -> Path:
@@ -130,7 +148,7 @@ def build_cached(
 
 
 def tiny_preset_folder(
-    spec: Any,
+    spec: DataclassInstance,
     *,
     preset: str,
     folder_prefix: str,
@@ -138,7 +156,7 @@ def tiny_preset_folder(
     corpus: list[str],
     write: Callable[[Path], None],
     cache_dir: str | Path | None = None,
-    key_extra: Mapping[str, Any] | None = None,
+    key_extra: Mapping[str, JSONValue] | None = None,
     marker: str = DIFFUSERS_MARKER,
 ) -> Path:
     """A family's ``tiny`` preset folder, ``<cache>/presets/<folder_prefix>-<key>``, built by
@@ -155,7 +173,7 @@ def tiny_preset_folder(
     }
     key = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
     root = (Path(cache_dir).expanduser() if cache_dir is not None else cache_root()) / "presets"
-    manifest = {
+    manifest: JSONDict = {
         "preset": preset,
         "key": key,
         "builder": builder,
@@ -166,7 +184,7 @@ def tiny_preset_folder(
 
 def family_tiny_preset_folder(
     family: str,
-    spec: Any,
+    spec: DataclassInstance,
     *,
     builder: int,
     write: Callable[[Path], None],
@@ -234,15 +252,15 @@ class ModelSources:
             )
         return "hub", name
 
-    def arch_spec(self, specs: Mapping[str, Callable[[], Any]], name: str) -> Any:
+    def arch_spec(self, specs: Mapping[str, Callable[[], SpecT]], name: str) -> SpecT:
         """The spec of the ``*-arch`` preset ``name`` from the family's ``specs``."""
         if name not in specs:
             raise KeyError(f"unknown {self.family} arch preset {name!r}; known: {sorted(specs)}")
         return specs[name]()
 
     def resolve(
-        self, path_or_preset: str, *, tiny: Callable[[], Path], arch: Callable[[str], Any]
-    ) -> Any:
+        self, path_or_preset: str, *, tiny: Callable[[], Path], arch: Callable[[str], SpecT]
+    ) -> Path | SpecT:
         """Where the weights of ``path_or_preset`` are: ``tiny()`` (the cached tiny folder),
         ``arch(name)`` (an arch spec, built in memory later), a local folder, or a hub
         snapshot (local cache first; fails fast offline with :class:`ModelSourceError`)."""
@@ -301,9 +319,9 @@ class ModelSources:
         self,
         path_or_preset: str,
         *,
-        tiny: Callable[[], tuple[dict[str, Any], dict[str, Any]]],
-        arch: Callable[[str], Any],
-    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        tiny: Callable[[], tuple[ConfigDict, ConfigDict]],
+        arch: Callable[[str], ModelConfigs],
+    ) -> tuple[ConfigDict, ConfigDict] | None:
         """``(transformer config, VAE config)`` of a source, read without building weights:
         ``tiny()`` for the tiny preset, ``arch(name)`` (a spec with ``transformer`` and
         ``vae`` dicts) for an ``*-arch`` preset, the folder's ``config.json`` files otherwise;

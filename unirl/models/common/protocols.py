@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
-from unirl.types import Batch, Conditions
+from unirl.models.common.config_dict import ConfigDict
+from unirl.types import Conditions
 
 
 @runtime_checkable
@@ -27,7 +28,7 @@ class FlowMatchingFamily(Protocol):
       family adds ``num_frames``); ``decode`` maps it to pixels.
     """
 
-    scheduler_config: dict[str, Any]
+    scheduler_config: ConfigDict
 
     def encode_prompts(self, texts: list[str], *, negative: bool = False) -> Conditions:
         """Encoded conditions for ``texts`` (one row per text)."""
@@ -38,7 +39,7 @@ class FlowMatchingFamily(Protocol):
         ...
 
     def predict_velocity(
-        self, latents: torch.Tensor, sigma: torch.Tensor, conditions: Batch
+        self, latents: torch.Tensor, sigma: torch.Tensor, conditions: Conditions
     ) -> torch.Tensor:
         """``v`` with the shape of ``latents[B, ...]`` at ``sigma[B]``."""
         ...

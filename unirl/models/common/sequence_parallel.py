@@ -31,10 +31,12 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.distributed as dist
+from torch.autograd.function import FunctionCtx
+from torch.utils.hooks import RemovableHandle
 
 MaskKind = Literal["none", "key", "pair"]
 
@@ -44,12 +46,12 @@ class SequenceParallel:
     """One SP group: its process group (None: the default group), size and this rank's
     index in it."""
 
-    group: Any
+    group: dist.ProcessGroup | None
     size: int
     rank: int
 
     @classmethod
-    def of(cls, group: Any = None) -> SequenceParallel:
+    def of(cls, group: dist.ProcessGroup | None = None) -> SequenceParallel:
         """The SP group ``group`` (None: the whole default group) as this rank sees it."""
         return cls(group=group, size=dist.get_world_size(group), rank=dist.get_rank(group))
 
@@ -69,16 +71,26 @@ def _all_to_all(
     return torch.cat(list(recv.unbind(0)), dim=gather_dim)
 
 
+class _CollectiveCtx(FunctionCtx):
+    """What the collectives' forwards save on autograd's ``ctx`` for their backwards."""
+
+    sp: SequenceParallel
+    scatter: int
+    gather: int
+    dim: int
+    full: int
+
+
 class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, x: torch.Tensor, sp: SequenceParallel, scatter: int, gather: int
+        ctx: _CollectiveCtx, x: torch.Tensor, sp: SequenceParallel, scatter: int, gather: int
     ) -> torch.Tensor:
         ctx.sp, ctx.scatter, ctx.gather = sp, scatter, gather
         return _all_to_all(x, sp, scatter, gather)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: _CollectiveCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         return _all_to_all(grad, ctx.sp, ctx.gather, ctx.scatter), None, None, None
 
 
@@ -86,12 +98,14 @@ class _Split(torch.autograd.Function):
     """Replicated -> this rank's slice along ``dim``; backward zero-pads (a partial gradient)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, sp: SequenceParallel, dim: int) -> torch.Tensor:
+    def forward(
+        ctx: _CollectiveCtx, x: torch.Tensor, sp: SequenceParallel, dim: int
+    ) -> torch.Tensor:
         ctx.sp, ctx.dim, ctx.full = sp, dim, x.shape[dim]
         return x.chunk(sp.size, dim=dim)[sp.rank].contiguous()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: _CollectiveCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         sp, dim = ctx.sp, ctx.dim
         shape = list(grad.shape)
         shape[dim] = ctx.full
@@ -105,14 +119,16 @@ class _Gather(torch.autograd.Function):
     gradients over the group and keeps this rank's slice."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, sp: SequenceParallel, dim: int) -> torch.Tensor:
+    def forward(
+        ctx: _CollectiveCtx, x: torch.Tensor, sp: SequenceParallel, dim: int
+    ) -> torch.Tensor:
         ctx.sp, ctx.dim = sp, dim
         parts = [torch.empty_like(x) for _ in range(sp.size)]
         dist.all_gather(parts, x.contiguous(), group=sp.group)
         return torch.cat(parts, dim=dim)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: _CollectiveCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grad = grad.contiguous()
         dist.all_reduce(grad, group=ctx.sp.group)
         return grad.chunk(ctx.sp.size, dim=ctx.dim)[ctx.sp.rank].contiguous(), None, None
@@ -271,7 +287,7 @@ class _Active:
 _CURRENT: contextvars.ContextVar[_Active | None] = contextvars.ContextVar(
     "unirl_ulysses", default=None
 )
-_WRAPPED: dict[str, Callable[..., Any]] = {}
+_WRAPPED: dict[str, Callable[..., torch.Tensor]] = {}
 
 
 def _install_dispatch(module_name: str) -> None:
@@ -282,7 +298,7 @@ def _install_dispatch(module_name: str) -> None:
     original = module.dispatch_attention_fn
 
     def dispatch(
-        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: object, **kwargs: object
     ) -> torch.Tensor:
         active = _CURRENT.get()
         if active is None:
@@ -292,6 +308,10 @@ def _install_dispatch(module_name: str) -> None:
                 "sequence parallelism: dispatch_attention_fn takes keywords after q, k, v"
             )
         mask = kwargs.pop("attn_mask", None)
+        if mask is not None and not isinstance(mask, torch.Tensor):
+            raise TypeError(
+                f"sequence parallelism: attn_mask must be a tensor or None, got {type(mask).__name__}"
+            )
 
         def attend(
             q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None
@@ -329,7 +349,7 @@ def plan_of(transformer: torch.nn.Module) -> ShardPlan:
 class SequenceParallelHandle:
     """The hooks :func:`enable_sequence_parallel` installed; ``remove()`` undoes them."""
 
-    hooks: list[Any] = dataclasses.field(default_factory=list)
+    hooks: list[RemovableHandle] = dataclasses.field(default_factory=list)
 
     def remove(self) -> None:
         for hook in self.hooks:
@@ -354,12 +374,18 @@ def enable_sequence_parallel(
         if name not in modules:
             raise ValueError(f"sequence parallelism: {type(transformer).__name__} has no {name!r}")
 
-    def split_rope(_m: Any, _args: Any, out: Any) -> Any:
+    def split_rope(
+        _m: torch.nn.Module,
+        _args: tuple[object, ...],
+        out: torch.Tensor | tuple[torch.Tensor, ...],
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         parts = out if isinstance(out, tuple) else (out,)
         local = tuple(p.chunk(sp.size, dim=plan.rope_dim)[sp.rank] for p in parts)
         return local if isinstance(out, tuple) else local[0]
 
-    def split_input(_m: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def split_input(
+        _m: torch.nn.Module, args: tuple[torch.Tensor, ...], kwargs: dict[str, torch.Tensor]
+    ) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
         if "hidden_states" in kwargs:
             hidden = split(kwargs["hidden_states"], sp, 1)
             state.video_tokens = hidden.shape[1]
@@ -368,7 +394,9 @@ def enable_sequence_parallel(
         state.video_tokens = hidden.shape[1]
         return (hidden, *args[1:]), kwargs
 
-    def gather_output(_m: Any, _args: Any, out: torch.Tensor) -> torch.Tensor:
+    def gather_output(
+        _m: torch.nn.Module, _args: tuple[object, ...], out: torch.Tensor
+    ) -> torch.Tensor:
         return gather(out, sp, 1)
 
     handle.hooks.append(modules[plan.rope].register_forward_hook(split_rope))
@@ -379,10 +407,10 @@ def enable_sequence_parallel(
 
     tokens: list[contextvars.Token[_Active | None]] = []
 
-    def enter(_m: Any, _args: Any) -> None:
+    def enter(_m: torch.nn.Module, _args: tuple[object, ...]) -> None:
         tokens.append(_CURRENT.set(state))
 
-    def leave(_m: Any, _args: Any, _out: Any) -> None:
+    def leave(_m: torch.nn.Module, _args: tuple[object, ...], _out: object) -> None:
         _CURRENT.reset(tokens.pop())
 
     for name, module in modules.items():

@@ -3,9 +3,12 @@ prompt rendered as one user turn of a tokenizer's chat template."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def module_device(module: torch.nn.Module) -> torch.device:
@@ -18,7 +21,7 @@ def module_dtype(module: torch.nn.Module) -> torch.dtype:
     return next(module.parameters()).dtype
 
 
-def user_turn(tokenizer: Any, text: str, *, enable_thinking: bool) -> str:
+def user_turn(tokenizer: PreTrainedTokenizerBase, text: str, *, enable_thinking: bool) -> str:
     """``text`` as one user turn of the tokenizer's chat template with the generation prompt
     open (the assistant header). Qwen3 templates read ``enable_thinking`` (off: an empty think
     block follows the header); a template without that switch ignores it."""
@@ -36,7 +39,12 @@ _WARNED_TRUNCATION: set[str] = set()
 
 
 def warn_truncated_prompts(
-    tokenizer: Any, texts: list[str], max_length: int, key: str, *, add_special_tokens: bool = True
+    tokenizer: PreTrainedTokenizerBase,
+    texts: list[str],
+    max_length: int,
+    key: str,
+    *,
+    add_special_tokens: bool = True,
 ) -> int:
     """Count the prompts of ``texts`` longer than ``max_length`` tokens (what the encoder's
     ``truncation=True`` cuts) and, the first time this process meets one for ``key`` (the
@@ -64,3 +72,12 @@ def warn_long_prompts(lengths: list[int], texts: list[str], max_length: int, key
             flush=True,
         )
     return len(over)
+
+
+def token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
+    """The id of the one vocabulary entry ``token`` (``convert_tokens_to_ids`` of a single
+    token, refused when the tokenizer does not map it to one id)."""
+    found = tokenizer.convert_tokens_to_ids(token)
+    if not isinstance(found, int):
+        raise TypeError(f"the tokenizer maps {token!r} to {found!r}, not to one token id")
+    return found

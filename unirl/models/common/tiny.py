@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from unirl.models.common.progress import hf_progress_bars_disabled
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 
 def corpus_lines() -> list[str]:
@@ -19,7 +22,7 @@ def corpus_lines() -> list[str]:
 
 def train_byte_level_bpe(
     lines: Sequence[str], specials: Sequence[str], vocab_size: int, *, lowercase: bool
-) -> Any:
+) -> Tokenizer:
     """A ``tokenizers.Tokenizer``: byte-level BPE trained on ``lines`` with ``specials`` first
     in the vocabulary (ids 0, 1, ...). ``lowercase`` adds a lower-casing normaliser (CLIP)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -39,7 +42,13 @@ def train_byte_level_bpe(
     return tok
 
 
-def save_pipeline(pipe: Any, folder: Path) -> None:
+class SavablePipeline(Protocol):
+    """A diffusers pipeline, as far as writing a preset folder goes."""
+
+    def save_pretrained(self, save_directory: str, *, safe_serialization: bool) -> None: ...
+
+
+def save_pipeline(pipe: SavablePipeline, folder: Path) -> None:
     """``save_pretrained`` a (tiny) diffusers pipeline into ``folder`` as safetensors, with
     the progress bars off: what every tiny preset's ``write`` does with its built stack."""
     with hf_progress_bars_disabled():

@@ -44,7 +44,7 @@ class TinyCausalDecoder:
     decoder_residual_damping: float
 
     @classmethod
-    def from_spec(cls, spec: Any) -> TinyCausalDecoder:
+    def from_spec(cls, spec: object) -> TinyCausalDecoder:
         """The fields of a family's tiny ``spec`` (same names)."""
         names = [f.name for f in dataclasses.fields(cls) if f.name != "spec_name"]
         return cls(spec_name=type(spec).__name__, **{n: getattr(spec, n) for n in names})

@@ -7,10 +7,14 @@ in the real vocabularies (the ``*-arch`` presets use it)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.text_encode import user_turn
 from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, Qwen2Tokenizer
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 THINK, END_THINK = "<think>", "</think>"
@@ -43,7 +47,7 @@ def qwen3_turn(prompt: str, *, enable_thinking: bool) -> str:
 
 def qwen_bpe_tokenizer(
     lines: Sequence[str], *, specials: Sequence[str], vocab_size: int, model_max_length: int
-) -> Any:
+) -> Qwen2Tokenizer:
     """A ``Qwen2Tokenizer`` over a byte-level BPE trained on ``lines`` with ``specials`` first
     (ids 0, 1, ...): ``<|endoftext|>`` is the pad and unknown token, ``<|im_end|>`` the eos."""
     from transformers import Qwen2Tokenizer
@@ -64,7 +68,7 @@ def qwen3_chat_tokenizer(
     vocab_size: int,
     model_max_length: int,
     lines: Sequence[str] | None = None,
-) -> Any:
+) -> Qwen2Tokenizer:
     """:func:`qwen_bpe_tokenizer` with Qwen3's specials and :data:`QWEN3_CHAT_TEMPLATE`,
     trained on each corpus line (or ``lines``) as the user turn the pipeline tokenises
     (:func:`qwen3_turn` with its ``enable_thinking``). That the template renders exactly this
@@ -88,7 +92,7 @@ def qwen3_chat_tokenizer(
     return tokenizer
 
 
-def tiny_qwen_text_config(spec: Any, tokenizer: Any) -> dict[str, Any]:
+def tiny_qwen_text_config(spec: Any, tokenizer: PreTrainedTokenizerBase) -> ConfigDict:
     """The text model's config fields at a tiny spec's sizes (``vocab_size``, ``text_hidden``,
     ``text_intermediate``, ``text_layers``, ``text_heads``, ``text_kv_heads``), 2048
     positions, default RoPE (θ = 10⁶), no bos, the tokenizer's eos and pad ids; a family adds

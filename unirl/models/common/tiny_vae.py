@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from unirl.models.common.config_dict import ConfigDict
+
 
 @dataclass(kw_only=True, frozen=True)
 class TinyKLVAE:
@@ -39,7 +41,7 @@ class TinyKLVAE:
     decoder_residual_damping: float
 
     @classmethod
-    def from_spec(cls, spec: Any, **overrides: Any) -> TinyKLVAE:
+    def from_spec(cls, spec: object, **overrides: Any) -> TinyKLVAE:
         """The fields of a family's tiny ``spec`` (same names), ``overrides`` replacing or
         supplying some (``latent_sample_size`` where the spec names it otherwise)."""
         names = [f.name for f in dataclasses.fields(cls) if f.name != "spec_name"]
@@ -51,7 +53,7 @@ class TinyKLVAE:
             raise TypeError(f"TinyKLVAE.from_spec: unknown fields {sorted(overrides)}")
         return cls(spec_name=type(spec).__name__, **values)
 
-    def config(self) -> dict[str, Any]:
+    def config(self) -> ConfigDict:
         """The ``AutoencoderKL`` config: ``vae_levels`` blocks of ``vae_channels`` each."""
         return {
             "in_channels": 3,
