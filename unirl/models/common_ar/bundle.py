@@ -14,20 +14,24 @@ marked *family* below.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 from unirl.config.precision import parse_dtype
 from unirl.config.require import ConfigError, UserFacingError
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.presets import ModelSourceError
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common_ar.config import CausalLMBundleConfig
 from unirl.models.common_ar.prompts import PromptFormatter, stop_token_ids
 from unirl.models.common_ar.sources import CausalLMSources
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def dtype_keyword() -> str:
@@ -96,17 +100,17 @@ class CausalLMBundle:
         raise NotImplementedError
 
     @classmethod
-    def arch_config(cls, name: str) -> dict[str, Any]:
+    def arch_config(cls, name: str) -> ConfigDict:
         """*family*: the transformers config (as a dict) of an ``*-arch`` preset."""
         raise NotImplementedError
 
     @classmethod
-    def tiny_tokenizer(cls) -> Any:
+    def tiny_tokenizer(cls) -> PreTrainedTokenizerBase:
         """*family*: the tokenizer the ``*-arch`` presets borrow (built in memory)."""
         raise NotImplementedError
 
     @classmethod
-    def tiny_config(cls) -> dict[str, Any]:
+    def tiny_config(cls) -> ConfigDict:
         """*family*: the ``tiny`` preset's transformers config, without building it (the
         pre-Ray LoRA-target check reads its module names)."""
         raise NotImplementedError
@@ -192,7 +196,7 @@ class CausalLMBundle:
         return int(self.model.config.get_text_config().vocab_size)
 
     @classmethod
-    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+    def check_config(cls, block: Mapping[str, object], recipe: object) -> None:
         """Before Ray: the path names a preset, a transformers folder or a hub id."""
         path = block.get("path")
         if path is None:
@@ -203,7 +207,7 @@ class CausalLMBundle:
             raise ConfigError(f"bundle.path: {exc}") from exc
 
     @classmethod
-    def trainable_on_meta(cls, block: dict[str, Any]) -> nn.Module | None:
+    def trainable_on_meta(cls, block: Mapping[str, object]) -> nn.Module | None:
         """The model on the meta device (no weights), for the LoRA-target check; None for a hub
         checkpoint that is not in the local cache (checked when it loads)."""
         kind, name = cls.sources.classify(str(block.get("path", "tiny")))

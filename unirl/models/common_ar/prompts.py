@@ -8,13 +8,18 @@ engine (SGLang) builds one from the recipe's bundle block
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from unirl.config.require import ConfigError, require
 from unirl.models.common_ar.config import CausalLMBundleConfig
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def stop_token_ids(tokenizer: Any, generation_config: Any, where: str) -> list[int]:
+
+def stop_token_ids(
+    tokenizer: PreTrainedTokenizerBase, generation_config: Any, where: str
+) -> list[int]:
     """End-of-sequence ids: the tokenizer's eos and the generation config's (one or a list)."""
     ids: set[int] = set()
     tok_eos = getattr(tokenizer, "eos_token_id", None)
@@ -42,7 +47,10 @@ class PromptFormatter:
     suppressed_token_ids: tuple[int, ...] = ()
 
     def __init__(
-        self, config: CausalLMBundleConfig, tokenizer: Any, stop_ids: Sequence[int]
+        self,
+        config: CausalLMBundleConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        stop_ids: Sequence[int],
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer

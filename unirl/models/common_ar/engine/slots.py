@@ -18,11 +18,12 @@ which stays the reference sampler (``pipeline.sampler: loop``).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -46,6 +47,9 @@ from unirl.models.common_ar.generate import (
     cache_keyword,
     check_sampling_inputs,
 )
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
 
 
 @dataclass(kw_only=True)
@@ -205,9 +209,9 @@ class EngineStats:
 class _Graphs:
     """Captured decode steps of one slot state, per bucket."""
 
-    key: tuple[Any, ...]
+    key: tuple[int, int, SamplingSpec, tuple[int, ...]]
     state: SlotState
-    graphs: dict[int, Any] = field(default_factory=dict)
+    graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
 
 
 class DecodeEngine:
@@ -226,7 +230,7 @@ class DecodeEngine:
         self._view: DecoderView | None = None
         self._view_of: int | None = None
         self._kept: _Graphs | None = None
-        self._pool: Any = None
+        self._pool: _POOL_HANDLE | None = None
 
     # -- the model -----------------------------------------------------------------------------
 
@@ -345,9 +349,7 @@ class DecodeEngine:
 
     # -- pieces ---------------------------------------------------------------------------------
 
-    def _autocast(self, view: DecoderView) -> Any:
-        import contextlib
-
+    def _autocast(self, view: DecoderView) -> contextlib.AbstractContextManager[None]:
         if view.device.type == "cuda" and view.dtype in (torch.bfloat16, torch.float16):
             # no weight-cast cache: a captured graph must not read a cache entry freed later
             return torch.autocast("cuda", dtype=view.dtype, cache_enabled=False)
@@ -434,7 +436,9 @@ class DecodeEngine:
             kept.graphs[bucket] = graph
         graph.replay()
 
-    def _capture(self, view: DecoderView, state: SlotState, spec: SamplingSpec, bucket: int) -> Any:
+    def _capture(
+        self, view: DecoderView, state: SlotState, spec: SamplingSpec, bucket: int
+    ) -> torch.cuda.CUDAGraph:
         """Capture one decode step over slots ``0 .. bucket-1``; the warm-up steps run on
         a copy of the slot bookkeeping, so capturing changes no slot."""
         saved = {
