@@ -3,9 +3,9 @@ planning, offline dry runs). Shapes as published in each checkpoint's ``config.j
 
 from __future__ import annotations
 
-from typing import Any
+from unirl.models.common.config_dict import ConfigDict
 
-_COMMON: dict[str, Any] = {
+_COMMON: ConfigDict = {
     "vocab_size": 151936,
     "head_dim": 128,
     "num_key_value_heads": 8,
@@ -18,7 +18,7 @@ _COMMON: dict[str, Any] = {
     "eos_token_id": 151645,
 }
 
-ARCH_CONFIGS: dict[str, dict[str, Any]] = {
+ARCH_CONFIGS: dict[str, ConfigDict] = {
     "qwen3-0.6b-arch": {
         **_COMMON,
         "hidden_size": 1024,
@@ -54,7 +54,7 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def arch_config(name: str) -> dict[str, Any]:
+def arch_config(name: str) -> ConfigDict:
     """A copy of the transformers config of preset ``name``."""
     if name not in ARCH_CONFIGS:
         raise KeyError(f"unknown Qwen3 arch preset {name!r}; known: {sorted(ARCH_CONFIGS)}")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from torch import nn
 
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common_ar.bundle import CausalLMBundle
 from unirl.models.common_ar.sources import CausalLMSources
 from unirl.models.common_ar.tiny import build_chat_tokenizer
@@ -14,6 +15,9 @@ from unirl.models.qwen3.arch import arch_config
 from unirl.models.qwen3.config import Qwen3BundleConfig
 from unirl.models.qwen3.presets import SOURCES, tiny_preset_path
 from unirl.models.qwen3.tiny import TinyQwen3Spec, model_config
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class Qwen3Bundle(CausalLMBundle):
@@ -41,15 +45,15 @@ class Qwen3Bundle(CausalLMBundle):
         return tiny_preset_path()
 
     @classmethod
-    def arch_config(cls, name: str) -> dict[str, Any]:
+    def arch_config(cls, name: str) -> ConfigDict:
         return arch_config(name)
 
     @classmethod
-    def tiny_tokenizer(cls) -> Any:
+    def tiny_tokenizer(cls) -> PreTrainedTokenizerBase:
         spec = TinyQwen3Spec()
         return build_chat_tokenizer(spec.vocab_size, model_max_length=spec.max_position_embeddings)
 
     @classmethod
-    def tiny_config(cls) -> dict[str, Any]:
+    def tiny_config(cls) -> ConfigDict:
         spec = TinyQwen3Spec()
         return model_config(spec, vocab_size=spec.vocab_size, eos_token_id=2, pad_token_id=0)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common_ar.tiny import build_chat_tokenizer
 
@@ -36,7 +36,7 @@ class TinyQwen3Spec:
 
 def model_config(
     spec: TinyQwen3Spec, *, vocab_size: int, eos_token_id: int, pad_token_id: int
-) -> dict[str, Any]:
+) -> ConfigDict:
     """The transformers config of the tiny model (``vocab_size``: the tokenizer's)."""
     return {
         "vocab_size": vocab_size,
@@ -60,8 +60,8 @@ def write_tiny_qwen3(folder: Path, spec: TinyQwen3Spec) -> None:
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     tokenizer = build_chat_tokenizer(spec.vocab_size, model_max_length=spec.max_position_embeddings)
-    config = Qwen3Config(
-        **model_config(
+    config = Qwen3Config.from_dict(
+        model_config(
             spec,
             vocab_size=len(tokenizer),
             eos_token_id=tokenizer.eos_token_id,
