@@ -3,9 +3,9 @@ checkpoint's ``config.json`` publishes them)."""
 
 from __future__ import annotations
 
-from typing import Any
+from unirl.models.common.config_dict import ConfigDict
 
-_VISION: dict[str, Any] = {
+_VISION: ConfigDict = {
     "depth": 32,
     "hidden_size": 1280,
     "intermediate_size": 3420,
@@ -16,15 +16,19 @@ _VISION: dict[str, Any] = {
     "window_size": 112,
     "fullatt_block_indexes": [7, 15, 23, 31],
 }
-_IDS = {
+_IDS: ConfigDict = {
     "image_token_id": 151655,
     "video_token_id": 151656,
     "vision_start_token_id": 151652,
     "vision_end_token_id": 151653,
 }
-_ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [16, 24, 24]}
+_ROPE: ConfigDict = {
+    "rope_type": "default",
+    "rope_theta": 1_000_000.0,
+    "mrope_section": [16, 24, 24],
+}
 
-ARCH_CONFIGS: dict[str, dict[str, Any]] = {
+ARCH_CONFIGS: dict[str, ConfigDict] = {
     "qwen2.5-vl-3b-arch": {
         "model_type": "qwen2_5_vl",
         "text_config": {
@@ -62,7 +66,7 @@ ARCH_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def arch_config(name: str) -> dict[str, Any]:
+def arch_config(name: str) -> ConfigDict:
     """A deep copy of the transformers config of preset ``name``."""
     import copy
 

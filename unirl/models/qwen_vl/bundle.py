@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from torch import nn
 
+from unirl.models.common.config_dict import ConfigDict
+from unirl.models.common.text_encode import token_id
 from unirl.models.common_ar.bundle import CausalLMBundle
 from unirl.models.common_ar.prompts import PromptFormatter
 from unirl.models.common_ar.sources import CausalLMSources
@@ -15,6 +17,9 @@ from unirl.models.qwen_vl.config import QwenVLBundleConfig
 from unirl.models.qwen_vl.presets import SOURCES, tiny_preset_path
 from unirl.models.qwen_vl.prompts import IMAGE_PAD, VISION_END, VISION_START, VisionPromptFormatter
 from unirl.models.qwen_vl.tiny import VIDEO_PAD, TinyQwenVLSpec, build_tokenizer, model_config
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class QwenVLBundle(CausalLMBundle):
@@ -55,7 +60,7 @@ class QwenVLBundle(CausalLMBundle):
         return tiny_preset_path()
 
     @classmethod
-    def arch_config(cls, name: str) -> dict[str, Any]:
+    def arch_config(cls, name: str) -> ConfigDict:
         """The released shapes, with the vision-token ids of the tokenizer the arch presets
         borrow (the tiny one), so its image placeholders are the model's."""
         config = arch_config(name)
@@ -66,14 +71,14 @@ class QwenVLBundle(CausalLMBundle):
             "vision_start_token_id": VISION_START,
             "vision_end_token_id": VISION_END,
         }
-        config.update({k: int(tokenizer.convert_tokens_to_ids(v)) for k, v in ids.items()})
+        config.update({k: token_id(tokenizer, v) for k, v in ids.items()})
         return config
 
     @classmethod
-    def tiny_tokenizer(cls) -> Any:
+    def tiny_tokenizer(cls) -> PreTrainedTokenizerBase:
         return build_tokenizer(TinyQwenVLSpec())
 
     @classmethod
-    def tiny_config(cls) -> dict[str, Any]:
+    def tiny_config(cls) -> ConfigDict:
         spec = TinyQwenVLSpec()
         return model_config(spec, build_tokenizer(spec))

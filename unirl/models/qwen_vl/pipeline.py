@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from unirl.models.common_ar.conditions import PromptConditions
 from unirl.models.common_ar.engine import hf_prefill
 from unirl.models.common_ar.generate import suppress
 from unirl.models.common_ar.pipeline import CausalLMPipeline, packed_positions
@@ -95,10 +96,12 @@ class QwenVLPipeline(CausalLMPipeline):
         track = text_track(
             req, prompt_ids, completions, formatter=bundle.prompts, temperature=block.temperature
         )
-        assert track.conditions is not None
+        prompt = track.conditions
+        if not isinstance(prompt, PromptConditions):
+            raise TypeError(f"text_track returned {type(prompt).__name__}, not PromptConditions")
         conditions = VisionPromptConditions(
-            prompt_lengths=track.conditions.prompt_lengths,
-            temperature=track.conditions.temperature,
+            prompt_lengths=prompt.prompt_lengths,
+            temperature=prompt.temperature,
             pixel_values=Packed.from_list([p for p, _ in patches]),
             image_grid_thw=torch.stack([g for _, g in patches]),
         )

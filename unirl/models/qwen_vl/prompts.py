@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from unirl.models.common.text_encode import token_id
 from unirl.models.common_ar.prompts import PromptFormatter
 from unirl.models.qwen_vl.vision import image_tokens
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 VISION_START, VISION_END, IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 
@@ -16,15 +20,17 @@ class VisionPromptFormatter(PromptFormatter):
     the single ``<|image_pad|>`` becomes as many as the image takes
     (``image_tokens(image_size, image_size)``)."""
 
-    def __init__(self, config: Any, tokenizer: Any, stop_ids: Sequence[int]) -> None:
+    def __init__(
+        self, config: Any, tokenizer: PreTrainedTokenizerBase, stop_ids: Sequence[int]
+    ) -> None:
         super().__init__(config, tokenizer, stop_ids)
-        self.image_token_id = int(tokenizer.convert_tokens_to_ids(IMAGE_PAD))
+        self.image_token_id = token_id(tokenizer, IMAGE_PAD)
         # the vision markers only ever come from the prompt: a generated one would ask the
         # model for an image that is not there
         vision = (VISION_START, VISION_END, IMAGE_PAD, "<|video_pad|>")
         ids = [tokenizer.convert_tokens_to_ids(t) for t in vision]
         unk = getattr(tokenizer, "unk_token_id", None)
-        self.suppressed_token_ids = tuple(int(i) for i in ids if i is not None and i != unk)
+        self.suppressed_token_ids = tuple(i for i in ids if isinstance(i, int) and i != unk)
         size = int(config.image_size)
         self.tokens_per_image = image_tokens(size, size)
 

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.progress import hf_progress_bars_disabled
+from unirl.models.common.text_encode import token_id
 from unirl.models.common_ar.tiny import build_chat_tokenizer
 from unirl.models.qwen_vl.prompts import IMAGE_PAD, VISION_END, VISION_START
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 TINY_BUILDER_VERSION = 1
 VIDEO_PAD = "<|video_pad|>"
@@ -38,7 +43,7 @@ class TinyQwenVLSpec:
     vision_heads: int = 2
 
 
-def build_tokenizer(spec: TinyQwenVLSpec) -> Any:
+def build_tokenizer(spec: TinyQwenVLSpec) -> PreTrainedTokenizerBase:
     return build_chat_tokenizer(
         spec.vocab_size,
         extra_specials=VISION_SPECIALS,
@@ -46,9 +51,9 @@ def build_tokenizer(spec: TinyQwenVLSpec) -> Any:
     )
 
 
-def model_config(spec: TinyQwenVLSpec, tokenizer: Any) -> dict[str, Any]:
+def model_config(spec: TinyQwenVLSpec, tokenizer: PreTrainedTokenizerBase) -> ConfigDict:
     """The transformers config (nested text and vision configs) of the tiny model."""
-    ids = {name: int(tokenizer.convert_tokens_to_ids(name)) for name in VISION_SPECIALS}
+    ids = {name: token_id(tokenizer, name) for name in VISION_SPECIALS}
     eos, pad = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
     return {
         "model_type": "qwen2_5_vl",
