@@ -10,21 +10,25 @@ CFG).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from unirl.models.common.arch import ArchSpec, SingleEncoderArch
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.flux2.tiny import SCHEDULER_CONFIG
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(kw_only=True, frozen=True)
 class Flux2KleinArchSpec(ArchSpec):
     """Configs of one architecture preset (plain dicts, as in the released ``config.json``)."""
 
-    text_encoder: dict[str, Any]
+    text_encoder: ConfigDict
     is_distilled: bool = True
-    scheduler: dict[str, Any] = field(default_factory=lambda: dict(SCHEDULER_CONFIG))
+    scheduler: ConfigDict = field(default_factory=lambda: dict(SCHEDULER_CONFIG))
 
 
 def flux2_klein_arch_spec() -> Flux2KleinArchSpec:
@@ -93,7 +97,7 @@ def _text_encoder(spec: Flux2KleinArchSpec, pad_token_id: int | None = None) -> 
     cfg = dict(spec.text_encoder)
     if pad_token_id is not None:
         cfg["pad_token_id"] = pad_token_id
-    return Qwen3ForCausalLM(Qwen3Config(**cfg))
+    return Qwen3ForCausalLM(Qwen3Config.from_dict(cfg))
 
 
 def _vae(spec: Flux2KleinArchSpec) -> torch.nn.Module:
@@ -102,7 +106,7 @@ def _vae(spec: Flux2KleinArchSpec) -> torch.nn.Module:
     return AutoencoderKLFlux2(**spec.vae)
 
 
-def _tokenizer() -> Any:
+def _tokenizer() -> PreTrainedTokenizerBase:
     from unirl.models.flux2.tiny import TinyFlux2Spec, build_tiny_tokenizer
 
     return build_tiny_tokenizer(TinyFlux2Spec())

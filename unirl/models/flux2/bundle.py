@@ -13,6 +13,7 @@ sequence element for element.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,6 +22,7 @@ import torch
 from unirl.config.require import ConfigError
 from unirl.models.common.arch import model_from_config
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
+from unirl.models.common.config_dict import ConfigDict, config_int
 from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.folders import load_parts, read_diffusers_folder
 from unirl.models.common.geometry import PATCH, PackedLatentGeometry, sigma_per_sample
@@ -137,7 +139,7 @@ class Flux2KleinBundle(PackedLatentGeometry, FlowMatchingBundle):
         return model_from_config(Flux2Transformer2DModel, architecture[0])
 
     @classmethod
-    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+    def check_config(cls, block: Mapping[str, object], recipe: object) -> None:
         """Also refuse CFG on a step-distilled checkpoint (read from its ``model_index.json``
         without weights) before anything is built."""
         super().check_config(block, recipe)
@@ -179,7 +181,7 @@ class Flux2KleinBundle(PackedLatentGeometry, FlowMatchingBundle):
             self.guidance = SeparateCFG()  # type: ignore[misc]
         # the pipeline hands the scheduler linspace(1, 1/T, T) pre-shift σ and its own μ
         # (FLUX.2's empirical fit in image tokens and steps)
-        self.scheduler_config: dict[str, Any] = {
+        self.scheduler_config: ConfigDict = {
             **parts["scheduler_config"],
             "sigma_spacing": "linspace",
             "mu_policy": "flux2_empirical",
@@ -192,7 +194,7 @@ class Flux2KleinBundle(PackedLatentGeometry, FlowMatchingBundle):
         self.packed_channels = int(self.transformer.config.in_channels)
         self.check_packing(self.latent_channels)
         self.batch_norm_eps = float(vcfg.batch_norm_eps)
-        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
+        self.num_train_timesteps = config_int(self.scheduler_config, "num_train_timesteps", 1000)
         self.text_layers = pipeline_text_layers()
         text_cfg = self.text_encoder.config
         depth, width = int(text_cfg.num_hidden_layers), int(text_cfg.hidden_size)

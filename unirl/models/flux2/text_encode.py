@@ -14,11 +14,14 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from unirl.models.common.text_encode import module_device, user_turn, warn_truncated_prompts
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @functools.cache
@@ -33,7 +36,7 @@ def pipeline_text_layers() -> tuple[int, ...]:
 
 @torch.no_grad()
 def encode_klein_prompts(
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     text_encoder: torch.nn.Module,
     texts: Sequence[str],
     *,

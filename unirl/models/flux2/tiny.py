@@ -23,22 +23,26 @@ passes its own μ).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.tiny_text import (
     qwen3_chat_tokenizer,
     tiny_qwen_text_config,
 )
 from unirl.models.common.tiny_vae import TinyKLVAE
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, Qwen3Config
+
 # Bump when the build code changes what it writes: it is part of the cache key.
 TINY_BUILDER_VERSION = 2  # 2: the chat template is common.tiny_text's
 
 # FLUX.2's FlowMatchEulerDiscreteScheduler config (dynamic shifting; the pipeline computes μ
 # itself from the image token count and the step count, so base / max shift are not read).
-SCHEDULER_CONFIG: dict[str, Any] = {
+SCHEDULER_CONFIG: ConfigDict = {
     "num_train_timesteps": 1000,
     "shift": 3.0,
     "use_dynamic_shifting": True,
@@ -97,7 +101,9 @@ class TinyFlux2Spec:
 # -- tokenizer -----------------------------------------------------------------------------------
 
 
-def build_tiny_tokenizer(spec: TinyFlux2Spec, lines: list[str] | None = None) -> Any:
+def build_tiny_tokenizer(
+    spec: TinyFlux2Spec, lines: list[str] | None = None
+) -> PreTrainedTokenizerBase:
     """A ``Qwen2Tokenizer`` (byte-level BPE, Qwen3's special tokens and chat template) trained
     on the corpus wrapped in the chat turn with thinking off, as the pipeline renders it."""
     return qwen3_chat_tokenizer(
@@ -111,7 +117,7 @@ def build_tiny_tokenizer(spec: TinyFlux2Spec, lines: list[str] | None = None) ->
 # -- model configs -------------------------------------------------------------------------------
 
 
-def transformer_config(spec: TinyFlux2Spec) -> dict[str, Any]:
+def transformer_config(spec: TinyFlux2Spec) -> ConfigDict:
     return {
         "patch_size": 1,
         "in_channels": spec.packed_channels,
@@ -130,7 +136,7 @@ def transformer_config(spec: TinyFlux2Spec) -> dict[str, Any]:
     }
 
 
-def vae_config(spec: TinyFlux2Spec) -> dict[str, Any]:
+def vae_config(spec: TinyFlux2Spec) -> ConfigDict:
     return {
         "in_channels": 3,
         "out_channels": 3,
@@ -151,13 +157,15 @@ def vae_config(spec: TinyFlux2Spec) -> dict[str, Any]:
     }
 
 
-def text_encoder_config(spec: TinyFlux2Spec, tokenizer: Any) -> Any:
+def text_encoder_config(spec: TinyFlux2Spec, tokenizer: PreTrainedTokenizerBase) -> Qwen3Config:
     from transformers import Qwen3Config
 
-    return Qwen3Config(
-        **tiny_qwen_text_config(spec, tokenizer),
-        head_dim=spec.text_head_dim,
-        tie_word_embeddings=True,
+    return Qwen3Config.from_dict(
+        {
+            **tiny_qwen_text_config(spec, tokenizer),
+            "head_dim": spec.text_head_dim,
+            "tie_word_embeddings": True,
+        }
     )
 
 
