@@ -22,10 +22,11 @@ from typing import Any
 import torch
 
 from unirl.models.common.arch import built_as
+from unirl.models.common.config_dict import ConfigDict
 
 # transformer/config.json of the 480p text-to-video release (its task_type is "i2v": one
 # checkpoint takes image conditioning too; text-to-video passes it as zeros)
-TRANSFORMER_480P_T2V: dict[str, Any] = {
+TRANSFORMER_480P_T2V: ConfigDict = {
     "in_channels": 65,
     "out_channels": 32,
     "num_attention_heads": 16,
@@ -46,7 +47,7 @@ TRANSFORMER_480P_T2V: dict[str, Any] = {
     "use_meanflow": False,
 }
 
-VAE: dict[str, Any] = {
+VAE: ConfigDict = {
     "in_channels": 3,
     "out_channels": 3,
     "latent_channels": 32,
@@ -60,7 +61,7 @@ VAE: dict[str, Any] = {
 }
 
 # Qwen/Qwen2.5-VL-7B-Instruct, the language model only
-QWEN25_VL_7B_TEXT: dict[str, Any] = {
+QWEN25_VL_7B_TEXT: ConfigDict = {
     "vocab_size": 152064,
     "hidden_size": 3584,
     "intermediate_size": 18944,
@@ -79,7 +80,7 @@ QWEN25_VL_7B_TEXT: dict[str, Any] = {
 }
 
 # google/byt5-small, the encoder
-BYT5_SMALL: dict[str, Any] = {
+BYT5_SMALL: ConfigDict = {
     "vocab_size": 384,
     "d_model": 1472,
     "d_kv": 64,
@@ -105,11 +106,11 @@ class HunyuanVideo15ArchSpec:
     """Configs of one architecture preset (plain dicts, as in the released ``config.json``)."""
 
     name: str
-    transformer: dict[str, Any]
-    vae: dict[str, Any]
-    text_encoder: dict[str, Any]
-    text_encoder_2: dict[str, Any]
-    scheduler: dict[str, Any] = field(
+    transformer: ConfigDict
+    vae: ConfigDict
+    text_encoder: ConfigDict
+    text_encoder_2: ConfigDict
+    scheduler: ConfigDict = field(
         default_factory=lambda: {"num_train_timesteps": 1000, "shift": 5.0}
     )
 
@@ -128,7 +129,7 @@ def hunyuan_video15_arch_spec() -> HunyuanVideo15ArchSpec:
 ARCH_SPECS = {"hunyuan-video-1.5-arch": hunyuan_video15_arch_spec}
 
 
-def _build_transformer(config: dict[str, Any]) -> torch.nn.Module:
+def _build_transformer(config: ConfigDict) -> torch.nn.Module:
     from diffusers import HunyuanVideo15Transformer3DModel
 
     return HunyuanVideo15Transformer3DModel(**config)
@@ -137,13 +138,13 @@ def _build_transformer(config: dict[str, Any]) -> torch.nn.Module:
 def _build_text_encoder(spec: HunyuanVideo15ArchSpec) -> torch.nn.Module:
     from transformers import Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
 
-    return Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(**spec.text_encoder))
+    return Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig.from_dict(dict(spec.text_encoder)))
 
 
 def _build_glyph_encoder(spec: HunyuanVideo15ArchSpec) -> torch.nn.Module:
     from transformers import T5Config, T5EncoderModel
 
-    return T5EncoderModel(T5Config(**spec.text_encoder_2))
+    return T5EncoderModel(T5Config.from_dict(dict(spec.text_encoder_2)))
 
 
 def count_params(spec: HunyuanVideo15ArchSpec) -> dict[str, int]:

@@ -20,6 +20,7 @@ from typing import ClassVar
 import torch
 
 from unirl.config.require import require
+from unirl.models.common.config_dict import config_int
 from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.geometry import sigma_per_sample, video_pixels
 from unirl.models.hunyuan_video.arch import HunyuanVideo15ArchSpec, build_arch_modules
@@ -107,7 +108,7 @@ class HunyuanVideo15Bundle(HunyuanVideoFamilyBundle):
         self.temporal_factor = int(vcfg.temporal_compression_ratio)
         self.spatial_factor = int(vcfg.spatial_compression_ratio)
         self.scaling_factor = float(vcfg.scaling_factor)
-        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
+        self.num_train_timesteps = config_int(self.scheduler_config, "num_train_timesteps", 1000)
 
     # -- encode --------------------------------------------------------------------------------
 

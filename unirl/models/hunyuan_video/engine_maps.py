@@ -19,11 +19,11 @@ attributes.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
-from unirl.models.common.engine_maps import Engine, EngineMapError, VideoEngineMaps
+from unirl.models.common.engine_maps import Engine, EngineMapError, PromptEntry, VideoEngineMaps
 from unirl.models.hunyuan_video.conditions import HunyuanVideo15Conditions
 from unirl.types import Conditions
 
@@ -34,7 +34,7 @@ class HunyuanVideo15EngineMaps(VideoEngineMaps):
     family: ClassVar[str] = "unirl.models.hunyuan_video.HunyuanVideo15Bundle"
     engines: ClassVar[tuple[Engine, ...]] = ("vllm_omni",)
 
-    def vllm_omni_prompt(self, conditions: Conditions, row: int) -> dict[str, Any]:
+    def vllm_omni_prompt(self, conditions: Conditions, row: int) -> dict[str, PromptEntry]:
         """``prompt_embeds`` / ``negative_prompt_embeds`` ``[1, L, D]`` of row ``row`` and, under
         ``additional_information``, the ``[1, L]`` masks and the glyph rows ``[1, G, D2]`` with
         their ``[1, G]`` masks (None on the negative side without CFG)."""

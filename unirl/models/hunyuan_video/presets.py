@@ -19,6 +19,7 @@ from typing import Any
 
 from unirl.config.precision import parse_dtype
 from unirl.config.require import require
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.presets import TINY, ModelSources, tiny_preset_folder
 from unirl.models.common.tiny import corpus_lines
 from unirl.models.hunyuan_video.arch import ARCH_SPECS, HunyuanVideo15ArchSpec
@@ -75,11 +76,11 @@ def arch_spec(name: str) -> HunyuanVideo15ArchSpec:
     return ARCH_SPECS[name]()
 
 
-def architecture_configs(path_or_preset: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def architecture_configs(path_or_preset: str) -> tuple[ConfigDict, ConfigDict] | None:
     """``(transformer config, VAE config)`` of a source, read without building weights; None
     for a hub checkpoint that is not in the local cache (checked when the bundle loads)."""
 
-    def tiny() -> tuple[dict[str, Any], dict[str, Any]]:
+    def tiny() -> tuple[ConfigDict, ConfigDict]:
         spec = TinyHunyuanVideo15Spec()
         return transformer_config(spec), vae_config(spec)
 
@@ -100,7 +101,7 @@ def resolve_model_source(path_or_preset: str) -> Path | HunyuanVideo15ArchSpec:
     return SOURCES.snapshot(name)
 
 
-def scheduler_config_of(raw: dict[str, Any]) -> dict[str, Any]:
+def scheduler_config_of(raw: ConfigDict) -> ConfigDict:
     """The σ policy of a checkpoint's scheduler config: its ``FlowMatchEulerDiscreteScheduler``
     keys, plus ``sigma_spacing: linspace`` (the pipeline hands the scheduler ``linspace(1, 0,
     T + 1)[:-1]``, which in float32 is ``linspace(1, 1/T, T)``)."""

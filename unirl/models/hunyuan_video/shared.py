@@ -6,13 +6,14 @@ in a :class:`HunyuanVideoGeneration` and keeps its own geometry checks and encod
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.geometry import VideoLatentGeometry
 from unirl.models.common.progress import hf_progress_bars_disabled
 
@@ -33,7 +34,7 @@ class HunyuanVideoGeneration:
     resolve_model_source: Callable[[str], Any]
     build_arch_modules: Callable[..., dict[str, Any]]
     load_folder: Callable[[Any, Any], dict[str, Any]]
-    scheduler_config_of: Callable[[dict[str, Any]], dict[str, Any]]
+    scheduler_config_of: Callable[[ConfigDict], ConfigDict]
     check_num_frames: Callable[[int, int], None]
 
 
@@ -72,7 +73,7 @@ class HunyuanVideoFamilyBundle(VideoLatentGeometry, FlowMatchingBundle):
         return model
 
     @classmethod
-    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+    def check_config(cls, block: Mapping[str, object], recipe: object) -> None:
         """The shared checks (model path, sizes), then ``num_frames`` of the form 4k + 1."""
         super().check_config(block, recipe)
         sampling = getattr(recipe, "sampling", None) or {}
@@ -114,4 +115,4 @@ class HunyuanVideoFamilyBundle(VideoLatentGeometry, FlowMatchingBundle):
         scheduler = gen.scheduler_config_of(dict(parts["scheduler_config"]))
         if cfg.flow_shift is not None:
             scheduler["shift"] = float(cfg.flow_shift)
-        self.scheduler_config: dict[str, Any] = scheduler
+        self.scheduler_config: ConfigDict = scheduler

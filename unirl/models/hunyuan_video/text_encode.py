@@ -25,11 +25,14 @@ import functools
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from unirl.models.common.text_encode import warn_long_prompts
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ def chat_messages(prompt: str, system_message: str) -> list[dict[str, str]]:
 
 @torch.no_grad()
 def encode_mllm_prompts(
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     text_encoder: torch.nn.Module,
     texts: Sequence[str],
     *,
@@ -114,6 +117,13 @@ def encode_mllm_prompts(
         truncation=True,
         return_tensors="pt",
     )
+    from transformers import BatchEncoding
+
+    if not isinstance(tokens, BatchEncoding):
+        raise TypeError(
+            f"apply_chat_template(return_dict=True) returned {type(tokens).__name__}, "
+            "not a BatchEncoding; the tokenizer's transformers version is not supported"
+        )
     device = _device_of(text_encoder)
     mask = tokens["attention_mask"].to(device)
     hidden = text_encoder(
@@ -136,7 +146,7 @@ def glyph_text(prompt: str) -> str | None:
 
 @torch.no_grad()
 def encode_glyph_prompts(
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     text_encoder: torch.nn.Module,
     texts: Sequence[str],
     *,

@@ -24,13 +24,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common.tiny import corpus_lines
 from unirl.models.common_ar.tiny import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, Qwen2_5_VLTextConfig, T5Config
 
 # Bump when the build code changes what it writes: it is part of the cache key.
 TINY_BUILDER_VERSION = 1
@@ -109,7 +113,9 @@ def chat_turn(prompt: str) -> str:
     )
 
 
-def build_tiny_tokenizer(spec: TinyHunyuanVideo15Spec, lines: list[str] | None = None) -> Any:
+def build_tiny_tokenizer(
+    spec: TinyHunyuanVideo15Spec, lines: list[str] | None = None
+) -> PreTrainedTokenizerBase:
     """A ``Qwen2Tokenizer`` (byte-level BPE over Qwen2's split) trained on the corpus wrapped
     in the chat turn, with the ChatML template; ``<|endoftext|>`` is pad (id 0). Raises when
     the turn's prefix is not the pipeline's ``crop_start`` tokens."""
@@ -153,7 +159,7 @@ def build_tiny_tokenizer(spec: TinyHunyuanVideo15Spec, lines: list[str] | None =
     return tokenizer
 
 
-def build_glyph_tokenizer() -> Any:
+def build_glyph_tokenizer() -> PreTrainedTokenizerBase:
     """ByT5's byte tokenizer (no vocabulary file): pad 0, ``</s>`` 1, unk 2, bytes from 3."""
     from transformers import ByT5Tokenizer
 
@@ -163,7 +169,7 @@ def build_glyph_tokenizer() -> Any:
 # -- model configs -------------------------------------------------------------------------------
 
 
-def transformer_config(spec: TinyHunyuanVideo15Spec) -> dict[str, Any]:
+def transformer_config(spec: TinyHunyuanVideo15Spec) -> ConfigDict:
     return {
         "in_channels": 2 * spec.latent_channels + 1,  # noise, condition latents, mask
         "out_channels": spec.latent_channels,
@@ -186,7 +192,7 @@ def transformer_config(spec: TinyHunyuanVideo15Spec) -> dict[str, Any]:
     }
 
 
-def vae_config(spec: TinyHunyuanVideo15Spec) -> dict[str, Any]:
+def vae_config(spec: TinyHunyuanVideo15Spec) -> ConfigDict:
     return {
         "in_channels": 3,
         "out_channels": 3,
@@ -201,11 +207,13 @@ def vae_config(spec: TinyHunyuanVideo15Spec) -> dict[str, Any]:
     }
 
 
-def scheduler_config(spec: TinyHunyuanVideo15Spec) -> dict[str, Any]:
+def scheduler_config(spec: TinyHunyuanVideo15Spec) -> ConfigDict:
     return {"num_train_timesteps": 1000, "shift": spec.flow_shift}
 
 
-def text_encoder_config(spec: TinyHunyuanVideo15Spec, tokenizer: Any) -> Any:
+def text_encoder_config(
+    spec: TinyHunyuanVideo15Spec, tokenizer: PreTrainedTokenizerBase
+) -> Qwen2_5_VLTextConfig:
     from transformers import Qwen2_5_VLTextConfig
 
     return Qwen2_5_VLTextConfig(
@@ -227,7 +235,7 @@ def text_encoder_config(spec: TinyHunyuanVideo15Spec, tokenizer: Any) -> Any:
     )
 
 
-def glyph_encoder_config(spec: TinyHunyuanVideo15Spec) -> Any:
+def glyph_encoder_config(spec: TinyHunyuanVideo15Spec) -> T5Config:
     from transformers import T5Config
 
     return T5Config(
