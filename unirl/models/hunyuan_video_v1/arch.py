@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from unirl.models.common.arch import built_as
+from unirl.models.common.config_dict import ConfigDict
 
 # transformer/config.json of hunyuanvideo-community/HunyuanVideo
-TRANSFORMER: dict[str, Any] = {
+TRANSFORMER: ConfigDict = {
     "in_channels": 16,
     "out_channels": 16,
     "num_attention_heads": 24,
@@ -41,7 +42,7 @@ TRANSFORMER: dict[str, Any] = {
     "image_condition_type": None,
 }
 
-VAE: dict[str, Any] = {
+VAE: ConfigDict = {
     "in_channels": 3,
     "out_channels": 3,
     "latent_channels": 16,
@@ -57,7 +58,7 @@ VAE: dict[str, Any] = {
 }
 
 # xtuner/llava-llama-3-8b-v1_1-transformers, the language model only
-LLAMA3_8B: dict[str, Any] = {
+LLAMA3_8B: ConfigDict = {
     "vocab_size": 128320,
     "hidden_size": 4096,
     "intermediate_size": 14336,
@@ -72,7 +73,7 @@ LLAMA3_8B: dict[str, Any] = {
 }
 
 # openai/clip-vit-large-patch14, the text model
-CLIP_L: dict[str, Any] = {
+CLIP_L: ConfigDict = {
     "vocab_size": 49408,
     "hidden_size": 768,
     "intermediate_size": 3072,
@@ -92,11 +93,11 @@ class HunyuanVideoArchSpec:
     """Configs of one architecture preset (plain dicts, as in the released ``config.json``)."""
 
     name: str
-    transformer: dict[str, Any]
-    vae: dict[str, Any]
-    text_encoder: dict[str, Any]
-    text_encoder_2: dict[str, Any]
-    scheduler: dict[str, Any] = field(
+    transformer: ConfigDict
+    vae: ConfigDict
+    text_encoder: ConfigDict
+    text_encoder_2: ConfigDict
+    scheduler: ConfigDict = field(
         default_factory=lambda: {"num_train_timesteps": 1000, "shift": 7.0}
     )
 
@@ -115,7 +116,7 @@ def hunyuan_video_arch_spec() -> HunyuanVideoArchSpec:
 ARCH_SPECS = {"hunyuan-video-arch": hunyuan_video_arch_spec}
 
 
-def _build_transformer(config: dict[str, Any]) -> torch.nn.Module:
+def _build_transformer(config: ConfigDict) -> torch.nn.Module:
     from diffusers import HunyuanVideoTransformer3DModel
 
     return HunyuanVideoTransformer3DModel(**config)
@@ -124,13 +125,13 @@ def _build_transformer(config: dict[str, Any]) -> torch.nn.Module:
 def _build_text_encoder(spec: HunyuanVideoArchSpec) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaModel
 
-    return LlamaModel(LlamaConfig(**spec.text_encoder))
+    return LlamaModel(LlamaConfig.from_dict(dict(spec.text_encoder)))
 
 
 def _build_clip(spec: HunyuanVideoArchSpec) -> torch.nn.Module:
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    return CLIPTextModel(CLIPTextConfig(**spec.text_encoder_2))
+    return CLIPTextModel(CLIPTextConfig.from_dict(dict(spec.text_encoder_2)))
 
 
 def count_params(spec: HunyuanVideoArchSpec) -> dict[str, int]:

@@ -17,6 +17,7 @@ from typing import ClassVar
 import torch
 
 from unirl.config.require import require
+from unirl.models.common.config_dict import config_int
 from unirl.models.common.geometry import sigma_per_sample, video_pixels
 from unirl.models.common.guidance import Guidance
 from unirl.models.hunyuan_video.shared import HunyuanVideoFamilyBundle, HunyuanVideoGeneration
@@ -113,7 +114,7 @@ class HunyuanVideoBundle(HunyuanVideoFamilyBundle):
         self.temporal_factor = int(vcfg.temporal_compression_ratio)
         self.spatial_factor = int(vcfg.spatial_compression_ratio)
         self.scaling_factor = float(vcfg.scaling_factor)
-        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
+        self.num_train_timesteps = config_int(self.scheduler_config, "num_train_timesteps", 1000)
         self.clip_max_length = pipeline_prompt_template().clip_max_length
 
     # -- encode --------------------------------------------------------------------------------

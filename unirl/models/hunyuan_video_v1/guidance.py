@@ -11,9 +11,8 @@ nothing to choose (diffusers' optional ``true_cfg_scale`` on top is not offered)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from unirl.models.common.guidance import NoGuidance
+from unirl.models.common.guidance import CFGFamily, NoGuidance
 from unirl.types import Conditions
 
 
@@ -22,5 +21,7 @@ class EmbeddedGuidance(NoGuidance):
     """One conditional forward with the guidance scale written into the conditions (their
     ``with_guidance(scale)``), whatever the scale; the velocity call is ``NoGuidance``'s."""
 
-    def forward_conditions(self, family: Any, conditions: Conditions, scale: float) -> Any:
+    def forward_conditions(
+        self, family: CFGFamily, conditions: Conditions, scale: float
+    ) -> Conditions:
         return conditions.with_guidance(scale)  # type: ignore[attr-defined]

@@ -18,6 +18,7 @@ from typing import Any
 
 from unirl.config.precision import parse_dtype
 from unirl.config.require import require
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.presets import ModelSources, family_tiny_preset_folder
 from unirl.models.hunyuan_video_v1.arch import ARCH_SPECS, HunyuanVideoArchSpec
 from unirl.models.hunyuan_video_v1.config import HunyuanVideoBundleConfig
@@ -65,11 +66,11 @@ def arch_spec(name: str) -> HunyuanVideoArchSpec:
     return SOURCES.arch_spec(ARCH_SPECS, name)
 
 
-def architecture_configs(path_or_preset: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def architecture_configs(path_or_preset: str) -> tuple[ConfigDict, ConfigDict] | None:
     """``(transformer config, VAE config)`` of a source, read without building weights; None
     for a hub checkpoint that is not in the local cache (checked when the bundle loads)."""
 
-    def tiny() -> tuple[dict[str, Any], dict[str, Any]]:
+    def tiny() -> tuple[ConfigDict, ConfigDict]:
         spec = TinyHunyuanVideoSpec()
         return transformer_config(spec), vae_config(spec)
 
@@ -86,7 +87,7 @@ def resolve_model_source(path_or_preset: str) -> Path | HunyuanVideoArchSpec:
     return resolved
 
 
-def scheduler_config_of(raw: dict[str, Any]) -> dict[str, Any]:
+def scheduler_config_of(raw: ConfigDict) -> ConfigDict:
     """The σ policy of a checkpoint's scheduler config: its ``FlowMatchEulerDiscreteScheduler``
     keys, plus ``sigma_spacing: linspace`` (the pipeline hands the scheduler ``linspace(1, 0,
     T + 1)[:-1]``, which in float32 is ``linspace(1, 1/T, T)``)."""

@@ -25,11 +25,14 @@ import functools
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from unirl.models.common.text_encode import warn_long_prompts
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ def _dtype_of(module: torch.nn.Module) -> torch.dtype:
 
 @torch.no_grad()
 def encode_llama_prompts(
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     text_encoder: torch.nn.Module,
     texts: Sequence[str],
     *,
@@ -113,7 +116,11 @@ def encode_llama_prompts(
 
 @torch.no_grad()
 def encode_clip_pooled(
-    tokenizer: Any, text_encoder: torch.nn.Module, texts: Sequence[str], *, max_length: int = 77
+    tokenizer: PreTrainedTokenizerBase,
+    text_encoder: torch.nn.Module,
+    texts: Sequence[str],
+    *,
+    max_length: int = 77,
 ) -> torch.Tensor:
     """``pooled[N, D2]``: CLIP's pooled output of each prompt (77 tokens, padded, cut)."""
     if not texts:

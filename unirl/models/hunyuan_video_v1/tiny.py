@@ -24,11 +24,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.tiny import corpus_lines, save_pipeline, train_byte_level_bpe
+
+if TYPE_CHECKING:
+    from transformers import CLIPTextConfig, LlamaConfig, PreTrainedTokenizerBase
 
 # Bump when the build code changes what it writes: it is part of the cache key.
 TINY_BUILDER_VERSION = 1
@@ -95,7 +99,9 @@ class TinyHunyuanVideoSpec:
 # -- tokenizers ----------------------------------------------------------------------------------
 
 
-def build_tiny_tokenizer(spec: TinyHunyuanVideoSpec, lines: list[str] | None = None) -> Any:
+def build_tiny_tokenizer(
+    spec: TinyHunyuanVideoSpec, lines: list[str] | None = None
+) -> PreTrainedTokenizerBase:
     """A Llama-3-style ``PreTrainedTokenizerFast`` (byte-level BPE over Llama 3's split, a
     ``<|begin_of_text|>`` prefix, padded with ``<|end_of_text|>``) trained on the corpus
     wrapped in the pipeline's template. Raises when the template's prefix is not the
@@ -145,7 +151,9 @@ def build_tiny_tokenizer(spec: TinyHunyuanVideoSpec, lines: list[str] | None = N
     return tokenizer
 
 
-def build_clip_tokenizer(spec: TinyHunyuanVideoSpec, lines: list[str] | None = None) -> Any:
+def build_clip_tokenizer(
+    spec: TinyHunyuanVideoSpec, lines: list[str] | None = None
+) -> PreTrainedTokenizerBase:
     """A CLIP-style ``PreTrainedTokenizerFast``: lower-cased byte-level BPE,
     ``<|startoftext|> … <|endoftext|>``, padded with the end token, 77 tokens."""
     from tokenizers import processors
@@ -172,7 +180,7 @@ def build_clip_tokenizer(spec: TinyHunyuanVideoSpec, lines: list[str] | None = N
 # -- model configs -------------------------------------------------------------------------------
 
 
-def transformer_config(spec: TinyHunyuanVideoSpec) -> dict[str, Any]:
+def transformer_config(spec: TinyHunyuanVideoSpec) -> ConfigDict:
     return {
         "in_channels": spec.latent_channels,
         "out_channels": spec.latent_channels,
@@ -194,7 +202,7 @@ def transformer_config(spec: TinyHunyuanVideoSpec) -> dict[str, Any]:
     }
 
 
-def vae_config(spec: TinyHunyuanVideoSpec) -> dict[str, Any]:
+def vae_config(spec: TinyHunyuanVideoSpec) -> ConfigDict:
     return {
         "in_channels": 3,
         "out_channels": 3,
@@ -213,11 +221,13 @@ def vae_config(spec: TinyHunyuanVideoSpec) -> dict[str, Any]:
     }
 
 
-def scheduler_config(spec: TinyHunyuanVideoSpec) -> dict[str, Any]:
+def scheduler_config(spec: TinyHunyuanVideoSpec) -> ConfigDict:
     return {"num_train_timesteps": 1000, "shift": spec.flow_shift}
 
 
-def text_encoder_config(spec: TinyHunyuanVideoSpec, tokenizer: Any) -> Any:
+def text_encoder_config(
+    spec: TinyHunyuanVideoSpec, tokenizer: PreTrainedTokenizerBase
+) -> LlamaConfig:
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -235,7 +245,7 @@ def text_encoder_config(spec: TinyHunyuanVideoSpec, tokenizer: Any) -> Any:
     )
 
 
-def clip_config(spec: TinyHunyuanVideoSpec, tokenizer: Any) -> Any:
+def clip_config(spec: TinyHunyuanVideoSpec, tokenizer: PreTrainedTokenizerBase) -> CLIPTextConfig:
     from transformers import CLIPTextConfig
 
     return CLIPTextConfig(
