@@ -10,20 +10,24 @@ module shape are the real ones.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from unirl.models.common.arch import ArchSpec, SingleEncoderArch
+from unirl.models.common.config_dict import ConfigDict, config_dict
 from unirl.models.qwen_image.tiny import SCHEDULER_CONFIG
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(kw_only=True, frozen=True)
 class QwenImageArchSpec(ArchSpec):
     """Configs of one architecture preset (plain dicts, as in the released ``config.json``)."""
 
-    text_encoder: dict[str, Any]
-    scheduler: dict[str, Any] = field(default_factory=lambda: dict(SCHEDULER_CONFIG))
+    text_encoder: ConfigDict
+    scheduler: ConfigDict = field(default_factory=lambda: dict(SCHEDULER_CONFIG))
 
 
 def qwen_image_arch_spec() -> QwenImageArchSpec:
@@ -104,10 +108,12 @@ def _text_encoder(spec: QwenImageArchSpec, pad_token_id: int | None = None) -> t
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     cfg = dict(spec.text_encoder)
-    text = dict(cfg.pop("text_config"))
+    text = config_dict(cfg, "text_config")
     if pad_token_id is not None:
         text["pad_token_id"] = pad_token_id
-    return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, **cfg))
+    return Qwen2_5_VLForConditionalGeneration(
+        Qwen2_5_VLConfig.from_dict({**cfg, "text_config": text})
+    )
 
 
 def _vae(spec: QwenImageArchSpec) -> torch.nn.Module:
@@ -116,7 +122,7 @@ def _vae(spec: QwenImageArchSpec) -> torch.nn.Module:
     return AutoencoderKLQwenImage(**spec.vae)
 
 
-def _tokenizer() -> Any:
+def _tokenizer() -> PreTrainedTokenizerBase:
     from unirl.models.qwen_image.tiny import TinyQwenImageSpec, build_tiny_tokenizer
 
     return build_tiny_tokenizer(TinyQwenImageSpec())

@@ -19,6 +19,7 @@ import torch
 
 from unirl.models.common.arch import model_from_config
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
+from unirl.models.common.config_dict import ConfigDict, config_int
 from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.folders import load_parts, read_diffusers_folder
 from unirl.models.common.geometry import PATCH, PackedLatentGeometry, sigma_per_sample
@@ -112,7 +113,7 @@ class QwenImageBundle(PackedLatentGeometry, FlowMatchingBundle):
         self.text_encoder: torch.nn.Module = parts["text_encoder"]
         self.tokenizer = parts["tokenizer"]
         # the diffusers pipeline hands the scheduler linspace(1, 1/T, T) pre-shift sigmas
-        self.scheduler_config: dict[str, Any] = {
+        self.scheduler_config: ConfigDict = {
             **parts["scheduler_config"],
             "sigma_spacing": "linspace",
         }
@@ -123,7 +124,7 @@ class QwenImageBundle(PackedLatentGeometry, FlowMatchingBundle):
         self.vae_scale_factor = 2 ** len(vcfg.temperal_downsample)
         self.packed_channels = int(self.transformer.config.in_channels)
         self.check_packing(self.latent_channels)
-        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
+        self.num_train_timesteps = config_int(self.scheduler_config, "num_train_timesteps", 1000)
         shape = (1, self.latent_channels, 1, 1, 1)
         self._latents_mean = torch.tensor(vcfg.latents_mean).view(shape)
         self._latents_std = torch.tensor(vcfg.latents_std).view(shape)

@@ -18,10 +18,12 @@ from typing import Any, ClassVar
 
 import torch
 
+from unirl.models.common.config_dict import JSONDict
 from unirl.models.common.engine_maps import (
     Engine,
     EngineMapError,
     PackedLatentEngineMaps,
+    PromptEntry,
     cond_kwargs,
     sample_tensor,
 )
@@ -85,7 +87,7 @@ class QwenImageEngineMaps(PackedLatentEngineMaps):
             rows.append(QwenImageConditions(**fields))
         return QwenImageConditions.concat(rows)
 
-    def vllm_omni_prompt(self, conditions: Conditions, row: int) -> dict[str, Any]:
+    def vllm_omni_prompt(self, conditions: Conditions, row: int) -> dict[str, PromptEntry]:
         """``prompt_embeds`` / ``negative_prompt_embeds`` ``[1, L, D]`` of row ``row`` and,
         under ``additional_information``, their ``[1, L]`` masks (explicit ones: vLLM-Omni's
         pipeline slices the mask it is given)."""
@@ -111,7 +113,7 @@ class QwenImageEngineMaps(PackedLatentEngineMaps):
             },
         }
 
-    def vllm_omni_guidance(self, scale: float) -> dict[str, Any]:
+    def vllm_omni_guidance(self, scale: float) -> JSONDict:
         """Qwen-Image's CFG is ``true_cfg_scale`` (``guidance_scale`` feeds only
         guidance-distilled checkpoints)."""
         return {"true_cfg_scale": scale}

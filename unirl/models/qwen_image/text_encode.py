@@ -16,11 +16,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from unirl.models.common.text_encode import module_device, module_dtype, warn_long_prompts
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ def pipeline_prompt_template() -> PromptTemplate:
 
 @torch.no_grad()
 def encode_qwen_prompts(
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     text_encoder: torch.nn.Module,
     texts: Sequence[str],
     *,

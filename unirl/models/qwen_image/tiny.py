@@ -18,10 +18,12 @@ The scheduler config is the released model's (dynamic shift, terminal σ 0.02).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from unirl.models.common.config_dict import ConfigDict, JSONValue
+from unirl.models.common.text_encode import token_id
 from unirl.models.common.tiny import corpus_lines
 from unirl.models.common.tiny_causal_vae import CausalBlocks, TinyCausalDecoder
 from unirl.models.common.tiny_text import (
@@ -32,13 +34,16 @@ from unirl.models.common.tiny_text import (
     tiny_qwen_text_config,
 )
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, Qwen2_5_VLConfig
+
 # Bump when the build code changes what it writes: it is part of the cache key.
 TINY_BUILDER_VERSION = 1
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
 # The released Qwen/Qwen-Image scheduler (FlowMatchEulerDiscreteScheduler) config.
-SCHEDULER_CONFIG: dict[str, Any] = {
+SCHEDULER_CONFIG: ConfigDict = {
     "num_train_timesteps": 1000,
     "shift": 1.0,
     "use_dynamic_shifting": True,
@@ -92,7 +97,9 @@ class TinyQwenImageSpec:
 # -- tokenizer -----------------------------------------------------------------------------------
 
 
-def build_tiny_tokenizer(spec: TinyQwenImageSpec, lines: list[str] | None = None) -> Any:
+def build_tiny_tokenizer(
+    spec: TinyQwenImageSpec, lines: list[str] | None = None
+) -> PreTrainedTokenizerBase:
     """A ``Qwen2Tokenizer`` (byte-level BPE) trained on the corpus wrapped in the pipeline's
     template, so the template words are whole tokens and its prefix is ``drop_idx`` tokens.
     Special tokens first: ``<|endoftext|>`` (pad, id 0), ``<|im_start|>``, ``<|im_end|>`` and
@@ -119,7 +126,7 @@ def build_tiny_tokenizer(spec: TinyQwenImageSpec, lines: list[str] | None = None
 # -- model configs -------------------------------------------------------------------------------
 
 
-def transformer_config(spec: TinyQwenImageSpec) -> dict[str, Any]:
+def transformer_config(spec: TinyQwenImageSpec) -> ConfigDict:
     return {
         "patch_size": 2,
         "in_channels": 4 * spec.latent_channels,
@@ -133,29 +140,32 @@ def transformer_config(spec: TinyQwenImageSpec) -> dict[str, Any]:
     }
 
 
-def vae_config(spec: TinyQwenImageSpec) -> dict[str, Any]:
+def vae_config(spec: TinyQwenImageSpec) -> ConfigDict:
     gen = torch.Generator().manual_seed(spec.seed + 6)
     z = spec.latent_channels
     # non-trivial per-channel statistics, so a wrong un-normalisation shows
     mean = (torch.rand(z, generator=gen) - 0.5).tolist()
     std = (0.5 + 1.5 * torch.rand(z, generator=gen)).tolist()
+    temporal_downsample: list[JSONValue] = [False, *[True] * (spec.vae_levels - 2)]
     return {
         "base_dim": spec.vae_base_dim,
         "z_dim": z,
         "dim_mult": [1] * spec.vae_levels,
         "num_res_blocks": 1,
         "attn_scales": [],
-        "temperal_downsample": [False] + [True] * (spec.vae_levels - 2),
+        "temperal_downsample": temporal_downsample,
         "dropout": 0.0,
         "latents_mean": [round(v, 4) for v in mean],
         "latents_std": [round(v, 4) for v in std],
     }
 
 
-def text_encoder_config(spec: TinyQwenImageSpec, tokenizer: Any) -> Any:
+def text_encoder_config(
+    spec: TinyQwenImageSpec, tokenizer: PreTrainedTokenizerBase
+) -> Qwen2_5_VLConfig:
     from transformers import Qwen2_5_VLConfig
 
-    ids = [tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS]
+    ids = [token_id(tokenizer, t) for t in VISION_TOKENS]
     return Qwen2_5_VLConfig(
         text_config={
             **tiny_qwen_text_config(spec, tokenizer),
