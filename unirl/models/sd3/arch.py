@@ -15,16 +15,17 @@ from typing import Any
 import torch
 
 from unirl.models.common.arch import ArchSpec, built_as, count_params_on_meta
+from unirl.models.common.config_dict import ConfigDict
 
 
 @dataclass(kw_only=True, frozen=True)
 class SD3ArchSpec(ArchSpec):
     """Configs of one architecture preset (plain dicts, as in the released ``config.json`` files)."""
 
-    clip_l: dict[str, Any]
-    clip_g: dict[str, Any]
-    t5: dict[str, Any]
-    scheduler: dict[str, Any] = field(
+    clip_l: ConfigDict
+    clip_g: ConfigDict
+    t5: ConfigDict
+    scheduler: ConfigDict = field(
         default_factory=lambda: {"num_train_timesteps": 1000, "shift": 3.0}
     )
 
@@ -108,7 +109,7 @@ ARCH_SPECS = {"sd3.5-medium-arch": sd35_medium_arch_spec}
 
 def count_transformer_params(spec: SD3ArchSpec) -> int:
     """Parameter count of the spec's transformer, built on the meta device (no allocation)."""
-    from diffusers import SD3Transformer2DModel
+    from diffusers.models.transformers.transformer_sd3 import SD3Transformer2DModel
 
     factory = {"transformer": lambda: SD3Transformer2DModel(**spec.transformer)}
     return count_params_on_meta(factory)["transformer"]
@@ -156,14 +157,18 @@ def build_arch_modules(
         "vae": make(lambda: AutoencoderKL(**spec.vae), vae_dtype, 1),
         "text_encoder": make(
             lambda: CLIPTextModelWithProjection(
-                CLIPTextConfig(**spec.clip_l, pad_token_id=tok_l.pad_token_id, **special)
+                CLIPTextConfig.from_dict(
+                    {**spec.clip_l, "pad_token_id": tok_l.pad_token_id, **special}
+                )
             ),
             text_encoder_dtype,
             2,
         ),
         "text_encoder_2": make(
             lambda: CLIPTextModelWithProjection(
-                CLIPTextConfig(**spec.clip_g, pad_token_id=tok_g.pad_token_id, **special)
+                CLIPTextConfig.from_dict(
+                    {**spec.clip_g, "pad_token_id": tok_g.pad_token_id, **special}
+                )
             ),
             text_encoder_dtype,
             3,
@@ -173,7 +178,9 @@ def build_arch_modules(
     }
     if build_t5:
         modules["text_encoder_3"] = make(
-            lambda: T5EncoderModel(T5Config(**spec.t5, pad_token_id=0, eos_token_id=1)),
+            lambda: T5EncoderModel(
+                T5Config.from_dict({**spec.t5, "pad_token_id": 0, "eos_token_id": 1})
+            ),
             text_encoder_dtype,
             4,
         )

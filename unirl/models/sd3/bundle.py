@@ -14,6 +14,7 @@ import torch
 from unirl.config.require import require
 from unirl.models.common.arch import model_from_config
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
+from unirl.models.common.config_dict import ConfigDict, config_int
 from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.folders import load_parts, read_diffusers_folder
 from unirl.models.common.geometry import VAELatentGeometry, sigma_per_sample
@@ -133,7 +134,7 @@ class SD3Bundle(VAELatentGeometry, FlowMatchingBundle):
         self.tokenizer = parts["tokenizer"]
         self.tokenizer_2 = parts["tokenizer_2"]
         self.tokenizer_3 = parts["tokenizer_3"]
-        self.scheduler_config: dict[str, Any] = dict(parts["scheduler_config"])
+        self.scheduler_config: ConfigDict = dict(parts["scheduler_config"])
 
         # Read geometry once, before anyone wraps the transformer.
         tcfg = self.transformer.config
@@ -143,7 +144,7 @@ class SD3Bundle(VAELatentGeometry, FlowMatchingBundle):
         self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
         self.scaling_factor = float(self.vae.config.scaling_factor)
         self.shift_factor = float(self.vae.config.shift_factor or 0.0)
-        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
+        self.num_train_timesteps = config_int(self.scheduler_config, "num_train_timesteps", 1000)
         if cfg.fuse_projections:
             install_fused_attention(self.transformer)
 

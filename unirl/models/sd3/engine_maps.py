@@ -18,6 +18,7 @@ from unirl.models.common.engine_maps import (
     Engine,
     EngineMapError,
     EngineMaps,
+    PromptEntry,
     cond_kwargs,
     sample_tensor,
 )
@@ -60,7 +61,7 @@ class SD3EngineMaps(EngineMaps):
             negative_pooled_prompt_embeds=stacked("neg_cond_kwargs", "pooled_projections", 1),
         )
 
-    def vllm_omni_prompt(self, conditions: Conditions, row: int) -> dict[str, Any]:
+    def vllm_omni_prompt(self, conditions: Conditions, row: int) -> dict[str, PromptEntry]:
         """``prompt_embeds`` / ``negative_prompt_embeds`` ``[1, L, D]`` and, under
         ``additional_information``, the pooled ``[1, Dp]`` ones of row ``row``."""
         if not isinstance(conditions, SD3Conditions):

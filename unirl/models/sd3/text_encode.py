@@ -12,20 +12,23 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from unirl.models.common.text_encode import module_device, module_dtype, warn_truncated_prompts
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
 class SD3TextStack:
     """The modules one encode call uses; ``text_encoder_3`` is None when T5 is skipped."""
 
-    tokenizer: Any
-    tokenizer_2: Any
-    tokenizer_3: Any
+    tokenizer: PreTrainedTokenizerBase
+    tokenizer_2: PreTrainedTokenizerBase
+    tokenizer_3: PreTrainedTokenizerBase
     text_encoder: torch.nn.Module
     text_encoder_2: torch.nn.Module
     text_encoder_3: torch.nn.Module | None
@@ -33,7 +36,9 @@ class SD3TextStack:
     clip_max_length: int = 77
 
 
-def _token_ids(tokenizer: Any, texts: Sequence[str], max_length: int, **extra: Any) -> torch.Tensor:
+def _token_ids(
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int, **extra: Any
+) -> torch.Tensor:
     """Token ids ``[N, max_length]`` padded to ``max_length`` with truncation, no mask (as
     diffusers tokenises for SD3)."""
     return tokenizer(
@@ -54,7 +59,10 @@ def clip_states(encoder: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tens
 
 
 def t5_embeds(
-    tokenizer: Any, encoder: torch.nn.Module, texts: Sequence[str], max_sequence_length: int
+    tokenizer: PreTrainedTokenizerBase,
+    encoder: torch.nn.Module,
+    texts: Sequence[str],
+    max_sequence_length: int,
 ) -> torch.Tensor:
     """``hidden[N, max_sequence_length, D_t5]``: T5 encoder last hidden state."""
     warn_truncated_prompts(

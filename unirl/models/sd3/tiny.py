@@ -14,13 +14,17 @@ Components are the real diffusers / transformers classes (so the saved folder is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.progress import hf_warnings_off
 from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
 from unirl.models.common.tiny_vae import TinyKLVAE
+
+if TYPE_CHECKING:
+    from transformers import CLIPTextConfig, T5Config
 
 # Bump when the build code changes what it writes: it is part of the cache key.
 TINY_BUILDER_VERSION = 1
@@ -134,7 +138,7 @@ def build_tiny_tokenizers(
 # -- model configs -------------------------------------------------------------------------------
 
 
-def transformer_config(spec: TinySD3Spec) -> dict[str, Any]:
+def transformer_config(spec: TinySD3Spec) -> ConfigDict:
     inner = spec.num_attention_heads * spec.attention_head_dim
     return {
         "sample_size": spec.sample_size,
@@ -158,13 +162,13 @@ def tiny_vae(spec: TinySD3Spec) -> TinyKLVAE:
     return TinyKLVAE.from_spec(spec, latent_sample_size=spec.sample_size)
 
 
-def vae_config(spec: TinySD3Spec) -> dict[str, Any]:
+def vae_config(spec: TinySD3Spec) -> ConfigDict:
     return tiny_vae(spec).config()
 
 
 def clip_config(
     spec: TinySD3Spec, *, hidden: int, projection: int, act: str, bos: int, eos: int, pad: int
-) -> Any:
+) -> CLIPTextConfig:
     from transformers import CLIPTextConfig
 
     return CLIPTextConfig(
@@ -182,7 +186,7 @@ def clip_config(
     )
 
 
-def t5_config(spec: TinySD3Spec) -> Any:
+def t5_config(spec: TinySD3Spec) -> T5Config:
     from transformers import T5Config
 
     return T5Config(
@@ -202,7 +206,7 @@ def t5_config(spec: TinySD3Spec) -> Any:
     )
 
 
-def scheduler_config(spec: TinySD3Spec) -> dict[str, Any]:
+def scheduler_config(spec: TinySD3Spec) -> ConfigDict:
     return {"num_train_timesteps": 1000, "shift": spec.shift}
 
 
