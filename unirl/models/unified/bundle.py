@@ -10,14 +10,16 @@ shape, velocity, decode. Both halves run through one module, :class:`Transfusion
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 from unirl.config.precision import parse_dtype
 from unirl.config.require import ConfigError
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.guidance import NoGuidance
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common_ar.bundle import dtype_keyword
@@ -26,9 +28,13 @@ from unirl.models.unified.conditions import ContextConditions
 from unirl.models.unified.config import PRESET_NAMES, TransfusionBundleConfig
 from unirl.models.unified.model import ImageHead, TransfusionModel
 from unirl.sde.schedule import sigmas_from_scheduler_config
+from unirl.types import Conditions, DiffusionSamplingParams
+
+if TYPE_CHECKING:
+    pass
 
 # the σ policy of the tiny family: a flow-match Euler schedule with SD3's static shift
-SCHEDULER_CONFIG: dict[str, Any] = {
+SCHEDULER_CONFIG: ConfigDict = {
     "_class_name": "FlowMatchEulerDiscreteScheduler",
     "num_train_timesteps": 1000,
     "shift": 3.0,
@@ -36,7 +42,7 @@ SCHEDULER_CONFIG: dict[str, Any] = {
 }
 
 
-def tiny_vae_folder() -> Any:
+def tiny_vae_folder() -> Path:
     """The tiny SD3 preset's VAE folder (the shaped, strongly responsive tiny decoder of
     ``unirl.models.common.tiny_vae``; built once per machine)."""
     from unirl.models.sd3 import tiny_preset_path
@@ -67,7 +73,7 @@ class TransfusionBundle(Qwen3Bundle):
     guidance: ClassVar[NoGuidance] = NoGuidance()
     trainable_attr: ClassVar[str] = "model"
     trainable_module_names: ClassVar[tuple[str, ...]] = ("model",)
-    scheduler_config: ClassVar[dict[str, Any]] = SCHEDULER_CONFIG
+    scheduler_config: ClassVar[ConfigDict] = SCHEDULER_CONFIG
 
     config: TransfusionBundleConfig
 
@@ -95,7 +101,7 @@ class TransfusionBundle(Qwen3Bundle):
         return TransfusionModel(lm, head), tokenizer
 
     @classmethod
-    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+    def check_config(cls, block: Mapping[str, object], recipe: object) -> None:
         """Before Ray: the path is a preset of this family; image sizes fit the patch grid."""
         path = str(block.get("path", "tiny"))
         if path not in PRESET_NAMES:
@@ -105,11 +111,14 @@ class TransfusionBundle(Qwen3Bundle):
             )
 
     @classmethod
-    def check_image_sizes(cls, block: dict[str, Any], height: int, width: int, where: str) -> None:
+    def check_image_sizes(
+        cls, block: Mapping[str, object], height: int, width: int, where: str
+    ) -> None:
         """Before Ray, from configs only (the tiny VAE's ``config.json``, the bundle block):
         ``height`` / ``width`` are multiples of VAE factor x ``patch_size`` and their patch grid
         fits ``max_grid``; each refused in one line naming ``<where>.height`` / ``.width``."""
-        knobs = {k: v for k, v in block.items() if not str(k).startswith("_")}
+        # the recipe's values, typed by the config class that takes them
+        knobs: dict[str, Any] = {k: v for k, v in block.items() if not str(k).startswith("_")}
         config = cls.config_class(**knobs)
         vae = json.loads((tiny_vae_folder() / "config.json").read_text())
         scale = 2 ** (len(vae["block_out_channels"]) - 1)
@@ -130,12 +139,13 @@ class TransfusionBundle(Qwen3Bundle):
             )
 
     @classmethod
-    def trainable_on_meta(cls, block: dict[str, Any]) -> nn.Module | None:
+    def trainable_on_meta(cls, block: Mapping[str, object]) -> nn.Module | None:
         """The whole :class:`TransfusionModel` on the meta device (LoRA-target checks)."""
         lm = super().trainable_on_meta({**block, "path": "tiny"})
         if lm is None:
             return None
-        knobs = {k: v for k, v in block.items() if not str(k).startswith("_")}
+        # the recipe's values, typed by the config class that takes them
+        knobs: dict[str, Any] = {k: v for k, v in block.items() if not str(k).startswith("_")}
         config = cls.config_class(**knobs)
         with torch.device("meta"):
             return TransfusionModel(lm, image_head_for(lm.config, config, 16))
@@ -158,7 +168,7 @@ class TransfusionBundle(Qwen3Bundle):
             )
         return (self.latent_channels, height // self.vae_scale, width // self.vae_scale)
 
-    def latent_shape_for(self, params: Any) -> tuple[int, ...]:
+    def latent_shape_for(self, params: DiffusionSamplingParams) -> tuple[int, ...]:
         return self.latent_shape(int(params.height), int(params.width))
 
     def image_seq_len(self, height: int, width: int) -> int:
@@ -177,7 +187,7 @@ class TransfusionBundle(Qwen3Bundle):
         the formatted prompt's tokens."""
         return ContextConditions.from_rows(self.encode_prompts(prompts))
 
-    def cfg_conditions(self, conditions: Any) -> Any:
+    def cfg_conditions(self, conditions: Conditions) -> Conditions:
         raise ValueError(
             "the transfusion family has no unconditional branch; set sampling.guidance_scale=1"
         )
@@ -217,7 +227,10 @@ class TransfusionBundle(Qwen3Bundle):
     # -- export (``FSDPBackend.export_pretrained``) ----------------------------------------------
 
     def save_pretrained(
-        self, path: str | Path, state: dict[str, torch.Tensor], write_pretrained: Any
+        self,
+        path: str | Path,
+        state: dict[str, torch.Tensor],
+        write_pretrained: Any,
     ) -> Path:
         """The trained model as three folders of one export: ``text/`` — the causal LM (the
         shared transformer with its LM head) and tokenizer, a ``save_pretrained`` folder plain

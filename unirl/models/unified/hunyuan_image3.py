@@ -13,6 +13,7 @@ training, naming what is missing, before any Ray work (``trainable_here = False`
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from torch import nn
@@ -63,10 +64,11 @@ class HunyuanImage3Bundle:
         raise ConfigError(NOT_BUILT)
 
     @classmethod
-    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+    def check_config(cls, block: Mapping[str, object], recipe: object) -> None:
         """The block's fields type-check (``config_class``); the mode agrees with the
         rollout's. No weights are read."""
-        knobs = {k: v for k, v in block.items() if not str(k).startswith("_")}
+        # the recipe's values, typed by the config class that takes them
+        knobs: dict[str, Any] = {k: v for k, v in block.items() if not str(k).startswith("_")}
         config = cls.config_class(**knobs)
         rollout = getattr(recipe, "rollout", None) or {}
         mode = rollout.get("mode") if isinstance(rollout, dict) else None
@@ -76,5 +78,5 @@ class HunyuanImage3Bundle:
         )
 
     @classmethod
-    def trainable_on_meta(cls, block: dict[str, Any]) -> nn.Module | None:
+    def trainable_on_meta(cls, block: Mapping[str, object]) -> nn.Module | None:
         return None  # no modeling code here: LoRA targets are checked when it is built

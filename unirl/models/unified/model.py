@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig, PretrainedConfig
 
 
 def timestep_features(sigma: torch.Tensor, dim: int) -> torch.Tensor:
@@ -129,11 +132,11 @@ class TransfusionModel(nn.Module):
         self._lm_cache_keyword = _cache_keyword(lm)
 
     @property
-    def config(self) -> Any:
+    def config(self) -> PretrainedConfig:
         return self.lm.config
 
     @property
-    def generation_config(self) -> Any:
+    def generation_config(self) -> GenerationConfig | None:
         return getattr(self.lm, "generation_config", None)
 
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:

@@ -17,14 +17,25 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from unirl.models.common.pipeline import FlowMatchingPipeline
 from unirl.models.common_ar.pipeline import CausalLMPipeline
 from unirl.models.unified.conditions import ContextConditions, ImageStageRequest
-from unirl.types import DiffusionSamplingParams, RolloutReq, RolloutResp, TextRequest
+from unirl.sde.kernels import SDEStrategy
+from unirl.types import (
+    DiffusionSamplingParams,
+    RolloutReq,
+    RolloutResp,
+    TextRequest,
+    Texts,
+    TextSegment,
+)
+
+if TYPE_CHECKING:
+    from unirl.models.unified.bundle import TransfusionBundle
 
 TEXT_TRACK = "text"
 IMAGE_TRACK = "image"
@@ -44,7 +55,12 @@ class TransfusionImagePipeline(FlowMatchingPipeline):
     track_name = IMAGE_TRACK
 
     def __init__(
-        self, *, bundle: Any, strategy: Any, track_name: str = IMAGE_TRACK, **knobs: Any
+        self,
+        *,
+        bundle: TransfusionBundle,
+        strategy: SDEStrategy,
+        track_name: str = IMAGE_TRACK,
+        **knobs: Any,
     ) -> None:
         super().__init__(bundle=bundle, strategy=strategy, **knobs)
         self.track_name = track_name
@@ -93,12 +109,14 @@ class TransfusionPipeline:
 
     track_name = TEXT_TRACK
 
-    def __init__(self, *, text_pipeline: Any, image_pipeline: Any) -> None:
+    def __init__(
+        self, *, text_pipeline: TransfusionTextPipeline, image_pipeline: TransfusionImagePipeline
+    ) -> None:
         self.text_pipeline = text_pipeline
         self.image_pipeline = image_pipeline
 
     @property
-    def bundle(self) -> Any:
+    def bundle(self) -> TransfusionBundle:
         return self.image_pipeline.bundle
 
     @property
@@ -118,7 +136,13 @@ class TransfusionPipeline:
         text = text_resp.tracks[TEXT_TRACK]
         t0 = time.perf_counter()
         # the exact ids the model wrote after its prompt (stop token included)
-        context = ContextConditions(context=text.segment.tokens)
+        segment, decoded = text.segment, text.decoded
+        if not isinstance(segment, TextSegment) or not isinstance(decoded, Texts | None):
+            raise TypeError(
+                f"the {TEXT_TRACK} track holds a {type(segment).__name__} segment and "
+                f"{type(decoded).__name__} decoded rows, not a TextSegment and Texts"
+            )
+        context = ContextConditions(context=segment.tokens)
         stage = req.params_for(IMAGE_TRACK, ImageStageRequest)
         name = self.image_pipeline.track_name
         image_req = dataclasses.replace(
@@ -127,7 +151,7 @@ class TransfusionPipeline:
         t_context = time.perf_counter() - t0
         image_resp = self.image_pipeline.generate(image_req, context=context)
         image = image_resp.tracks[name]
-        thoughts = text.decoded.texts if text.decoded is not None else [""] * len(text)
+        thoughts = decoded.texts if decoded is not None else [""] * len(text)
         image = dataclasses.replace(
             image,
             parent_ids=text.sample_ids.clone().to(image.sample_ids.device),
