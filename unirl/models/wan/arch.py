@@ -22,11 +22,12 @@ from typing import Any
 import torch
 
 from unirl.models.common.arch import built_as
+from unirl.models.common.config_dict import ConfigDict
 
 
 def _transformer(
     *, heads: int, ffn: int, layers: int, in_channels: int = 16, image_dim: int | None = None
-) -> dict[str, Any]:
+) -> ConfigDict:
     return {
         "patch_size": [1, 2, 2],
         "num_attention_heads": heads,
@@ -48,7 +49,7 @@ def _transformer(
 
 # The Wan 2.1 VAE (also Wan 2.2 A14B's); latents_mean / latents_std are diffusers' defaults,
 # the released statistics.
-WAN21_VAE: dict[str, Any] = {
+WAN21_VAE: ConfigDict = {
     "base_dim": 96,
     "z_dim": 16,
     "dim_mult": [1, 2, 4, 4],
@@ -59,7 +60,7 @@ WAN21_VAE: dict[str, Any] = {
 }
 
 # google/umt5-xxl, encoder only
-UMT5_XXL: dict[str, Any] = {
+UMT5_XXL: ConfigDict = {
     "vocab_size": 256384,
     "d_model": 4096,
     "d_kv": 64,
@@ -86,12 +87,12 @@ class WanArchSpec:
     ``transformer_2`` and ``boundary_ratio`` are set for Wan 2.2's two experts."""
 
     name: str
-    transformer: dict[str, Any]
-    vae: dict[str, Any]
-    text_encoder: dict[str, Any]
-    transformer_2: dict[str, Any] | None = None
+    transformer: ConfigDict
+    vae: ConfigDict
+    text_encoder: ConfigDict
+    transformer_2: ConfigDict | None = None
     boundary_ratio: float | None = None
-    scheduler: dict[str, Any] = field(
+    scheduler: ConfigDict = field(
         default_factory=lambda: {"num_train_timesteps": 1000, "shift": 3.0}
     )
 
@@ -125,7 +126,7 @@ ARCH_SPECS = {
 }
 
 
-def _build_transformer(config: dict[str, Any]) -> torch.nn.Module:
+def _build_transformer(config: ConfigDict) -> torch.nn.Module:
     from diffusers import WanTransformer3DModel
 
     return WanTransformer3DModel(**config)
@@ -134,7 +135,7 @@ def _build_transformer(config: dict[str, Any]) -> torch.nn.Module:
 def _build_text_encoder(spec: WanArchSpec) -> torch.nn.Module:
     from transformers import UMT5Config, UMT5EncoderModel
 
-    return UMT5EncoderModel(UMT5Config(**spec.text_encoder))
+    return UMT5EncoderModel(UMT5Config.from_dict(dict(spec.text_encoder)))
 
 
 def count_params(spec: WanArchSpec) -> dict[str, int]:

@@ -20,6 +20,7 @@ both).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,6 +28,7 @@ import torch
 
 from unirl.config.require import ConfigError, require
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
+from unirl.models.common.config_dict import ConfigDict, config_int
 from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.geometry import VideoLatentGeometry, sigma_per_sample, video_pixels
 from unirl.models.common.presets import ModelSourceError
@@ -88,7 +90,7 @@ class WanBundle(VideoLatentGeometry, FlowMatchingBundle):
         return architecture_configs(path)
 
     @classmethod
-    def requires_references(cls, block: dict[str, Any]) -> bool:
+    def requires_references(cls, block: Mapping[str, object]) -> bool:
         """True when ``block.path`` is an image-to-video model (its transformer reads more
         channels than the VAE writes: noise, mask and first frame), read from its configs; such
         a model needs a first frame for every prompt (checked before Ray by the trainer)."""
@@ -121,7 +123,7 @@ class WanBundle(VideoLatentGeometry, FlowMatchingBundle):
         return WanTransformer3DModel.from_config(config)
 
     @classmethod
-    def check_config(cls, block: dict[str, Any], recipe: Any) -> None:
+    def check_config(cls, block: Mapping[str, object], recipe: object) -> None:
         """The shared checks, then Wan's: ``num_frames`` of the form 4k + 1, experts that exist,
         and ``backend.trainable_attr`` naming where the trained experts live."""
         super().check_config(block, recipe)
@@ -183,7 +185,7 @@ class WanBundle(VideoLatentGeometry, FlowMatchingBundle):
         scheduler = scheduler_config_of(dict(parts["scheduler_config"]))
         if cfg.flow_shift is not None:
             scheduler["shift"] = float(cfg.flow_shift)
-        self.scheduler_config: dict[str, Any] = scheduler
+        self.scheduler_config: ConfigDict = scheduler
 
         # Experts: which runs where, which trains, where the backend finds what trains.
         self.two_experts = two
@@ -230,7 +232,7 @@ class WanBundle(VideoLatentGeometry, FlowMatchingBundle):
         )
         self.temporal_factor = int(getattr(vcfg, "scale_factor_temporal", 4) or 4)
         self.spatial_factor = int(getattr(vcfg, "scale_factor_spatial", 8) or 8)
-        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
+        self.num_train_timesteps = config_int(self.scheduler_config, "num_train_timesteps", 1000)
         self.boundary_timestep = (
             None if self.boundary_ratio is None else self.boundary_ratio * self.num_train_timesteps
         )

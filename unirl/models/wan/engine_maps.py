@@ -16,9 +16,9 @@ have no mapped argument.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from unirl.models.common.engine_maps import Engine, EngineMapError, VideoEngineMaps
+from unirl.models.common.engine_maps import Engine, EngineMapError, PromptEntry, VideoEngineMaps
 from unirl.models.wan.conditions import WanConditions
 from unirl.types import Conditions
 
@@ -29,7 +29,7 @@ class WanEngineMaps(VideoEngineMaps):
     family: ClassVar[str] = "unirl.models.wan.WanBundle"
     engines: ClassVar[tuple[Engine, ...]] = ("vllm_omni",)
 
-    def vllm_omni_prompt(self, conditions: Conditions, row: int) -> dict[str, Any]:
+    def vllm_omni_prompt(self, conditions: Conditions, row: int) -> dict[str, PromptEntry]:
         """``prompt_embeds`` / ``negative_prompt_embeds`` ``[1, L, D]`` of row ``row``."""
         if not isinstance(conditions, WanConditions):
             raise EngineMapError(f"expected WanConditions, got {type(conditions).__name__}")

@@ -19,6 +19,7 @@ from typing import Any
 
 from unirl.config.precision import parse_dtype
 from unirl.config.require import require
+from unirl.models.common.config_dict import ConfigDict, config_float, config_int
 from unirl.models.common.presets import TINY, ModelSources, tiny_preset_folder
 from unirl.models.common.tiny import corpus_lines
 from unirl.models.wan.arch import ARCH_SPECS, WanArchSpec
@@ -80,12 +81,12 @@ def arch_spec(name: str) -> WanArchSpec:
     return ARCH_SPECS[name]()
 
 
-def architecture_configs(path_or_preset: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def architecture_configs(path_or_preset: str) -> tuple[ConfigDict, ConfigDict] | None:
     """``(transformer config, VAE config)`` of a source, read without building weights; None
     for a hub checkpoint that is not in the local cache (checked when the bundle loads)."""
     name = str(path_or_preset).strip()
 
-    def tiny(variant: str = TINY) -> tuple[dict[str, Any], dict[str, Any]]:
+    def tiny(variant: str = TINY) -> tuple[ConfigDict, ConfigDict]:
         spec = tiny_spec(variant)
         return transformer_config(spec), vae_config(spec)
 
@@ -109,7 +110,7 @@ def resolve_model_source(path_or_preset: str) -> Path | WanArchSpec:
     return SOURCES.snapshot(resolved)
 
 
-def scheduler_config_of(raw: dict[str, Any]) -> dict[str, Any]:
+def scheduler_config_of(raw: ConfigDict) -> ConfigDict:
     """The σ policy of a checkpoint's scheduler config, as a ``FlowMatchEulerDiscreteScheduler``
     config: the released Wan checkpoints ship ``UniPCMultistepScheduler`` with ``flow_shift``;
     UniRL steps with its own kernels and keeps only the shift (see README, Gotchas)."""
@@ -120,8 +121,8 @@ def scheduler_config_of(raw: dict[str, Any]) -> dict[str, Any]:
             "flow-matching schedule only",
         )
         return {
-            "num_train_timesteps": int(raw.get("num_train_timesteps", 1000)),
-            "shift": float(raw.get("flow_shift", 1.0)),
+            "num_train_timesteps": config_int(raw, "num_train_timesteps", 1000),
+            "shift": config_float(raw, "flow_shift", 1.0),
         }
     return {k: v for k, v in raw.items() if not k.startswith("_")}
 

@@ -16,12 +16,15 @@ marks the first frame as given (``image_condition``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from unirl.models.common.text_encode import warn_truncated_prompts
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def _device_of(module: torch.nn.Module) -> torch.device:
@@ -34,7 +37,7 @@ def _dtype_of(module: torch.nn.Module) -> torch.dtype:
 
 @torch.no_grad()
 def encode_umt5_prompts(
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     text_encoder: torch.nn.Module,
     texts: Sequence[str],
     *,

@@ -22,13 +22,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
 from unirl.models.common.tiny_causal_vae import CausalBlocks, TinyCausalDecoder
+
+if TYPE_CHECKING:
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        PreTrainedTokenizerBase,
+        UMT5Config,
+    )
 
 # Bump when the build code changes what it writes: it is part of the cache key.
 TINY_BUILDER_VERSION = 1
@@ -92,7 +101,9 @@ class TinyWanSpec:
 # -- tokenizer -----------------------------------------------------------------------------------
 
 
-def build_tiny_tokenizer(spec: TinyWanSpec, lines: list[str] | None = None) -> Any:
+def build_tiny_tokenizer(
+    spec: TinyWanSpec, lines: list[str] | None = None
+) -> PreTrainedTokenizerBase:
     """A T5-style ``PreTrainedTokenizerFast`` trained on the corpus: ``… </s>``, pad ``<pad>`` = 0,
     eos ``</s>`` = 1, unk ``<unk>`` = 2 (the layout of the UMT5 tokenizer Wan ships)."""
     from tokenizers import processors
@@ -117,7 +128,7 @@ def build_tiny_tokenizer(spec: TinyWanSpec, lines: list[str] | None = None) -> A
 # -- model configs -------------------------------------------------------------------------------
 
 
-def text_encoder_config(spec: TinyWanSpec) -> Any:
+def text_encoder_config(spec: TinyWanSpec) -> UMT5Config:
     from transformers import UMT5Config
 
     return UMT5Config(
@@ -138,7 +149,7 @@ def text_encoder_config(spec: TinyWanSpec) -> Any:
     )
 
 
-def transformer_config(spec: TinyWanSpec) -> dict[str, Any]:
+def transformer_config(spec: TinyWanSpec) -> ConfigDict:
     i2v = spec.variant == "i2v"
     c = spec.latent_channels
     return {
@@ -160,7 +171,7 @@ def transformer_config(spec: TinyWanSpec) -> dict[str, Any]:
     }
 
 
-def vae_config(spec: TinyWanSpec) -> dict[str, Any]:
+def vae_config(spec: TinyWanSpec) -> ConfigDict:
     gen = torch.Generator().manual_seed(spec.seed + 6)
     z = spec.latent_channels
     # non-trivial per-channel statistics, so a wrong un-normalisation shows
@@ -179,12 +190,12 @@ def vae_config(spec: TinyWanSpec) -> dict[str, Any]:
     }
 
 
-def scheduler_config(spec: TinyWanSpec) -> dict[str, Any]:
+def scheduler_config(spec: TinyWanSpec) -> ConfigDict:
     """Wan's static shift on the Euler flow-matching scheduler (what ``WanPipeline`` takes)."""
     return {"num_train_timesteps": 1000, "shift": spec.flow_shift}
 
 
-def vision_config(spec: TinyWanSpec) -> Any:
+def vision_config(spec: TinyWanSpec) -> CLIPVisionConfig:
     from transformers import CLIPVisionConfig
 
     return CLIPVisionConfig(
@@ -198,7 +209,7 @@ def vision_config(spec: TinyWanSpec) -> Any:
     )
 
 
-def image_processor(spec: TinyWanSpec) -> Any:
+def image_processor(spec: TinyWanSpec) -> CLIPImageProcessor:
     """CLIP preprocessing at the tiny tower's resolution (resize, centre crop, CLIP mean / std)."""
     from transformers import CLIPImageProcessor
 
