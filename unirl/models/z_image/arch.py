@@ -11,20 +11,24 @@ FLUX-format 16-channel VAE. Tokenizer: the tiny preset's locally trained BPE tok
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from unirl.models.common.arch import ArchSpec, SingleEncoderArch
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.z_image.tiny import SCHEDULER_CONFIG
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(kw_only=True, frozen=True)
 class ZImageArchSpec(ArchSpec):
     """Configs of one architecture preset (plain dicts, as in the released ``config.json``)."""
 
-    text_encoder: dict[str, Any]
-    scheduler: dict[str, Any] = field(default_factory=lambda: dict(SCHEDULER_CONFIG))
+    text_encoder: ConfigDict
+    scheduler: ConfigDict = field(default_factory=lambda: dict(SCHEDULER_CONFIG))
 
 
 def z_image_arch_spec() -> ZImageArchSpec:
@@ -100,7 +104,7 @@ def _text_encoder(spec: ZImageArchSpec, pad_token_id: int | None = None) -> torc
     cfg = dict(spec.text_encoder)
     if pad_token_id is not None:
         cfg["pad_token_id"] = pad_token_id
-    return Qwen3Model(Qwen3Config(**cfg))
+    return Qwen3Model(Qwen3Config.from_dict(cfg))
 
 
 def _vae(spec: ZImageArchSpec) -> torch.nn.Module:
@@ -109,7 +113,7 @@ def _vae(spec: ZImageArchSpec) -> torch.nn.Module:
     return AutoencoderKL(**spec.vae)
 
 
-def _tokenizer() -> Any:
+def _tokenizer() -> PreTrainedTokenizerBase:
     from unirl.models.z_image.tiny import TinyZImageSpec, build_tiny_tokenizer
 
     return build_tiny_tokenizer(TinyZImageSpec())

@@ -20,6 +20,7 @@ import torch
 from unirl.config.require import require
 from unirl.models.common.arch import model_from_config
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
+from unirl.models.common.config_dict import ConfigDict, config_int
 from unirl.models.common.engine_maps import EngineMaps
 from unirl.models.common.folders import load_parts, read_diffusers_folder
 from unirl.models.common.geometry import VAELatentGeometry, sigma_per_sample
@@ -126,7 +127,7 @@ class ZImageBundle(VAELatentGeometry, FlowMatchingBundle):
             normalization=cfg.cfg_normalization, truncation=cfg.cfg_truncation
         )
         # the pipeline hands the scheduler torch.linspace(1, 1/T, T) (float32) pre-shift σ
-        self.scheduler_config: dict[str, Any] = {
+        self.scheduler_config: ConfigDict = {
             **parts["scheduler_config"],
             "sigma_spacing": "linspace_fp32",
         }
@@ -138,7 +139,7 @@ class ZImageBundle(VAELatentGeometry, FlowMatchingBundle):
         self.vae_scale_factor = 2 ** (len(vcfg.block_out_channels) - 1)
         self.scaling_factor = float(vcfg.scaling_factor)
         self.shift_factor = float(vcfg.shift_factor)
-        self.num_train_timesteps = int(self.scheduler_config.get("num_train_timesteps", 1000))
+        self.num_train_timesteps = config_int(self.scheduler_config, "num_train_timesteps", 1000)
         if int(vcfg.latent_channels) != self.latent_channels:
             raise ValueError(
                 f"transformer in_channels={self.latent_channels} is not the VAE's "

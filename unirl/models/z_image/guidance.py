@@ -24,11 +24,12 @@ Everything else (``cfg_gradient``, a reused ``v_uncond``, ``uncond_out``) follow
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 import torch
 
 from unirl.models.common.guidance import (
+    CFGFamily,
     CFGGradient,
     VelocityModel,
     guided,
@@ -65,7 +66,9 @@ class ZImageCFG:
     normalization: float = 0.0
     truncation: float = 1.0
 
-    def forward_conditions(self, family: Any, conditions: Conditions, scale: float) -> Any:
+    def forward_conditions(
+        self, family: CFGFamily, conditions: Conditions, scale: float
+    ) -> Conditions | CFGInputs:
         if not guided(scale):
             return positive_rows(conditions)
         paired = require_paired("ZImageCFG", conditions)
@@ -96,7 +99,7 @@ class ZImageCFG:
         family: VelocityModel,
         latents: torch.Tensor,
         sigma: torch.Tensor,
-        fwd_conditions: Any,
+        fwd_conditions: object,
         scale: float,
         *,
         cfg_gradient: CFGGradient = "both",
@@ -104,8 +107,9 @@ class ZImageCFG:
         uncond_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         if not guided(scale):
-            return family.predict_velocity(latents, sigma, fwd_conditions).float()
-        inputs: CFGInputs = fwd_conditions
+            positive = cast(Conditions, fwd_conditions)  # forward_conditions' positive rows
+            return family.predict_velocity(latents, sigma, positive).float()
+        inputs = cast(CFGInputs, fwd_conditions)  # what forward_conditions returned guided
         rows = self.guided_rows(sigma)
         if rows is not None and not bool(rows.any()):  # truncated: the conditional forward
             v_c = family.predict_velocity(latents, sigma, inputs.cond).float()

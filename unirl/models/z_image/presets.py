@@ -11,8 +11,8 @@ is looked up in the local Hugging Face cache first and fails fast offline, namin
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.presets import TINY, ModelSources, family_tiny_preset_folder
 from unirl.models.common.tiny import save_pipeline
 from unirl.models.z_image.arch import ARCH_SPECS, ZImageArchSpec
@@ -53,11 +53,11 @@ def arch_spec(name: str) -> ZImageArchSpec:
     return SOURCES.arch_spec(ARCH_SPECS, name)
 
 
-def architecture_configs(path_or_preset: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def architecture_configs(path_or_preset: str) -> tuple[ConfigDict, ConfigDict] | None:
     """``(transformer config, VAE config)`` of a source, read without building weights; None
     for a hub checkpoint that is not in the local cache (checked when the bundle loads)."""
 
-    def tiny() -> tuple[dict[str, Any], dict[str, Any]]:
+    def tiny() -> tuple[ConfigDict, ConfigDict]:
         spec = TinyZImageSpec()
         return transformer_config(spec), vae_config(spec)
 

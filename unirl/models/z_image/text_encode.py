@@ -11,17 +11,20 @@ every prompt keeps its own length.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from unirl.models.common.text_encode import module_device, user_turn, warn_truncated_prompts
 from unirl.types import Packed
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 @torch.no_grad()
 def encode_z_image_prompts(
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     text_encoder: torch.nn.Module,
     texts: Sequence[str],
     *,

@@ -20,22 +20,26 @@ The scheduler config is the released base model's (``Tongyi-MAI/Z-Image``: stati
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.tiny_text import (
     qwen3_chat_tokenizer,
     tiny_qwen_text_config,
 )
 from unirl.models.common.tiny_vae import TinyKLVAE
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, Qwen3Config
+
 # Bump when the build code changes what it writes: it is part of the cache key.
 TINY_BUILDER_VERSION = 1
 
 # The released Tongyi-MAI/Z-Image scheduler (FlowMatchEulerDiscreteScheduler) config; the
 # Turbo checkpoint's differs only in shift (3.0).
-SCHEDULER_CONFIG: dict[str, Any] = {
+SCHEDULER_CONFIG: ConfigDict = {
     "num_train_timesteps": 1000,
     "use_dynamic_shifting": False,
     "shift": 6.0,
@@ -85,7 +89,9 @@ class TinyZImageSpec:
 # -- tokenizer -----------------------------------------------------------------------------------
 
 
-def build_tiny_tokenizer(spec: TinyZImageSpec, lines: list[str] | None = None) -> Any:
+def build_tiny_tokenizer(
+    spec: TinyZImageSpec, lines: list[str] | None = None
+) -> PreTrainedTokenizerBase:
     """A ``Qwen2Tokenizer`` (byte-level BPE, Qwen3's special tokens and chat template) trained
     on the corpus wrapped in the chat turn with thinking on, as the pipeline renders it."""
     return qwen3_chat_tokenizer(
@@ -99,7 +105,7 @@ def build_tiny_tokenizer(spec: TinyZImageSpec, lines: list[str] | None = None) -
 # -- model configs -------------------------------------------------------------------------------
 
 
-def transformer_config(spec: TinyZImageSpec) -> dict[str, Any]:
+def transformer_config(spec: TinyZImageSpec) -> ConfigDict:
     return {
         "all_patch_size": [2],
         "all_f_patch_size": [1],
@@ -125,14 +131,16 @@ def tiny_vae(spec: TinyZImageSpec) -> TinyKLVAE:
     return TinyKLVAE.from_spec(spec)
 
 
-def vae_config(spec: TinyZImageSpec) -> dict[str, Any]:
+def vae_config(spec: TinyZImageSpec) -> ConfigDict:
     return tiny_vae(spec).config()
 
 
-def text_encoder_config(spec: TinyZImageSpec, tokenizer: Any) -> Any:
+def text_encoder_config(spec: TinyZImageSpec, tokenizer: PreTrainedTokenizerBase) -> Qwen3Config:
     from transformers import Qwen3Config
 
-    return Qwen3Config(**tiny_qwen_text_config(spec, tokenizer), head_dim=spec.text_head_dim)
+    return Qwen3Config.from_dict(
+        {**tiny_qwen_text_config(spec, tokenizer), "head_dim": spec.text_head_dim}
+    )
 
 
 # -- build ---------------------------------------------------------------------------------------
