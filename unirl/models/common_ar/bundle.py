@@ -239,7 +239,7 @@ class CausalLMBundle:
 
     # -- contexts ----------------------------------------------------------------------------------
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
         """bf16 / fp16 autocast on CUDA when the weights are in that precision (the trained
         fp32 master parameters then compute in it too); nothing on CPU."""
         if self.device.type == "cuda" and self.dtype in (torch.bfloat16, torch.float16):

@@ -8,7 +8,7 @@ engine (SGLang) builds one from the recipe's bundle block
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from unirl.config.require import ConfigError, require
 from unirl.models.common_ar.config import CausalLMBundleConfig
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 def stop_token_ids(
-    tokenizer: PreTrainedTokenizerBase, generation_config: Any, where: str
+    tokenizer: PreTrainedTokenizerBase, generation_config: object, where: str
 ) -> list[int]:
     """End-of-sequence ids: the tokenizer's eos and the generation config's (one or a list)."""
     ids: set[int] = set()

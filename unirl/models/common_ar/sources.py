@@ -12,8 +12,8 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.presets import TINY, ModelSourceError, hf_offline
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -103,7 +103,7 @@ class CausalLMSources:
                 name, f"not cached locally and the download failed ({type(exc).__name__}: {exc})"
             ) from exc
 
-    def folder_config(self, folder: Path) -> dict[str, Any] | None:
+    def folder_config(self, folder: Path) -> ConfigDict | None:
         """``config.json`` of a folder (None when unreadable)."""
         try:
             return json.loads((folder / "config.json").read_text())

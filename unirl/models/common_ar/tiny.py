@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
+
+if TYPE_CHECKING:
+    from transformers import Qwen2Tokenizer
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 THINK, END_THINK = "<think>", "</think>"
@@ -51,7 +54,7 @@ def build_chat_tokenizer(
     lines: Sequence[str] | None = None,
     extra_specials: Sequence[str] = (),
     model_max_length: int = 4096,
-) -> Any:
+) -> Qwen2Tokenizer:
     """A ``Qwen2Tokenizer`` (byte-level BPE) with the ChatML template: ``<|endoftext|>`` is
     pad (id 0), ``<|im_end|>`` ends a turn and is the eos; ``<think>`` / ``</think>`` and
     ``extra_specials`` are special tokens too."""

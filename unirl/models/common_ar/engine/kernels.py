@@ -5,10 +5,14 @@ matters because a decode step is hundreds of tiny kernels (see README.md, "Decod
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 import torch
 import torch.nn.functional as F
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -51,7 +55,7 @@ class Kernels:
     def __init__(self, *, compiled: bool) -> None:
         self.compiled = compiled
 
-        def wrap(fn: Any) -> Any:
+        def wrap(fn: Callable[P, R]) -> Callable[P, R]:
             return torch.compile(fn, dynamic=False, fullgraph=True) if compiled else fn
 
         self.rms_norm = wrap(rms_norm)
