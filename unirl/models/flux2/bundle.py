@@ -13,7 +13,7 @@ sequence element for element.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -44,6 +44,9 @@ from unirl.types import host_to_device
 
 REFERENCE_TIME = 10  # the time coordinate of the (first) reference image's tokens
 MAX_REFERENCE_PIXELS = 1024 * 1024  # the pipelines shrink larger references to this area
+PositionKey = tuple[
+    str | int | torch.device, ...
+]  # (kind, sizes..., device) of cached position ids
 
 
 def _read_folder(folder: Path, bundle: Flux2KleinBundle) -> dict[str, Any]:
@@ -205,7 +208,7 @@ class Flux2KleinBundle(PackedLatentGeometry, FlowMatchingBundle):
                 f"the pipeline stacks hidden states {self.text_layers} into "
                 f"joint_attention_dim={joint}"
             )
-        self._position_ids: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._position_ids: dict[PositionKey, torch.Tensor] = {}
 
     # -- encode --------------------------------------------------------------------------------
 
@@ -289,7 +292,7 @@ class Flux2KleinBundle(PackedLatentGeometry, FlowMatchingBundle):
 
     # -- velocity ------------------------------------------------------------------------------
 
-    def _ids(self, key: tuple[Any, ...], build: Any) -> torch.Tensor:
+    def _ids(self, key: PositionKey, build: Callable[[], torch.Tensor]) -> torch.Tensor:
         """Position ids built once per shape and device (no host copies in the loop)."""
         ids = self._position_ids.get(key)
         if ids is None:
