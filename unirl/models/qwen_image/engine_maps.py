@@ -31,7 +31,7 @@ from unirl.models.qwen_image.conditions import QwenImageConditions
 from unirl.types import Conditions
 
 
-def _mask(value: Any, length: int, what: str) -> torch.Tensor | None:
+def _mask(value: object, length: int, what: str) -> torch.Tensor | None:
     """``mask[1, L]`` (long 0/1) of one sample; None when absent."""
     if value is None or (isinstance(value, list | tuple) and value and value[0] is None):
         return None
