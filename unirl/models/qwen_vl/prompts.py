@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from unirl.models.common.text_encode import token_id
 from unirl.models.common_ar.prompts import PromptFormatter
@@ -11,6 +11,8 @@ from unirl.models.qwen_vl.vision import image_tokens
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from unirl.models.qwen_vl.config import QwenVLBundleConfig
 
 VISION_START, VISION_END, IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
 
@@ -21,7 +23,10 @@ class VisionPromptFormatter(PromptFormatter):
     (``image_tokens(image_size, image_size)``)."""
 
     def __init__(
-        self, config: Any, tokenizer: PreTrainedTokenizerBase, stop_ids: Sequence[int]
+        self,
+        config: QwenVLBundleConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        stop_ids: Sequence[int],
     ) -> None:
         super().__init__(config, tokenizer, stop_ids)
         self.image_token_id = token_id(tokenizer, IMAGE_PAD)
