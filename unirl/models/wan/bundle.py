@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import torch
 
@@ -284,7 +284,7 @@ class WanBundle(VideoLatentGeometry, FlowMatchingBundle):
         """The experts that do not train (kept on the device: sampling needs them)."""
         return {n: m for n, m in self.experts.experts().items() if n not in self.trained_experts}
 
-    def to(self, device: torch.device | str) -> Any:
+    def to(self, device: torch.device | str) -> Self:
         super().to(device)
         for module in self.frozen_experts.values():
             module.to(self.device)

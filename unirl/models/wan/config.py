@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from unirl.config import require
 from unirl.config.typecheck import PositiveInt
@@ -102,7 +102,7 @@ def check_num_frames(num_frames: int, temporal_factor: int) -> None:
     check_video_frames(num_frames, temporal_factor, WAN_VAE)
 
 
-def check_expert_choice(two_experts: bool, train_experts: str, boundary_ratio: Any) -> None:
+def check_expert_choice(two_experts: bool, train_experts: str, boundary_ratio: object) -> None:
     """Refuse expert settings the model cannot take (one line naming the field)."""
     if two_experts:
         return

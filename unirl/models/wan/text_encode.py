@@ -16,7 +16,7 @@ marks the first frame as given (``image_condition``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,7 +24,7 @@ import torch
 from unirl.models.common.text_encode import warn_truncated_prompts
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    from transformers import CLIPImageProcessor, PreTrainedTokenizerBase
 
 
 def _device_of(module: torch.nn.Module) -> torch.device:
@@ -78,7 +78,7 @@ def pixels_to_uint8(pixels: torch.Tensor) -> list[np.ndarray]:
 
 @torch.no_grad()
 def encode_clip_images(
-    image_processor: Any, image_encoder: torch.nn.Module, pixels: torch.Tensor
+    image_processor: CLIPImageProcessor, image_encoder: torch.nn.Module, pixels: torch.Tensor
 ) -> torch.Tensor:
     """``image_embeds[N, S, D]``: the CLIP tower's second-to-last hidden state of each frame
     (``pixels[N, 3, H, W]`` in [0, 1], quantised to 8 bits as an image file holds it)."""
