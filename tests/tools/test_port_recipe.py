@@ -440,8 +440,11 @@ def test_ported_upstream_recipe_dry_runs_through_its_entrypoint(
     # upstream's diffusion recipes read datasets/pickscore/*.txt relative to the working dir
     prompts = tmp_path / "datasets" / "pickscore"
     prompts.mkdir(parents=True)
+    # enough prompts for the largest upstream batch: the dry run builds the data source as the
+    # real run does (a file with fewer prompts than one rollout takes is refused)
+    lines = "".join(f"a red apple on table {i}\n" for i in range(256))
     for split in ("train", "test"):
-        (prompts / f"{split}.txt").write_text("a red apple\na blue car\n")
+        (prompts / f"{split}.txt").write_text(lines)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": "", "HYDRA_FULL_ERROR": "0"}
     if data is not None:
         env["DATA_PATH"] = str(ROOT / "datasets" / data)
