@@ -197,7 +197,11 @@ def test_a_refused_resume_leaves_config_yaml_as_the_checkpoints_recipe_wrote_it(
     trackers = SimpleNamespace(close=lambda: None, local=None)
     monkeypatch.setattr(base, "make_trackers", lambda *args: trackers)
     monkeypatch.setattr(base, "LocalTracker", lambda *args, **kwargs: None)
-    monkeypatch.setattr(base, "DevicePool", lambda config: SimpleNamespace(shutdown=lambda: None))
+    monkeypatch.setattr(
+        base,
+        "DevicePool",
+        lambda config: SimpleNamespace(shutdown=lambda: None, plan_rows=lambda: []),
+    )
 
     def refuse(path: Path, state: dict[str, Any]) -> None:
         raise ConfigError("checkpoint step_000002 does not fit this model: lora_A 8 vs 16")

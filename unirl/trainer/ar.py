@@ -9,8 +9,6 @@ DRPO) trains on the packed completions. The driver authors the request: ids, gro
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,7 @@ from unirl.data.media import ReferenceImages
 from unirl.distributed.group import Handle, placement, remote
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.distributed.group.pool import PoolBase
-from unirl.trainer.base import StageTrainer
+from unirl.trainer.base import StageTrainer, write_sample_rows
 from unirl.trainer.dedicated import DedicatedLayout, SyncedRollout
 from unirl.trainer.request import prompt_metadata, prompt_texts, rollout_ids, text_request
 from unirl.trainer.roles import RewardWorker, TrainOps, stage_roles
@@ -212,25 +210,21 @@ class ARTrainer(StageTrainer):
     def gallery(self, path: Path, track: RolloutTrack, limit: int) -> Path:
         """The first ``limit`` samples as JSON lines (prompt, completion, reward, length,
         finish reason) in ``<path>.jsonl``."""
-        out = path.with_suffix(".jsonl")
-        out.parent.mkdir(parents=True, exist_ok=True)
         texts = track.decoded.texts if isinstance(track.decoded, Texts) else []
-        rewards = track.rewards.tolist() if track.rewards is not None else [math.nan] * len(track)
-        prompts = track.prompts or [""] * len(track)
-        with out.open("w", encoding="utf-8") as f:
-            for i in range(min(limit, len(texts))):
-                meta = track.metadata[i] if track.metadata else {}
-                row = {
-                    "sample_id": int(track.sample_ids[i]),
-                    "prompt": prompts[i],
-                    "completion": texts[i],
-                    "reward": rewards[i],
-                    "answer": meta.get("answer"),
-                    "response_tokens": meta.get("response_tokens"),
-                    "finish_reason": meta.get("finish_reason"),
-                }
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        return out
+        meta = track.metadata or [{} for _ in range(len(track))]
+        return write_sample_rows(
+            path,
+            track,
+            min(limit, len(texts)),
+            {
+                "prompt": track.prompts or [""] * len(track),
+                "completion": texts,
+                **{
+                    key: [m.get(key) for m in meta]
+                    for key in ("answer", "response_tokens", "finish_reason")
+                },
+            },
+        )
 
 
 def run_ar(cfg: RunConfig, data: dict[str, Any]) -> int:

@@ -135,6 +135,25 @@ def degenerate_sampling_warnings(cfg: RunConfig) -> list[str]:
     ]
 
 
+def write_sample_rows(
+    path: Path, track: RolloutTrack, limit: int, columns: dict[str, list[Any]]
+) -> Path:
+    """``<path>.jsonl``: one JSON line per sample of the first ``limit``: its ``sample_id``,
+    the given ``columns`` (one value per sample) and its ``reward`` (NaN before scoring)."""
+    out = path.with_suffix(".jsonl")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rewards = track.rewards.tolist() if track.rewards is not None else [math.nan] * len(track)
+    with out.open("w", encoding="utf-8") as f:
+        for i in range(min(limit, len(track))):
+            row = {
+                "sample_id": int(track.sample_ids[i]),
+                **{name: values[i] for name, values in columns.items()},
+                "reward": rewards[i],
+            }
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return out
+
+
 def is_count(key: str) -> bool:
     """Metrics that count events (summed over shards rather than averaged)."""
     leaf = key.rsplit("/", 1)[-1]

@@ -41,8 +41,6 @@ propagated rewards, ``pe/response_length/*``, ``pe/empty_rewrites``, ``pe/capped
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +54,7 @@ from unirl.distributed.group.pool import PoolBase
 from unirl.rollout.engine.composed import DrawRequest
 from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.ar import ARTrainOps, response_metrics
-from unirl.trainer.base import StageTrainer
+from unirl.trainer.base import StageTrainer, write_sample_rows
 from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, PEConfig, check_pe_engine
 from unirl.trainer.pe_roles import DrawerInfo
 from unirl.trainer.request import (
@@ -285,18 +283,9 @@ class PETrainer(StageTrainer):
         ``<path>.jsonl``: user prompt, rewrite, reward per image."""
         rewrites = [str(m.get("rewrite", "")) for m in track.metadata]
         sheet = super().gallery(path, dataclasses.replace(track, prompts=rewrites), limit)
-        rewards = track.rewards.tolist() if track.rewards is not None else [math.nan] * len(track)
         parents = track.parent_ids.tolist() if track.parent_ids is not None else [None] * len(track)
-        with path.with_suffix(".jsonl").open("w", encoding="utf-8") as f:
-            for i in range(min(limit, len(track))):
-                row = {
-                    "sample_id": int(track.sample_ids[i]),
-                    "parent_id": parents[i],
-                    "prompt": (track.prompts or [""] * len(track))[i],
-                    "rewrite": rewrites[i],
-                    "reward": rewards[i],
-                }
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        columns = {"parent_id": parents, "prompt": track.prompts or [""] * len(track)}
+        write_sample_rows(path, track, limit, {**columns, "rewrite": rewrites})
         return sheet
 
 

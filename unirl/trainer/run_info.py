@@ -22,21 +22,19 @@ def code_version() -> str:
     """The git commit of the source the package runs from (``-dirty`` with uncommitted
     changes), or the installed distribution's version when it is not a checkout."""
     package = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(package), *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+
     try:
-        commit = subprocess.run(
-            ["git", "-C", str(package), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(package), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
+        commit = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
         return f"{commit}-dirty" if dirty else commit
     except (OSError, subprocess.SubprocessError):
         from importlib.metadata import PackageNotFoundError, version

@@ -28,8 +28,6 @@ rewards, ``text/advantage/*``, ``text/response_length/*``).
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +54,7 @@ from unirl.rollout.engine.vllm_omni.hi3 import Hi3OmniEngine
 from unirl.sde.sde_steps import AllSteps
 from unirl.train.unified_stack import UnifiedTrainStack
 from unirl.trainer.ar import response_metrics
-from unirl.trainer.base import StageTrainer
+from unirl.trainer.base import StageTrainer, write_sample_rows
 from unirl.trainer.request import (
     prompt_metadata,
     prompt_texts,
@@ -472,16 +470,7 @@ class UnifiedModelTrainer(StageTrainer):
         prompts = track.prompts or [""] * len(track)
         captions = [f"{p} | {t}" for p, t in zip(prompts, thoughts, strict=True)]
         sheet = super().gallery(path, dataclasses.replace(track, prompts=captions), limit)
-        rewards = track.rewards.tolist() if track.rewards is not None else [math.nan] * len(track)
-        with path.with_suffix(".jsonl").open("w", encoding="utf-8") as f:
-            for i in range(min(limit, len(track))):
-                row = {
-                    "sample_id": int(track.sample_ids[i]),
-                    "prompt": prompts[i],
-                    "text": thoughts[i],
-                    "reward": rewards[i],
-                }
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        write_sample_rows(path, track, limit, {"prompt": prompts, "text": thoughts})
         return sheet
 
 
