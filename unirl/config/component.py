@@ -23,12 +23,11 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Mapping
-from typing import Any
 
 from unirl.config.require import ConfigError
 
 
-def config_class_of(target: Any) -> type | None:
+def config_class_of(target: object) -> type | None:
     """The config dataclass a component class declares as ``config_class``, else ``None``
     (a plain class, a function, a config dataclass itself)."""
     if not inspect.isclass(target) or dataclasses.is_dataclass(target):
@@ -42,7 +41,7 @@ def config_field_names(config_cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(config_cls) if f.init}
 
 
-def component_config(target: Any, block: Mapping[str, Any], where: str) -> Any:
+def component_config(target: object, block: Mapping[str, object], where: str) -> object:
     """Component class -> its config class -> the instance of ``block``'s knobs.
 
     ``block`` holds the recipe's values (already type-checked); keys that are not fields of

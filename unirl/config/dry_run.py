@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from unirl.config.geometry import BatchGeometry
 from unirl.config.run import RunConfig
 
 
-def batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> dict[str, Any]:
+def batch_geometry(cfg: RunConfig, objs: Mapping[str, Any]) -> dict[str, object]:
     """What ``dry_run`` prints: the ``BatchGeometry`` the validators checked, plus the
     sampling resolution and the steps trained in the first rollout."""
     sampling = objs["sampling"]
     g = BatchGeometry.of(cfg, objs)
-    geometry: dict[str, Any] = {
+    geometry: dict[str, object] = {
         "prompts_per_rollout": g.prompts_per_rollout,
         "samples_per_prompt": g.samples_per_prompt,
         "samples_per_rollout": g.samples_per_rollout,
@@ -64,7 +65,9 @@ def print_plan(roles: list[tuple[str, str, str]]) -> None:
         print(f"  {name:<{wide}}  {target:<{tall}}  {slab}", flush=True)
 
 
-def print_dry_run(cfg: RunConfig, objs: dict[str, Any], roles: list[tuple[str, str, str]]) -> None:
+def print_dry_run(
+    cfg: RunConfig, objs: Mapping[str, object], roles: list[tuple[str, str, str]]
+) -> None:
     print("[unirl] dry run: recipe composed and validated; no weights loaded, no Ray started")
     print(f"[unirl] devices: {cfg.num_devices} x {cfg.device}, layout={cfg.layout}")
     print_plan(roles)
@@ -73,7 +76,7 @@ def print_dry_run(cfg: RunConfig, objs: dict[str, Any], roles: list[tuple[str, s
         print(f"  {k:<28} {v}")
 
 
-def print_section(title: str, rows: dict[str, Any]) -> None:
+def print_section(title: str, rows: Mapping[str, object]) -> None:
     """One more block after :func:`print_dry_run`: ``[unirl] <title>:`` and a line per row
     (a composed recipe's second stage: the PE drawer, the unified model's image stage)."""
     print(f"[unirl] {title}:")

@@ -11,7 +11,8 @@ diffusion recipe's.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Literal
 
 from unirl.config.require import ConfigError
 
@@ -34,7 +35,7 @@ ENTRYPOINT_OF_FOLDER = {
 }
 
 
-def inferred_entrypoint(data: dict[str, Any]) -> str:
+def inferred_entrypoint(data: Mapping[str, object]) -> str:
     """The entrypoint a recipe's blocks belong to (for a recipe that declares none)."""
     if data.get("pe") is not None:
         return "unirl.train_pe"
@@ -47,7 +48,7 @@ def inferred_entrypoint(data: dict[str, Any]) -> str:
     return "unirl.train_diffusion"
 
 
-def check_entrypoint(data: dict[str, Any], entry: str) -> None:
+def check_entrypoint(data: Mapping[str, object], entry: str) -> None:
     """Refuse, in one line naming the right entrypoint, a recipe that ``entry`` cannot run:
     one that declares another ``entrypoint`` (or, declaring none, whose blocks are another
     entrypoint's). Runs first, before the recipe is validated (``dry_run`` included)."""

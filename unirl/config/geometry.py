@@ -7,6 +7,7 @@ Built once from typed objects (``RunConfig``, the sampling params and the stack'
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ class BatchGeometry:
     micro_batch_size: int
 
     @classmethod
-    def of(cls, cfg: RunConfig, objs: dict[str, Any]) -> BatchGeometry:
+    def of(cls, cfg: RunConfig, objs: Mapping[str, Any]) -> BatchGeometry:
         """The geometry of a validated recipe: ``objs["sampling"]`` (the sampling params) and
         ``objs["stack"]`` (the stack's typed config), as ``validate`` builds them."""
         stack = objs.get("stack")
@@ -69,5 +70,5 @@ class BatchGeometry:
         return self.mini_batch_per_rank // self.micro_batch_size
 
 
-def _target(block: Any) -> str:
+def _target(block: object) -> str:
     return str(block.get("_target_", "?")) if isinstance(block, dict) else type(block).__name__

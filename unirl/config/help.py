@@ -41,7 +41,7 @@ class KeyDoc:
     ``value`` (or the default when ``in_recipe`` is false), its type in words and its line."""
 
     key: str
-    value: Any
+    value: object
     in_recipe: bool
     kind: str
     doc: str
@@ -144,10 +144,10 @@ _NON_CODE = {
 
 
 @functools.cache
-def field_docs(target: Any) -> dict[str, str]:
+def field_docs(target: object) -> dict[str, str]:
     """``{key: one-line description}`` for every key ``target`` (a component class, a config
     dataclass or a function) documents, in the order of precedence of the module docstring."""
-    classes: list[Any] = []
+    classes: list[type] = []
     knobs = config_class_of(target)
     if knobs is not None:
         classes += [c for c in knobs.__mro__ if c is not object]
@@ -171,7 +171,7 @@ def field_docs(target: Any) -> dict[str, str]:
     return {name: _plain(text) for name, text in found.items()}
 
 
-def summary(target: Any) -> str:
+def summary(target: object) -> str:
     """The first sentence of a class's (or its config class's) docstring, one line."""
     for obj in (target, config_class_of(target)):
         doc = inspect.getdoc(obj) if obj is not None else None
@@ -184,16 +184,16 @@ def summary(target: Any) -> str:
 # ----------------------------------------------------------------------------- keys
 
 
-def _defaults(target: Any) -> dict[str, Any]:
+def _defaults(target: object) -> dict[str, object]:
     """``{key: default}`` of what ``target`` takes from a block, in declaration order; sibling
     roles (no default) map to ``_ROLE``, required config fields to ``_REQUIRED``."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     if not (dataclasses.is_dataclass(target) and isinstance(target, type)):
         func = target.__init__ if inspect.isclass(target) else target
-        try:
-            params = inspect.signature(func).parameters.values()
+        try:  # a non-callable has no signature either
+            params = list(inspect.signature(func).parameters.values()) if callable(func) else []
         except (TypeError, ValueError):
-            params = []  # type: ignore[assignment]
+            params = []
         for p in params:
             if p.name == "self" or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
                 continue
@@ -219,7 +219,9 @@ def _locate(path: str) -> Any:
     return locate(path, path)
 
 
-def component_keys(prefix: str, target: Any, block: Mapping[str, Any] | None) -> Iterator[KeyDoc]:
+def component_keys(
+    prefix: str, target: object, block: Mapping[str, object] | None
+) -> Iterator[KeyDoc]:
     """The keys of one block: ``target``'s knobs (with the block's values where it sets them),
     then the keys of its nested config dataclasses and ``_target_`` sub-blocks."""
     block = dict(block or {})
@@ -262,7 +264,7 @@ def component_keys(prefix: str, target: Any, block: Mapping[str, Any] | None) ->
         yield KeyDoc(f"{prefix}.{name}", block[name], True, "", docs.get(name, ""))
 
 
-def _target_keys(key: str, block: Mapping[str, Any]) -> Iterator[KeyDoc]:
+def _target_keys(key: str, block: Mapping[str, object]) -> Iterator[KeyDoc]:
     target_path = str(block["_target_"])
     try:
         target = _locate(target_path)
@@ -273,7 +275,7 @@ def _target_keys(key: str, block: Mapping[str, Any]) -> Iterator[KeyDoc]:
     yield from component_keys(key, target, {k: v for k, v in block.items() if k != "_target_"})
 
 
-def _kind(annotation: Any) -> str:
+def _kind(annotation: object) -> str:
     return "" if annotation is None else _describe(annotation)
 
 
@@ -285,7 +287,7 @@ def top_level_blocks() -> tuple[str, ...]:
     return (*COMPONENT_BLOCKS, *extra)
 
 
-def _mapping_keys(prefix: str, block: Mapping[str, Any]) -> Iterator[KeyDoc]:
+def _mapping_keys(prefix: str, block: Mapping[str, object]) -> Iterator[KeyDoc]:
     """A block without ``_target_`` (``pe``): its ``_target_`` sub-blocks by their classes,
     its other keys as written."""
     for name, value in block.items():
@@ -298,7 +300,7 @@ def _mapping_keys(prefix: str, block: Mapping[str, Any]) -> Iterator[KeyDoc]:
             yield KeyDoc(key, value, True, "", "")
 
 
-def recipe_keys(data: Mapping[str, Any]) -> Iterator[KeyDoc]:
+def recipe_keys(data: Mapping[str, object]) -> Iterator[KeyDoc]:
     """Every key of a composed recipe: the top-level ``RunConfig`` keys (and its nested
     configs), then each block's, from its ``_target_``."""
     blocks = top_level_blocks()
@@ -314,7 +316,7 @@ def recipe_keys(data: Mapping[str, Any]) -> Iterator[KeyDoc]:
             yield KeyDoc(name, block, True, "", "")
 
 
-def _show(value: Any, width: int = 48) -> str:
+def _show(value: object, width: int = 48) -> str:
     if value is _REQUIRED:
         return "(required)"
     if value is None:
@@ -352,6 +354,6 @@ is not in the recipe: add it with +key=value. Swap a whole block with
 '~reward.backend' '+reward.backend={_target_: ...}' (docs: configuration.md)."""
 
 
-def recipe_help(data: Mapping[str, Any]) -> str:
+def recipe_help(data: Mapping[str, object]) -> str:
     """The ``== Keys ==`` section ``--help`` prints after Hydra's usage."""
     return f"{HEADER}\n{format_keys(list(recipe_keys(data)))}\n"

@@ -87,7 +87,7 @@ class PoolConfig(StallConfig):
         super().__post_init__()
 
 
-def fields_of(config: Any, cls: type) -> dict[str, Any]:
+def fields_of(config: object, cls: type) -> dict[str, Any]:
     """``config``'s values of the fields ``cls`` declares (``config`` is a ``cls`` or derives
     it): how one config hands its share to another without listing the fields."""
     require(isinstance(config, cls), f"{type(config).__name__} is not a {cls.__name__}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -13,6 +14,7 @@ from unirl.config.typecheck import (
     NonNegativeInt,
     PositiveInt,
     annotations_of,
+    build_config,
     check_fields,
     config_class,
 )
@@ -274,7 +276,7 @@ class RunConfig(PoolConfig):
             require(getattr(self, name) >= 0, f"{name} must be >= 0 (0 disables it)")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+    def from_dict(cls, data: Mapping[str, object]) -> RunConfig:
         """Build from a plain dict; unknown keys raise ``ConfigError`` listing the known ones."""
         data = {k: v for k, v in data.items() if k != "hydra"}
         known = {f.name for f in dataclasses.fields(cls)}
@@ -294,7 +296,7 @@ class RunConfig(PoolConfig):
                 kwargs.pop(name)
                 continue
             kwargs[name] = _typed_block(klass, block, name)
-        return cls(**kwargs)
+        return build_config(cls, kwargs)
 
     def slab_sizes(self) -> tuple[int, int]:
         """``(train devices, rollout devices)``: the data-parallel sizes of the two slabs
@@ -311,11 +313,11 @@ class RunConfig(PoolConfig):
         return self.num_devices, self.num_devices
 
 
-def _typed_block(klass: type, block: dict[str, Any], name: str) -> Any:
+def _typed_block(klass: type, block: object, name: str) -> object:
     if not isinstance(block, dict):
         raise ConfigError(f"{name} must be a mapping of its keys, got {block!r}")
     known = {f.name for f in dataclasses.fields(klass)}
     unknown = sorted(set(block) - known)
     if unknown:
         raise ConfigError(f"{name}: unknown key(s) {unknown}; known keys are {sorted(known)}")
-    return klass(**check_fields(block, klass, name))
+    return build_config(klass, check_fields(block, klass, name))

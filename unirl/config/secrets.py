@@ -57,7 +57,7 @@ def redact_secrets(data: Any) -> Any:
 _URL_PASSWORD_ANYWHERE = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s'\"]+:)([^@/\s'\"]+)(@)")
 
 
-def secret_values(data: Any) -> set[str]:
+def secret_values(data: object) -> set[str]:
     """Every credential in ``data``: the values under credential-like keys and the passwords of
     ``scheme://user:password@host`` URLs (strings of 4 characters or more, so that masking
     them in free text cannot eat ordinary words)."""

@@ -18,8 +18,9 @@ import inspect
 import math
 import types
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeVar, Union, cast
 
 from unirl.config.component import config_class_of
 from unirl.config.require import ConfigError
@@ -60,7 +61,7 @@ NonNegativeFloat = Annotated[float, Bound(ge=0)]
 """A finite number >= 0 (a KL coefficient, a noise level)."""
 
 
-def _describe(annotation: Any) -> str:
+def _describe(annotation: object) -> str:
     origin = typing.get_origin(annotation)
     if origin is Annotated:
         base, *extras = typing.get_args(annotation)
@@ -85,7 +86,7 @@ def _describe(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def _matches(value: Any, annotation: Any) -> bool | object:
+def _matches(value: object, annotation: object) -> bool | object:
     """True / False, or ``_NOT_CHECKED`` for annotations this module does not judge."""
     if annotation is Any or annotation is object:
         return _NOT_CHECKED
@@ -95,7 +96,8 @@ def _matches(value: Any, annotation: Any) -> bool | object:
         verdict = _matches(value, base)
         if verdict is not True:
             return verdict
-        return all(b.holds(float(value)) for b in extras if isinstance(b, Bound))
+        # the base matched, so a bounded value is a number
+        return all(b.holds(float(cast("float", value))) for b in extras if isinstance(b, Bound))
     if origin is Literal:
         return any(value == c and type(value) is type(c) for c in typing.get_args(annotation))
     if origin in (Union, types.UnionType):
@@ -132,7 +134,7 @@ def _matches(value: Any, annotation: Any) -> bool | object:
     return _NOT_CHECKED
 
 
-def _hint(value: Any, annotation: Any) -> str:
+def _hint(value: object, annotation: object) -> str:
     if isinstance(value, str):
         if _matches(True, annotation) is True and value.lower() in {
             "yes",
@@ -153,7 +155,7 @@ def _hint(value: Any, annotation: Any) -> str:
     return ""
 
 
-def config_class(annotation: Any) -> type | None:
+def config_class(annotation: object) -> type | None:
     """The config dataclass an annotation names, if any: ``KLConfig | Mapping[str, Any] |
     None`` -> ``KLConfig`` (the first one of a union)."""
     origin = typing.get_origin(annotation)
@@ -181,7 +183,7 @@ def check_config_mapping(value: dict[str, Any], cls: type, where: str) -> dict[s
     return check_fields(value, cls, where)
 
 
-def check_value(value: Any, annotation: Any, where: str) -> Any:
+def check_value(value: object, annotation: object, where: str) -> object:
     """``value`` if it fits ``annotation`` (an ``int`` for a ``float`` comes back as float)."""
     if isinstance(value, dict) and "_target_" in value:
         return value  # a nested component: checked as a block of its own
@@ -199,16 +201,18 @@ def check_value(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
-def annotations_of(target: Any) -> dict[str, Any]:
+def annotations_of(target: object) -> dict[str, object]:
     """Resolved parameter annotations of a dataclass, class (its ``__init__``) or function;
     names whose annotation cannot be resolved are left out (not checked). A class that
     declares a ``config_class`` (``unirl.config.component``) takes its knobs through
     ``**knobs``: their annotations are the config's fields."""
     if dataclasses.is_dataclass(target) and isinstance(target, type):
-        func: Any = target
+        func: object = target
         names = {f.name for f in dataclasses.fields(target) if f.init}
     else:
         func = target.__init__ if inspect.isclass(target) else target
+        if not callable(func):  # inspect.signature refuses it too
+            return {}
         try:
             params = inspect.signature(func).parameters
         except (TypeError, ValueError):
@@ -220,7 +224,7 @@ def annotations_of(target: Any) -> dict[str, Any]:
     return _resolved(func, names)
 
 
-def _resolved(func: Any, names: set[str]) -> dict[str, Any]:
+def _resolved(func: object, names: set[str]) -> dict[str, object]:
     """The annotations of ``func``'s parameters ``names``, resolved where they can be."""
     try:
         hints = typing.get_type_hints(func, include_extras=True)
@@ -237,7 +241,17 @@ def _resolved(func: Any, names: set[str]) -> dict[str, Any]:
     return {k: v for k, v in hints.items() if k in names and k != "return"}
 
 
-def check_fields(data: dict[str, Any], target: Any, where: str) -> dict[str, Any]:
+_Config = TypeVar("_Config")
+
+
+def build_config(cls: type[_Config], values: Mapping[str, object]) -> _Config:
+    """``cls(**values)``: a config dataclass built from recipe values that ``check_fields``
+    has checked against its annotations (the check, not this signature, vouches for them)."""
+    build: Callable[..., _Config] = cls
+    return build(**values)
+
+
+def check_fields(data: Mapping[str, object], target: object, where: str) -> dict[str, object]:
     """Every key of ``data`` that ``target`` annotates, checked (see ``check_value``)."""
     hints = annotations_of(target)
     out = dict(data)

@@ -14,7 +14,7 @@ import dataclasses
 import importlib
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ def locate(path: str, where: str) -> Any:
         raise ConfigError(f"{where}._target_: cannot import {path!r} ({exc})") from exc
 
 
-def _signature_params(target: Any) -> tuple[set[str], bool]:
+def _signature_params(target: Callable[..., object]) -> tuple[set[str], bool]:
     """Accepted keyword names of a target and whether it takes ``**kwargs``. A component
     with a ``config_class`` takes the config's fields (its ``**knobs``) and nothing else."""
     if dataclasses.is_dataclass(target):
@@ -82,7 +82,7 @@ def _signature_params(target: Any) -> tuple[set[str], bool]:
 
 
 def check_block(
-    block: Any, where: str, *, instantiate_dataclasses: bool, typed_component: bool = False
+    block: object, where: str, *, instantiate_dataclasses: bool, typed_component: bool = False
 ) -> Any:
     """Check a ``_target_`` block recursively; returns the instantiated object for cheap
     dataclass targets (when allowed), the typed config of a component that declares a
@@ -137,19 +137,21 @@ def check_block(
     return block
 
 
-def _nested_configs(block: dict[str, Any], name: str) -> dict[str, Any]:
+def _nested_configs(block: Mapping[str, object], name: str) -> dict[str, object]:
     """The cheap objects of a component's sub-blocks, keyed ``"<block>.<key>"``: each
     ``_target_`` sub-block built (dataclasses only), and a plain mapping given where the
     component's signature names a config dataclass (``algorithm.kl`` -> ``KLConfig``) built as
     that dataclass, so validators read typed configs instead of strings."""
     hints = annotations_of(locate(str(block["_target_"]), name)) if "_target_" in block else {}
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, value in block.items():
         where = f"{name}.{key}"
         if isinstance(value, dict) and "_target_" in value:
             out[where] = check_block(value, where, instantiate_dataclasses=True)
             continue
-        cls = config_class(hints.get(key)) if isinstance(value, dict) else None
+        if not isinstance(value, dict):
+            continue
+        cls = config_class(hints.get(key))
         if cls is None:
             continue
         try:
@@ -159,7 +161,7 @@ def _nested_configs(block: dict[str, Any], name: str) -> dict[str, Any]:
     return out
 
 
-def declared(target: Any, knob: str, where: str, base: str) -> Any:
+def declared(target: object, knob: str, where: str, base: str) -> object:
     """The class knob ``knob`` that ``target`` declares (``StageAlgorithm.requires_log_prob``,
     ``SDEStrategy.provides_log_prob``, ...): read from the class or instance, never given a
     default here, so the base class stays the one place its default is written."""
@@ -171,7 +173,7 @@ def declared(target: Any, knob: str, where: str, base: str) -> Any:
     return getattr(target, knob)
 
 
-def _algorithm_knob(cfg: RunConfig, knob: str) -> Any:
+def _algorithm_knob(cfg: RunConfig, knob: str) -> object:
     """A class knob of the recipe's algorithm (``None`` when the block names no class)."""
     target = _target(cfg, "algorithm")
     if not target:
@@ -207,14 +209,14 @@ def engine_kind(cfg: RunConfig) -> str:
 # -- the cross-component checks --------------------------------------------------------------
 
 
-def check_required_blocks(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_required_blocks(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     missing = [b for b in REQUIRED_BLOCKS if getattr(cfg, b) is None]
     require(
         not missing, f"recipe is missing block(s) {missing}; every recipe builds these by _target_"
     )
 
 
-def check_layout_and_sync(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_layout_and_sync(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     kind = engine_kind(cfg)
     if kind == "trainside":
         require(
@@ -246,7 +248,7 @@ def check_layout_and_sync(cfg: RunConfig, objs: dict[str, Any]) -> None:
         )
 
 
-def check_sequence_parallel(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_sequence_parallel(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     """``parallel.sequence_parallel_size`` > 1: a diffusion recipe with a trainside engine
     whose device count the SP size divides (the family's shard plan and head count are
     ``unirl.train_diffusion``'s checks, ``trainer.diffusion.check_sequence_parallel_model``)."""
@@ -272,7 +274,7 @@ def check_sequence_parallel(cfg: RunConfig, objs: dict[str, Any]) -> None:
     )
 
 
-def check_updates_per_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_updates_per_rollout(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     """Several optimizer steps per rollout only for algorithms that declare
     ``supports_multi_update`` (DiffusionNFT does not): refused here, not on the workers."""
     updates = BatchGeometry.of(cfg, objs).num_updates_per_batch
@@ -286,7 +288,7 @@ def check_updates_per_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
     )
 
 
-def check_batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_batch_geometry(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     geometry = BatchGeometry.of(cfg, objs)
     n = geometry.samples_per_rollout
     train_dp, rollout_dp = geometry.train_ranks, geometry.rollout_ranks
@@ -338,7 +340,7 @@ def check_batch_geometry(cfg: RunConfig, objs: dict[str, Any]) -> None:
     )
 
 
-def _setting(cfg: RunConfig, name: str, key: str) -> Any:
+def _setting(cfg: RunConfig, name: str, key: str) -> object:
     """``<name>.<key>`` as the run will see it: the recipe's value, else the default that the
     block's ``_target_`` declares (read from its signature, not copied here)."""
     block = getattr(cfg, name) or {}
@@ -350,7 +352,7 @@ def _setting(cfg: RunConfig, name: str, key: str) -> Any:
     return None if param is None or param.default is param.empty else param.default
 
 
-def check_drop_group_shards(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_drop_group_shards(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     """``reward.failure_policy=drop_group`` drops every sample of a prompt group on the reward
     rank that saw a failure. The driver scatters contiguous chunks of the rollout to the
     reward / rollout ranks and to the train ranks, so every chunk must hold whole groups."""
@@ -371,7 +373,7 @@ def check_drop_group_shards(cfg: RunConfig, objs: dict[str, Any]) -> None:
         )
 
 
-def check_strategy_and_algorithm(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_strategy_and_algorithm(cfg: RunConfig, objs: Mapping[str, Any]) -> None:
     strategy = objs.get("pipeline.strategy")
     needs_logp = bool(_algorithm_knob(cfg, "requires_log_prob"))
     if strategy is not None and needs_logp:
@@ -404,7 +406,7 @@ def check_strategy_and_algorithm(cfg: RunConfig, objs: dict[str, Any]) -> None:
         )
 
 
-def check_reference_policy(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_reference_policy(cfg: RunConfig, objs: Mapping[str, Any]) -> None:
     """A KL term (``algorithm.kl``, a ``KLConfig``; no block: no KL) needs the frozen base,
     which the backend reaches by disabling the LoRA adapter."""
     kl = objs.get("algorithm.kl")
@@ -417,7 +419,7 @@ def check_reference_policy(cfg: RunConfig, objs: dict[str, Any]) -> None:
     )
 
 
-def check_dynamic_sampling(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_dynamic_sampling(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     """``dynamic_sampling.enabled`` (DAPO) joins groups of several generate calls on the
     driver: a text recipe (one trained stage), groups of at least two samples, and the
     rollout's tensors shipped to the driver (``rollout.resident: false``)."""
@@ -441,7 +443,7 @@ def check_dynamic_sampling(cfg: RunConfig, objs: dict[str, Any]) -> None:
     )
 
 
-def check_value_head(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_value_head(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     """A loss with a value head (PPO) needs the pipeline to attach it and, under LoRA, an
     adapter on it (the frozen base would never learn values)."""
     target = _target(cfg, "algorithm")
@@ -460,7 +462,7 @@ def check_value_head(cfg: RunConfig, objs: dict[str, Any]) -> None:
         )
 
 
-def check_old_adapter_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_old_adapter_rollout(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     """Algorithms that sample with an old / EMA adapter (DiffusionNFT) need that adapter and a
     sampler that samples it: the trainside engine switches to it; an external engine gets it
     from a ``LoraSync`` whose ``source_adapter`` is the old adapter."""
@@ -492,7 +494,7 @@ def check_old_adapter_rollout(cfg: RunConfig, objs: dict[str, Any]) -> None:
     )
 
 
-def check_gather_for_sampling(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_gather_for_sampling(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     """``backend.fsdp.gather_for_sampling`` gathers the trainer's sharded blocks for the
     rollout, which only the trainside engine samples with."""
     # _nested_configs builds backend.fsdp as the backend's FSDPConfig (absent: no fsdp block)
@@ -506,7 +508,7 @@ def check_gather_for_sampling(cfg: RunConfig, objs: dict[str, Any]) -> None:
     )
 
 
-def check_token_budget(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_token_budget(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     """A token budget per micro-batch (``stack.max_tokens_per_micro_batch``, or the unified
     stack's ``stack.text.``) holds at least one whole sequence: a completion of
     ``sampling.max_new_tokens`` after a prompt of one token or more."""
@@ -527,7 +529,7 @@ def check_token_budget(cfg: RunConfig, objs: dict[str, Any]) -> None:
         )
 
 
-def reward_component_names(block: Any) -> list[str] | None:
+def reward_component_names(block: object) -> list[str] | None:
     """The component names a ``RewardService`` block attaches (``component_rewards``), read from
     the block: a weighted backend's ``weights`` keys (which it requires to be exactly its
     components' names), a single scorer's ``name``; None when the block does not say."""
@@ -535,7 +537,7 @@ def reward_component_names(block: Any) -> list[str] | None:
     return _backend_names(backend, "reward.backend")
 
 
-def _backend_names(backend: Any, where: str) -> list[str] | None:
+def _backend_names(backend: object, where: str) -> list[str] | None:
     """:func:`reward_component_names` of one backend block; a wrapper that scores with one
     inner reward (``PerFrame``'s ``scorer``, no name of its own) has the inner one's names."""
     if not isinstance(backend, dict) or "_target_" not in backend:
@@ -549,7 +551,7 @@ def _backend_names(backend: Any, where: str) -> list[str] | None:
     return _backend_names(backend.get("scorer"), f"{where}.scorer")
 
 
-def check_component_weights(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_component_weights(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     """``advantage.component_weights`` names components the reward produces (a misspelt one
     used to fail on the first rollout)."""
     weights = cfg.advantage.component_weights
@@ -571,7 +573,7 @@ def check_component_weights(cfg: RunConfig, objs: dict[str, Any]) -> None:
     )
 
 
-def _setting_of(block: dict[str, Any], where: str, key: str) -> Any:
+def _setting_of(block: Mapping[str, object], where: str, key: str) -> object:
     """``block[key]``, else the default its ``_target_`` declares for ``key`` (a dataclass
     field or a signature parameter), else None."""
     if key in block:
@@ -589,7 +591,7 @@ def _setting_of(block: dict[str, Any], where: str, key: str) -> Any:
     return None if param is None or param.default is param.empty else param.default
 
 
-def check_component_hooks(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_component_hooks(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     """Each component class may judge its own block before anything is built, with the whole
     recipe in view: ``check_config(block, recipe)`` (a classmethod; reads configs and files,
     never weights). The bundle checks its model path and image sizes, the backend its LoRA
@@ -603,7 +605,7 @@ def check_component_hooks(cfg: RunConfig, objs: dict[str, Any]) -> None:
             hook(block, cfg)
 
 
-def check_data(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_data(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     """The prompt files exist (the data source's ``check_config`` hook parses them) and a
     ``resume`` folder exists."""
     path = (cfg.data_source or {}).get("path")
@@ -626,7 +628,7 @@ def check_data(cfg: RunConfig, objs: dict[str, Any]) -> None:
         )
 
 
-def check_output_dir(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_output_dir(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     """``output_dir`` is a folder this process can write (or create), and a fresh run never
     lands on an earlier run's history or checkpoints silently: it needs an empty (or new)
     ``output_dir``, ``resume`` to continue, or ``overwrite=true``."""
@@ -677,7 +679,7 @@ def _read_only_mount(path: Path) -> bool:
         return False
 
 
-def check_device(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_device(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     bundle_device = (cfg.bundle or {}).get("device")
     if bundle_device is not None:
         require(
@@ -690,7 +692,7 @@ def check_device(cfg: RunConfig, objs: dict[str, Any]) -> None:
 OPTIONAL_TRACKERS = ("tensorboard", "wandb")
 
 
-def check_trackers(cfg: RunConfig, objs: dict[str, Any]) -> None:
+def check_trackers(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     """An optional tracker's package is installed (found, not imported), before the run's
     folder is written; a run on a Ray cluster logs from the driver, so this machine is the
     one that needs it."""
@@ -704,7 +706,7 @@ def check_trackers(cfg: RunConfig, objs: dict[str, Any]) -> None:
         )
 
 
-CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
+CHECKS: tuple[Callable[[RunConfig, Mapping[str, object]], None], ...] = (
     check_required_blocks,
     check_layout_and_sync,
     check_sequence_parallel,
@@ -727,7 +729,7 @@ CHECKS: tuple[Callable[[RunConfig, dict[str, Any]], None], ...] = (
 )
 
 
-def validate(data: dict[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
+def validate(data: Mapping[str, object]) -> tuple[RunConfig, dict[str, Any]]:
     """Type the top level, check every block, run every cross-component check.
 
     Returns the ``RunConfig`` and the cheap objects built on the way, keyed by block:
