@@ -93,7 +93,7 @@ ARCH_SPECS = {"z-image-arch": z_image_arch_spec}
 
 
 def _transformer(spec: ZImageArchSpec) -> torch.nn.Module:
-    from diffusers import ZImageTransformer2DModel
+    from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel
 
     return ZImageTransformer2DModel(**spec.transformer)
 
@@ -108,7 +108,7 @@ def _text_encoder(spec: ZImageArchSpec, pad_token_id: int | None = None) -> torc
 
 
 def _vae(spec: ZImageArchSpec) -> torch.nn.Module:
-    from diffusers import AutoencoderKL
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
 
     return AutoencoderKL(**spec.vae)
 

@@ -13,7 +13,7 @@ of UniRL's loop (``x_{σ'} = x_σ + v·(σ' − σ)``) is its negation, as the p
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -33,6 +33,9 @@ from unirl.models.z_image.guidance import ZImageCFG
 from unirl.models.z_image.presets import architecture_configs, resolve_model_source
 from unirl.models.z_image.text_encode import encode_z_image_prompts
 
+if TYPE_CHECKING:
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+
 # The transformer pads every caption and image token run to a multiple of this (diffusers'
 # SEQ_MULTI_OF); captions take RoPE positions 1.. and the image the next one on the first axis.
 SEQ_MULTIPLE = 32
@@ -41,7 +44,8 @@ PIPELINE_TIMESTEP_SCALE = 1000.0  # ZImagePipeline: timestep = (1000 - σ·N) / 
 
 def _read_folder(folder: Path, bundle: ZImageBundle) -> dict[str, Any]:
     """Components of a diffusers Z-Image folder (``save_pretrained`` layout), on CPU, cast."""
-    from diffusers import AutoencoderKL, ZImageTransformer2DModel
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+    from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel
     from transformers import Qwen3Model
 
     return read_diffusers_folder(
@@ -103,7 +107,7 @@ class ZImageBundle(VAELatentGeometry, FlowMatchingBundle):
 
     @classmethod
     def trainable_from_architecture(cls, architecture: tuple[dict, dict]) -> torch.nn.Module:
-        from diffusers import ZImageTransformer2DModel
+        from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel
 
         return model_from_config(ZImageTransformer2DModel, architecture[0])
 
@@ -119,7 +123,7 @@ class ZImageBundle(VAELatentGeometry, FlowMatchingBundle):
             read_folder=_read_folder,
         )
         self.transformer: torch.nn.Module = parts["transformer"]
-        self.vae: torch.nn.Module = parts["vae"]
+        self.vae: AutoencoderKL = parts["vae"]
         self.text_encoder: torch.nn.Module = parts["text_encoder"]
         self.tokenizer = parts["tokenizer"]
         # per instance: the knobs are the config's (guidance_of reads the attribute)

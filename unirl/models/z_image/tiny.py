@@ -148,11 +148,11 @@ def text_encoder_config(spec: TinyZImageSpec, tokenizer: PreTrainedTokenizerBase
 
 def build_tiny_pipeline(spec: TinyZImageSpec) -> Any:
     """The tiny stack as an in-memory diffusers ``ZImagePipeline`` (fp32, CPU, seeded)."""
-    from diffusers import (
-        AutoencoderKL,
+    from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
+    from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel
+    from diffusers.pipelines.z_image.pipeline_z_image import ZImagePipeline
+    from diffusers.schedulers.scheduling_flow_match_euler_discrete import (
         FlowMatchEulerDiscreteScheduler,
-        ZImagePipeline,
-        ZImageTransformer2DModel,
     )
     from transformers import Qwen3Model
 
@@ -177,6 +177,7 @@ def build_tiny_pipeline(spec: TinyZImageSpec) -> Any:
         scheduler=FlowMatchEulerDiscreteScheduler(**SCHEDULER_CONFIG),
         vae=vae,
         text_encoder=text_encoder,
-        tokenizer=tokenizer,
+        # diffusers annotates this argument with the AutoTokenizer factory, not a tokenizer class
+        tokenizer=tokenizer,  # type: ignore[arg-type]
         transformer=transformer,
     )
