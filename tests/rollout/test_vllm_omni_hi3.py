@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from unirl.models.unified import ContextConditions, ImageStageRequest
+from unirl.models.unified import ContextConditions
 from unirl.rollout.engine.vllm_omni.hi3 import (
     ROUTE,
     Hi3ContractError,
@@ -28,6 +28,7 @@ from unirl.rollout.engine.vllm_omni.hi3 import (
 )
 from unirl.types import (
     ARSamplingParams,
+    DiffusionRequest,
     DiffusionSamplingParams,
     LatentSegment,
     RolloutReq,
@@ -136,7 +137,7 @@ def request() -> RolloutReq:
             "text": TextRequest(
                 seed_ids=torch.arange(10, 10 + n), max_new_tokens=3, temperature=0.9
             ),
-            "image": ImageStageRequest(
+            "image": DiffusionRequest(
                 init_noise_ids=torch.arange(10, 10 + n),
                 sde_indices=torch.tensor([[0, 2]] * n),
                 sigmas=SIGMAS,
@@ -157,7 +158,7 @@ def test_request_pins_noise_sigmas_and_sde_steps_and_tracks_map_exactly(server: 
     resp = engine.generate(req)
     body = server.bodies[-1]
     assert body["path"] == ROUTE and body["mode"] == "recaption" and body["seed"] == 5
-    x_T = req.params_for("image", ImageStageRequest).initial_noise(5)
+    x_T = req.params_for("image", DiffusionRequest).initial_noise(5)
     for i, s in enumerate(body["samples"]):
         assert s["prompt"] == req.prompts[i] and s["text"]["seed_id"] == 10 + i
         assert s["text"]["max_new_tokens"] == 3 and s["text"]["temperature"] == pytest.approx(0.9)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from unirl.config.run import RunConfig
-from unirl.rollout.engine.composed import ComposedEngine, DrawRequest, clean_rewrite
+from unirl.rollout.engine.composed import ComposedEngine, clean_rewrite
 from unirl.trainer.pe import PETrainer
 from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, DrawerConfig, PEConfig
 from unirl.types import (
@@ -74,9 +74,9 @@ class _ImagePipeline:
         return RolloutResp(tracks={"diffusion": track}, timings={"rollout": 1.0})
 
 
-def _draw(n: int, k: int, *, s: int = 0) -> DrawRequest:
+def _draw(n: int, k: int, *, s: int = 0) -> DiffusionRequest:
     ids = torch.arange(1000, 1000 + n * k).view(n, k)
-    return DrawRequest(
+    return DiffusionRequest(
         sample_ids=ids,
         init_noise_ids=ids + 5000,
         sde_indices=torch.zeros((n, s), dtype=torch.long),
@@ -183,8 +183,10 @@ def test_engine_knobs_are_refused_with_the_field() -> None:
         ComposedEngine(text_sampler=None, image_sampler=None, empty_rewrite="skip")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"rollout\.max_rewrite_chars must be >= 1"):
         ComposedEngine(text_sampler=None, image_sampler=None, max_rewrite_chars=0)
-    with pytest.raises(ValueError, match=r"DrawRequest.init_noise_ids \(2, 3\) must match"):
-        DrawRequest(
+    with pytest.raises(
+        ValueError, match=r"DiffusionRequest.init_noise_ids \(2, 3\) must match the fan-out"
+    ):
+        DiffusionRequest(
             sample_ids=torch.zeros((2, 2), dtype=torch.long),
             init_noise_ids=torch.zeros((2, 3), dtype=torch.long),
             sde_indices=torch.zeros((2, 0), dtype=torch.long),
@@ -225,7 +227,7 @@ def test_request_ids_groups_and_shared_noise() -> None:
     assert req.prompts == ["sun"] * 3 + ["cat"] * 3
     text = req.params_for(TEXT_TRACK, TextRequest)
     assert text.seed_ids.tolist() == req.sample_ids.tolist() and text.stop == (".",)
-    draw = req.params_for(IMAGE_TRACK, DrawRequest)
+    draw = req.params_for(IMAGE_TRACK, DiffusionRequest)
     assert draw.sample_ids.tolist() == [[24 + 2 * i, 25 + 2 * i] for i in range(6)]
     # every rewrite of "sun" draws from the first rewrite's two x_T; "cat" from its own
     assert draw.init_noise_ids.tolist() == [[24, 25]] * 3 + [[30, 31]] * 3
@@ -234,19 +236,19 @@ def test_request_ids_groups_and_shared_noise() -> None:
     assert draw.expand().init_noise_ids.tolist() == [24, 25] * 3 + [30, 31] * 3
 
     independent = _driver(share_noise=False).build_request(prompts, 2)
-    noise = independent.params_for(IMAGE_TRACK, DrawRequest).init_noise_ids
+    noise = independent.params_for(IMAGE_TRACK, DiffusionRequest).init_noise_ids
     assert noise.reshape(-1).tolist() == list(range(24, 36))
 
 
 def test_a_trained_drawer_gets_its_sde_steps_and_eval_ids_never_meet_train_ids() -> None:
     prompts = [SimpleNamespace(prompt="sun", metadata={})]
     driver = _driver(share_noise=True, trains=True)
-    draw = driver.build_request(prompts, 0).params_for(IMAGE_TRACK, DrawRequest)
+    draw = driver.build_request(prompts, 0).params_for(IMAGE_TRACK, DiffusionRequest)
     chosen = list(driver.sde_steps.select(4, seed=5, rollout_index=0))
     assert draw.sde_indices.tolist() == [chosen] * 3 and len(chosen) == 2
     ev = driver.build_request(prompts, 0, mode="eval")
     assert ev.sample_ids.tolist() == [10**12]  # eval.samples_per_prompt rewrites
     assert ev.params_for(TEXT_TRACK, TextRequest).temperature == 0.0
-    eval_draw = ev.params_for(IMAGE_TRACK, DrawRequest)
+    eval_draw = ev.params_for(IMAGE_TRACK, DiffusionRequest)
     assert eval_draw.sample_ids.tolist() == [[10**12, 10**12 + 1]]
     assert eval_draw.sde_indices.shape == (1, 0) and eval_draw.sigmas.numel() == 4

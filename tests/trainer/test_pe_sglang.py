@@ -28,13 +28,13 @@ from trainer_fakes import IdleOps, QuietAlgorithm, RecordingStack, served_text_r
 from unirl.config.entry import compose_recipe
 from unirl.config.run import AdvantageConfig, RunConfig
 from unirl.distributed.weight_sync.checksum import digest, tensor_checksum
-from unirl.rollout.engine.composed import ComposedEngine, DrawRequest, clean_rewrite
+from unirl.rollout.engine.composed import ComposedEngine, clean_rewrite
 from unirl.rollout.engine.sglang_llm import SGLangLLMEngine
 from unirl.trainer.pe import DrawerInfo, PETrainer
 from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, DrawerConfig, PEConfig
 from unirl.trainer.roles import RewardWorker
 from unirl.trainer.stage import order_stages
-from unirl.types import ARSamplingParams, DiffusionSamplingParams
+from unirl.types import ARSamplingParams, DiffusionRequest, DiffusionSamplingParams
 
 PREFIX = "<think>\n\n</think>\n\n"
 POLICY = {
@@ -134,7 +134,7 @@ def test_the_composed_engine_samples_rewrites_on_the_server_and_draws_them() -> 
         rewrite, capped = clean_rewrite(text[len(PREFIX) :], 40)
         assert (meta["rewrite"], meta["rewrite_capped"]) == (rewrite, capped)
     # the child: k = 2 images per rewrite, lineage to it, the user's prompt, the drawn rewrite
-    draw = req.params_for(IMAGE_TRACK, DrawRequest)
+    draw = req.params_for(IMAGE_TRACK, DiffusionRequest)
     assert child.sample_ids.tolist() == draw.sample_ids.reshape(-1).tolist()
     assert child.parent_track == TEXT_TRACK
     assert child.parent_ids.tolist() == [4, 4, 5, 5, 6, 6, 7, 7]

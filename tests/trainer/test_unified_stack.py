@@ -16,7 +16,6 @@ import torch
 
 from unirl.algorithms import GRPO, FlowGRPO
 from unirl.models.unified import (
-    ImageStageRequest,
     TransfusionBundle,
     TransfusionImagePipeline,
     TransfusionPipeline,
@@ -25,7 +24,14 @@ from unirl.models.unified import (
 from unirl.sde import FlowSDE
 from unirl.train import FSDPBackend, OptimizerConfig
 from unirl.train.unified_stack import UnifiedTrainStack
-from unirl.types import ARSamplingParams, DiffusionSamplingParams, RolloutReq, TextRequest, Texts
+from unirl.types import (
+    ARSamplingParams,
+    DiffusionRequest,
+    DiffusionSamplingParams,
+    RolloutReq,
+    TextRequest,
+    Texts,
+)
 
 N = 4
 
@@ -63,7 +69,7 @@ def tracks(bundle: Any, pipe: Any) -> dict[str, Any]:
         primitives={"text": Texts(texts=["a red fox", "a red fox", "blue sky", "blue sky"])},
         stage_params={
             "text": TextRequest(seed_ids=torch.arange(N), max_new_tokens=5, temperature=1.0),
-            "image": ImageStageRequest(
+            "image": DiffusionRequest(
                 init_noise_ids=torch.arange(N),
                 sde_indices=torch.tensor([[0, 1]] * N),
                 sigmas=bundle.sigmas(3, 32, 32),

@@ -191,6 +191,8 @@ def test_diffusion_request_field_kinds() -> None:
         "sde_indices": "concat",
         "sigmas": "shared",
         "init_noise_shape": "shared",
+        "sampling_params": "shared",
+        "sample_ids": "concat",
     }
     assert len(_diffusion(6)) == 6 and _diffusion(2).init_noise_shape == (4, 2, 2)
     assert _diffusion(2).num_steps == 5 and _diffusion(2).num_sde_steps == 2
@@ -320,3 +322,39 @@ def test_lineage_is_validated() -> None:
     )
     with pytest.raises(ValueError, match="unknown parent samples \\[9\\]"):
         RolloutResp(tracks={"ar": parent, "diffusion": bad})
+
+
+def test_a_fanned_out_diffusion_request_splits_by_parent_and_expands_parent_major() -> None:
+    """k samples per parent row: a data-parallel split keeps each parent's k ids with it, and
+    expand() lays them out parent-major with the parent's SDE steps and the stage's params."""
+    from unirl.types import DiffusionSamplingParams
+
+    params = DiffusionSamplingParams(num_inference_steps=5, samples_per_prompt=3)
+    ids = torch.arange(100, 112).view(4, 3)
+    req = DiffusionRequest(
+        sample_ids=ids.clone(),
+        init_noise_ids=ids.flip(1).clone(),
+        sde_indices=torch.tensor([[0], [1], [2], [3]]),
+        sigmas=torch.linspace(1, 0, 6),
+        init_noise_shape=(4, 2, 2),
+        sampling_params=params,
+    )
+    assert len(req) == 4 and req.fan_out == 3
+    _, second = req.chunk(2)
+    assert second.sample_ids.tolist() == ids[2:].tolist()
+    flat = second.expand()
+    assert flat.sample_ids is None and flat.fan_out == 1 and len(flat) == 6
+    assert flat.init_noise_ids.tolist() == [108, 107, 106, 111, 110, 109]
+    assert flat.sde_indices.flatten().tolist() == [2, 2, 2, 3, 3, 3]
+    assert flat.own_sampling() is params
+    assert _diffusion(2).expand() is not None and _diffusion(2).fan_out == 1
+    with pytest.raises(ValueError, match="no sampling_params"):
+        _diffusion(2).own_sampling()
+    with pytest.raises(ValueError, match=r"init_noise_ids \(4,\) must match the fan-out"):
+        DiffusionRequest(
+            sample_ids=ids,
+            init_noise_ids=torch.arange(4),
+            sde_indices=torch.zeros((4, 0), dtype=torch.long),
+            sigmas=torch.linspace(1, 0, 6),
+            init_noise_shape=(1,),
+        )

@@ -51,7 +51,6 @@ from unirl.config.run import RunConfig
 from unirl.config.validate import declared, locate
 from unirl.distributed.group import placement, remote
 from unirl.distributed.group.pool import PoolBase
-from unirl.rollout.engine.composed import DrawRequest
 from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.ar import ARTrainOps, response_metrics
 from unirl.trainer.base import StageTrainer, write_sample_rows
@@ -70,6 +69,7 @@ from unirl.trainer.stage import Stage, kept_reward_stats
 from unirl.types import (
     STATUS_OK,
     ARSamplingParams,
+    DiffusionRequest,
     DiffusionSamplingParams,
     RolloutReq,
     RolloutTrack,
@@ -215,7 +215,7 @@ class PETrainer(StageTrainer):
         self, prompts: list[Any], rollout_index: int, *, mode: str = "train"
     ) -> RolloutReq:
         """Ids and groups of the rewrites; the policy's ``TextRequest`` (seed ids = sample
-        ids) and the drawer's :class:`DrawRequest` (image ids, x_T ids, SDE steps, σ)."""
+        ids) and the drawer's fanned-out :class:`DiffusionRequest` (image ids, x_T ids, SDE steps, σ)."""
         train = mode == "train"
         spp = self.sampling.samples_per_prompt if train else self.cfg.eval.samples_per_prompt
         k = self.draw_sampling.samples_per_prompt
@@ -251,7 +251,7 @@ class PETrainer(StageTrainer):
             metadata=prompt_metadata(prompts, spp),
             stage_params={
                 TEXT_TRACK: text_request(sampling, sample_ids, mode),
-                IMAGE_TRACK: DrawRequest(
+                IMAGE_TRACK: DiffusionRequest(
                     sample_ids=image_ids.clone(),
                     init_noise_ids=noise_ids.clone(),
                     sde_indices=sde,

@@ -39,10 +39,10 @@ from unirl.config.run import RunConfig
 from unirl.config.validate import check_block, declared, locate
 from unirl.distributed.group import placement, remote
 from unirl.distributed.group.pool import PoolBase
+from unirl.distributed.weight_sync import SyncSource
 from unirl.models.janus.conditions import ImageTokenRequest, ImageTokenSamplingParams
 from unirl.models.janus.pipeline import JanusImagePipeline, JanusPipeline, JanusTextPipeline
 from unirl.models.unified.bundle import TransfusionBundle
-from unirl.models.unified.conditions import ImageStageRequest
 from unirl.models.unified.pipeline import (
     IMAGE_TRACK,
     TEXT_TRACK,
@@ -66,6 +66,7 @@ from unirl.trainer.roles import RewardWorker, TrainOps
 from unirl.trainer.stage import Stage, check_child_stage_block, kept_reward_stats
 from unirl.types import (
     ARSamplingParams,
+    DiffusionRequest,
     DiffusionSamplingParams,
     RolloutReq,
     RolloutTrack,
@@ -335,13 +336,17 @@ class UnifiedModelTrainer(StageTrainer):
                 stack=stack,
                 algorithm=image_algorithm,
             )
-            sampler = remote(
-                JanusPipeline if self.tokens else TransfusionPipeline,
-                name="sampler",
-                text_pipeline=text_pipeline,
-                image_pipeline=image_pipeline,
-            )
-            self.rollout = remote(cfg.rollout, name="rollout", pipeline=sampler)
+            if cfg.sync is None:  # the model samples itself, both stages through one sampler
+                sampler = remote(
+                    JanusPipeline if self.tokens else TransfusionPipeline,
+                    name="sampler",
+                    text_pipeline=text_pipeline,
+                    image_pipeline=image_pipeline,
+                )
+                self.rollout = remote(cfg.rollout, name="rollout", pipeline=sampler)
+            else:  # a served model (HunyuanImage-3.0 on vLLM-Omni) samples on its server
+                self.rollout = remote(cfg.rollout, name="rollout")
+                remote(SyncSource, name="sync_source", backend=backend, sync=cfg.sync)
             reward = remote(RewardWorker, name="reward", service=cfg.reward)
         self.stages = self.make_stages(
             stack=stack,
@@ -400,7 +405,7 @@ class UnifiedModelTrainer(StageTrainer):
         self, prompts: list[Any], rollout_index: int, *, mode: str = "train"
     ) -> RolloutReq:
         """Ids and groups of the (text, image) pairs; the ``TextRequest`` (seed ids = sample
-        ids) and the :class:`ImageStageRequest` (x_T ids = sample ids, SDE steps, σ)."""
+        ids) and the :class:`DiffusionRequest` with its sampling params (x_T ids = sample ids, SDE steps, σ)."""
         train = mode == "train"
         spp = self.sampling.samples_per_prompt if train else self.cfg.eval.samples_per_prompt
         sample_ids, group_ids = rollout_ids(len(prompts), spp, rollout_index, train=train)
@@ -433,9 +438,7 @@ class UnifiedModelTrainer(StageTrainer):
             guidance_scale=params.guidance_scale,
         )
 
-    def _latent_request(
-        self, sample_ids: Any, rollout_index: int, train: bool
-    ) -> ImageStageRequest:
+    def _latent_request(self, sample_ids: Any, rollout_index: int, train: bool) -> DiffusionRequest:
         params = self.image_sampling
         steps = params.num_inference_steps if train else params.eval_num_inference_steps
         sde = sde_indices(
@@ -446,7 +449,7 @@ class UnifiedModelTrainer(StageTrainer):
             n=len(sample_ids),
             trains=train,
         )
-        return ImageStageRequest(
+        return DiffusionRequest(
             init_noise_ids=sample_ids.clone(),
             sde_indices=sde,
             sigmas=self.schedules["train" if train else "eval"].clone(),

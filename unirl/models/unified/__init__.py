@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from unirl.models.unified.bundle import TransfusionBundle
-from unirl.models.unified.conditions import ContextConditions, ImageStageRequest
+from unirl.models.unified.conditions import ContextConditions
 from unirl.models.unified.config import PRESET_NAMES, TransfusionBundleConfig
 from unirl.models.unified.hunyuan_image3 import HunyuanImage3Bundle, HunyuanImage3BundleConfig
 from unirl.models.unified.model import ImageHead, TransfusionModel, image_attention_mask
@@ -24,7 +24,6 @@ __all__ = [
     "HunyuanImage3Bundle",
     "HunyuanImage3BundleConfig",
     "ImageHead",
-    "ImageStageRequest",
     "TransfusionBundle",
     "TransfusionBundleConfig",
     "TransfusionImagePipeline",

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from unirl.types import Conditions, DiffusionRequest, Packed, batch_field
+from unirl.types import Conditions, Packed, batch_field
 
 
 @dataclass(kw_only=True)
@@ -34,12 +33,3 @@ class ContextConditions(Conditions):
             ids[i, longest - n :] = r.cpu()
             mask[i, longest - n :] = 1
         return ids.to(device), mask.to(device)
-
-
-@dataclass(kw_only=True)
-class ImageStageRequest(DiffusionRequest):
-    """The image stage's part of a unified request: a :class:`DiffusionRequest` (x_T ids, SDE
-    steps, σ; one image per text sample) plus the image sampling params (shared), since the
-    request's own ``sampling_params`` are the text stage's."""
-
-    sampling_params: Any = batch_field("shared", default=None)

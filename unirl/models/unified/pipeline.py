@@ -23,9 +23,10 @@ import torch
 
 from unirl.models.common.pipeline import FlowMatchingPipeline
 from unirl.models.common_ar.pipeline import CausalLMPipeline
-from unirl.models.unified.conditions import ContextConditions, ImageStageRequest
+from unirl.models.unified.conditions import ContextConditions
 from unirl.sde.kernels import SDEStrategy
 from unirl.types import (
+    DiffusionRequest,
     DiffusionSamplingParams,
     RolloutReq,
     RolloutResp,
@@ -102,7 +103,7 @@ class TransfusionPipeline:
     ``text`` track (the parent) and the ``image`` track (one image per text sample; its
     ``parent_ids`` are the text sample ids, its ``group_ids`` the request's groups).
 
-    The request carries a ``TextRequest`` under ``text`` and an :class:`ImageStageRequest`
+    The request carries a ``TextRequest`` under ``text`` and a ``DiffusionRequest``
     under ``image`` (x_T ids, SDE steps, σ and the image sampling params), all authored by the
     driver. ``track_name`` is the text track (what the loop's gallery and eval read first).
     """
@@ -143,7 +144,7 @@ class TransfusionPipeline:
                 f"{type(decoded).__name__} decoded rows, not a TextSegment and Texts"
             )
         context = ContextConditions(context=segment.tokens)
-        stage = req.params_for(IMAGE_TRACK, ImageStageRequest)
+        stage = req.params_for(IMAGE_TRACK, DiffusionRequest)
         name = self.image_pipeline.track_name
         image_req = dataclasses.replace(
             req, sampling_params=stage.sampling_params, stage_params={name: stage}

@@ -16,8 +16,9 @@ the trainer). Anything with ``generate(req) -> RolloutResp`` plugs in; the track
 is its ``track_name`` (an engine's: its ``pipeline.track_name``). This engine only composes.
 
 The driver authors everything random: the AR stage's ``TextRequest`` (seed ids) under the
-parent track's name and a :class:`DrawRequest` under the child's (each rewrite's ``k`` image
-ids, their x_T ids, the SDE steps, the σ schedule and the drawer's sampling params), so a
+parent track's name and a fanned-out :class:`DiffusionRequest` under the child's (each
+rewrite's ``k`` image ids, their x_T ids, the SDE steps, the σ schedule and the drawer's
+sampling params), so a
 sample's tokens and noise depend on ``(seed, id)`` only, whatever the data-parallel split.
 
 Which text the drawer sees: the completion without the policy's ``response_prefix`` (a
@@ -40,8 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import torch
 
@@ -50,73 +50,16 @@ from unirl.config.typecheck import PositiveInt
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.types import (
     STATUS_DROPPED,
-    Batch,
     DiffusionRequest,
     RolloutReq,
     RolloutResp,
     RolloutTrack,
     TextRequest,
     Texts,
-    batch_field,
 )
 from unirl.types.resident import park, unpark
 
 EmptyRewrite = Literal["original", "drop"]
-
-
-@dataclass(kw_only=True)
-class DrawRequest(Batch):
-    """The child (diffusion) stage's part of a composed request, one row per *parent*.
-
-    ``sample_ids[N, k]``: the ids of each rewrite's ``k`` images; ``init_noise_ids[N, k]``:
-    their x_T ids (equal across the rewrites of one user prompt when the driver shares noise);
-    ``sde_indices[N, S]``: the stochastic / trained steps (``S = 0``: the ODE, a frozen
-    drawer). Shared: ``sigmas[T+1]``, ``init_noise_shape`` and ``sampling_params`` (the
-    drawer's ``DiffusionSamplingParams``). :meth:`expand` turns it into the diffusion
-    request of the ``N·k`` images.
-    """
-
-    host_fields: ClassVar[tuple[str, ...]] = ("sample_ids", "init_noise_ids", "sde_indices")
-
-    sample_ids: torch.Tensor = batch_field("concat")
-    init_noise_ids: torch.Tensor = batch_field("concat")
-    sde_indices: torch.Tensor = batch_field("concat")
-    sigmas: torch.Tensor = batch_field("shared")
-    init_noise_shape: tuple[int, ...] = batch_field("shared")
-    sampling_params: Any = batch_field("shared")
-
-    def __post_init__(self) -> None:
-        self.init_noise_shape = tuple(int(d) for d in self.init_noise_shape)
-        if self.sample_ids.ndim != 2 or self.sample_ids.shape[1] < 1:
-            raise ValueError(
-                f"DrawRequest.sample_ids must be [N, k] with k >= 1, got "
-                f"{tuple(self.sample_ids.shape)}"
-            )
-        if self.init_noise_ids.shape != self.sample_ids.shape:
-            raise ValueError(
-                f"DrawRequest.init_noise_ids {tuple(self.init_noise_ids.shape)} must match "
-                f"sample_ids {tuple(self.sample_ids.shape)}"
-            )
-        if self.sde_indices.ndim != 2:
-            raise ValueError(
-                f"DrawRequest.sde_indices must be [N, S], got {tuple(self.sde_indices.shape)}"
-            )
-        self.validate_lengths()
-
-    @property
-    def images_per_rewrite(self) -> int:
-        return int(self.sample_ids.shape[1])
-
-    def expand(self) -> DiffusionRequest:
-        """The ``DiffusionRequest`` of the ``N·k`` images, rewrite-major (the ``k`` images of
-        rewrite ``i`` are rows ``i·k … i·k+k-1``)."""
-        k = self.images_per_rewrite
-        return DiffusionRequest(
-            init_noise_ids=self.init_noise_ids.reshape(-1).clone(),
-            sde_indices=self.sde_indices.repeat_interleave(k, dim=0),
-            sigmas=self.sigmas,
-            init_noise_shape=self.init_noise_shape,
-        )
 
 
 def clean_rewrite(text: str, max_chars: int) -> tuple[str, bool]:
@@ -214,7 +157,12 @@ class ComposedEngine:
     def compose(self, req: RolloutReq) -> RolloutResp:
         """AR generate -> cleaned rewrites -> diffusion generate; tensors where the pipelines
         left them."""
-        draw = req.params_for(self.image_track, DrawRequest)
+        draw = req.params_for(self.image_track, DiffusionRequest)
+        if draw.sample_ids is None:
+            raise ValueError(
+                f"the composed engine draws k images per rewrite: the {self.image_track!r} "
+                "DiffusionRequest needs its fan-out (sample_ids[N, k], init_noise_ids[N, k])"
+            )
         text_name = sampler_track(self.text_sampler)
         text_req = dataclasses.replace(
             req, stage_params={text_name: req.params_for(self.text_track, TextRequest)}
@@ -239,7 +187,7 @@ class ComposedEngine:
             parent_meta.append(meta)
         parent = dataclasses.replace(parent, metadata=parent_meta)
 
-        k = draw.images_per_rewrite
+        k = draw.fan_out
         image_name = sampler_track(self.image_sampler)
         child_meta = [
             {**req.metadata[i], "rewrite": drawn[i], "parent_prompt": user_prompts[i]}
@@ -253,7 +201,7 @@ class ComposedEngine:
             primitives={"text": Texts(texts=[t for t in drawn for _ in range(k)])},
             metadata=child_meta,
             stage_params={image_name: draw.expand()},
-            sampling_params=draw.sampling_params,
+            sampling_params=draw.own_sampling(),
             seed=req.seed,
             rollout_index=req.rollout_index,
             mode=req.mode,

@@ -10,7 +10,7 @@ driver-chosen SDE steps, their log-probs, the final latent, the decoded image), 
 ``parent_ids`` naming its text sample, its conditions the exact context token ids.
 
 The driver authors everything random, as for every engine: the text stage's seed ids and
-sampling knobs (``TextRequest``), the x_T of every image (``ImageStageRequest``: sent as
+sampling knobs (``TextRequest``), the x_T of every image (its ``DiffusionRequest``: sent as
 fp32 bytes, so the server starts exactly where trainside would), the σ schedule and the SDE
 steps. The wire format is :data:`ROUTE` (JSON; arrays as base64 little-endian float32 with
 their shape), written out in README.md; every answer is checked (sample ids in order, token
@@ -32,8 +32,9 @@ import torch
 from unirl.config.require import require
 from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.models.common_ar.conditions import PromptConditions
-from unirl.models.unified.conditions import ContextConditions, ImageStageRequest
+from unirl.models.unified.conditions import ContextConditions
 from unirl.types import (
+    DiffusionRequest,
     Images,
     LatentSegment,
     Packed,
@@ -151,8 +152,8 @@ class Hi3OmniEngine:
     def request_body(self, req: RolloutReq) -> dict[str, Any]:
         """The JSON body of one call: every sample's prompt, text knobs and image recipe."""
         text = req.params_for(TEXT_TRACK, TextRequest)
-        image = req.params_for(IMAGE_TRACK, ImageStageRequest)
-        params = image.sampling_params
+        image = req.params_for(IMAGE_TRACK, DiffusionRequest)
+        params = image.own_sampling()
         x_T = image.initial_noise(req.seed)
         sigmas = image.sigmas.float().tolist()
         samples = []
@@ -200,7 +201,7 @@ class Hi3OmniEngine:
 
     def tracks(self, req: RolloutReq, data: Any) -> RolloutResp:
         """The ``text`` and ``image`` tracks of an answer (checked against the request)."""
-        image_req = req.params_for(IMAGE_TRACK, ImageStageRequest)
+        image_req = req.params_for(IMAGE_TRACK, DiffusionRequest)
         text_req = req.params_for(TEXT_TRACK, TextRequest)
         samples = data.get("samples") if isinstance(data, dict) else None
         ids = req.sample_ids.tolist()
@@ -291,7 +292,7 @@ class Hi3OmniEngine:
             ),
             decoded=Texts(texts=texts),
         )
-        params = image_req.sampling_params
+        params = image_req.own_sampling()
         image_track = RolloutTrack(
             sample_ids=req.sample_ids.clone(),
             group_ids=req.group_ids.clone(),
