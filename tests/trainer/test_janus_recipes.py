@@ -38,6 +38,8 @@ TINY = "unified_model/janus_tiny_t2i_r1"
             "is not a JanusTextPipeline",
         ),
         (["bundle.path=nowhere/none", "+bundle.bogus=1"], "bogus"),
+        (["+unified.image.sampling.top_k=0"], r"top_k=0 must be -1 \(off\) or >= 1"),
+        (["+unified.image.sampling.top_p=1.5"], r"top_p=1.5 must be in \(0, 1\]"),
     ],
 )
 def test_broken_janus_recipes_are_refused(
@@ -63,3 +65,24 @@ def test_gpu_recipes_dry_run(recipe: str, tmp_path: Path, capsys: Any) -> None:
     assert "guidance_scale                     5.0" in out
     only = recipe.endswith("image_only")
     assert ("image tokens only (stack.text.weight: 0)" in out) == only
+
+
+def test_the_image_stage_request_carries_the_recipes_truncation(tmp_path: Path) -> None:
+    """``unified.image.sampling.top_k`` / ``top_p`` reach the image-token request the driver
+    authors (train and eval alike); the defaults leave the draw untruncated."""
+    from unirl.models.janus.conditions import ImageTokenRequest
+    from unirl.train_unified_model import trainer
+
+    def image_request(overrides: list[str], mode: str) -> ImageTokenRequest:
+        data = compose_recipe(TINY, [f"output_dir={tmp_path / 'run'}", *overrides])
+        driver = trainer(data, dry=True)
+        req = driver.build_request(driver.data_source.next_batch(), 0, mode=mode)
+        return req.params_for("image", ImageTokenRequest)
+
+    plain = image_request([], "train")
+    assert (plain.top_k, plain.top_p) == (-1, 1.0)
+    for mode in ("train", "eval"):
+        cut = image_request(
+            ["+unified.image.sampling.top_k=8", "+unified.image.sampling.top_p=0.9"], mode
+        )
+        assert (cut.top_k, cut.top_p) == (8, 0.9)

@@ -190,7 +190,9 @@ def check_unified_recipe(
         typed_component=True,
     )
     if tokens:
-        return unified, _check_token_stage(cfg, unified, sampling)
+        sampling = _check_token_stage(cfg, unified, sampling)
+        _check_pipeline_keys(unified)
+        return unified, sampling
     require(
         isinstance(sampling, DiffusionSamplingParams),
         f"unified.image.sampling._target_={unified.image.sampling.get('_target_')}: the image "
@@ -220,7 +222,14 @@ def check_unified_recipe(
             f"unified.image.pipeline.strategy._target_={strategy}: {algorithm.__name__} trains "
             "on SDE log-probs; use unirl.sde.FlowSDE (or CPS / DanceSDE)",
         )
+    _check_pipeline_keys(unified)
     return unified, sampling
+
+
+def _check_pipeline_keys(unified: UnifiedConfig) -> None:
+    """The image pipeline's keys and values (a ``Literal``'s, e.g. Janus' ``rng``) against its
+    signature, after the stage-specific checks that name a better fix."""
+    check_block(unified.image.pipeline, "unified.image.pipeline", instantiate_dataclasses=False)
 
 
 def _check_token_stage(
@@ -435,6 +444,8 @@ class UnifiedModelTrainer(StageTrainer):
             seed_ids=sample_ids.clone(),
             max_new_tokens=1,  # the pipeline draws the model's num_image_tokens
             temperature=params.temperature_for(mode),
+            top_k=params.top_k,
+            top_p=params.top_p,
             guidance_scale=params.guidance_scale,
         )
 

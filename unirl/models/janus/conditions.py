@@ -21,13 +21,18 @@ class ImageTokenSamplingParams:
     """How Janus draws an image: ``guidance_scale`` (classifier-free guidance on the image-token
     logits, ``uncond + w·(cond - uncond)``; 1: the conditional logits alone), ``temperature``
     (the policy is ``softmax(guided / temperature)``; 0: greedy), ``eval_temperature`` (eval
-    rollouts), ``samples_per_prompt`` (1 in think-then-draw: one image per written plan). The
-    number of tokens is the model's (``vision_config.num_image_tokens``, 576 at 384 px)."""
+    rollouts), ``samples_per_prompt`` (1 in think-then-draw: one image per written plan),
+    ``top_k`` / ``top_p`` (truncate each draw after guidance and temperature, as transformers'
+    image generation does; -1 / 1.0: off; the recorded log-probs stay the untruncated
+    policy's, as for text). The number of tokens is the model's
+    (``vision_config.num_image_tokens``, 576 at 384 px)."""
 
     guidance_scale: float = 5.0
     temperature: NonNegativeFloat = 1.0
     eval_temperature: NonNegativeFloat = 1.0
     samples_per_prompt: PositiveInt = 1
+    top_k: int = -1
+    top_p: float = 1.0
 
     def __post_init__(self) -> None:
         require(
@@ -36,6 +41,14 @@ class ImageTokenSamplingParams:
             "(1: no guidance; Janus-Pro's default is 5)",
         )
         require(self.temperature >= 0, "unified.image.sampling.temperature must be >= 0")
+        require(
+            self.top_k == -1 or self.top_k >= 1,
+            f"unified.image.sampling.top_k={self.top_k} must be -1 (off) or >= 1",
+        )
+        require(
+            0.0 < self.top_p <= 1.0,
+            f"unified.image.sampling.top_p={self.top_p} must be in (0, 1] (1.0: off)",
+        )
 
     def temperature_for(self, mode: str) -> float:
         return self.eval_temperature if mode == "eval" else self.temperature
@@ -45,6 +58,8 @@ class ImageTokenSamplingParams:
             "guidance_scale": self.guidance_scale,
             "temperature": self.temperature,
             "samples_per_prompt": self.samples_per_prompt,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
         }
 
 
