@@ -25,12 +25,29 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
 from unirl.config import require
 from unirl.reward.base import ScoreResult
+
+if TYPE_CHECKING:
+    from unirl.types import RolloutTrack
+
+_Track = TypeVar("_Track", bound="RolloutTrack")
+
+
+class _Service(Protocol):
+    """What the scorer calls of :class:`~unirl.reward.RewardService` (which imports this
+    module, so it is named by its shape here)."""
+
+    @property
+    def backend(self) -> object: ...
+
+    def score(self, decoded: object, prompts: list[str], metadata: list[dict]) -> ScoreResult: ...
+
+    def assemble(self, track: _Track, result: ScoreResult) -> tuple[_Track, dict[str, float]]: ...
 
 
 @dataclass
@@ -69,7 +86,7 @@ class OverlappedScorer:
     resets it for the next. Edits (chunks with reference images) are not overlapped.
     """
 
-    def __init__(self, service: Any) -> None:
+    def __init__(self, service: _Service) -> None:
         normalize = getattr(service.backend, "normalize", "none")
         require(
             normalize == "none",
@@ -83,7 +100,8 @@ class OverlappedScorer:
         self._latency = 0.0
         self._depth_max = 0
 
-    def _score(self, chunk: Any) -> ScoreResult:
+    def _score(self, chunk: RolloutTrack) -> ScoreResult:
+        assert chunk.prompts is not None  # submit refuses a chunk without prompts
         t0 = time.perf_counter()
         result = self.service.score(
             chunk.decoded,
@@ -93,7 +111,7 @@ class OverlappedScorer:
         self._latency += time.perf_counter() - t0
         return result
 
-    def submit(self, chunk: Any) -> None:
+    def submit(self, chunk: RolloutTrack) -> None:
         """Queue ``chunk`` for scoring and return at once."""
         require(chunk.prompts is not None, "reward overlap: a chunk carries no prompts")
         require(
@@ -101,13 +119,16 @@ class OverlappedScorer:
             "reward overlap: edits (reference images) are scored at the end of the rollout; "
             "set rollout.reward_overlap=false",
         )
+        assert chunk.prompts is not None  # the require above refuses None
         pending = sum(1 for c in self._chunks if not c.future.done())
         self._depth_max = max(self._depth_max, pending + 1)
         self._chunks.append(_Chunk(len(chunk.prompts), self._pool.submit(self._score, chunk)))
 
-    def finish(self, track: Any) -> tuple[Any, dict[str, float]]:
+    def finish(self, track: _Track) -> tuple[_Track, dict[str, float]]:
         """Wait for the chunks, then ``(scored track, metrics)`` as ``score_track(track)``;
         ``track`` holds the chunks' samples in submission order."""
+        require(track.prompts is not None, "reward overlap: the track carries no prompts")
+        assert track.prompts is not None  # the require above refuses None
         t0 = time.perf_counter()
         parts = [(c.size, c.future.result()) for c in self._chunks]
         wait = time.perf_counter() - t0

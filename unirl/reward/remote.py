@@ -8,11 +8,14 @@ import io
 import json
 import math
 import os
+import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
+import numpy as np
 from PIL import Image
 from torch import Tensor
 
@@ -28,10 +31,35 @@ from unirl.reward.base import (
     images_to_uint8,
 )
 
+if TYPE_CHECKING:
+    import httpx
+
+
+class RewardInfo(TypedDict, total=False):
+    """One reward of the service's ``GET /rewards`` answer, as the client reads it."""
+
+    name: str
+    components: list[str]
+    scalar: bool
+    has_total: bool
+    timeout_s: float
+    scores_videos: bool
+
+
+class _SampleResult(TypedDict, total=False):
+    """One sample of a ``POST /score`` answer: the scalar ``score`` or per-component values,
+    with the error of the sample or of each component (absent or null: scored)."""
+
+    score: float | None
+    error: str | None
+    components: dict[str, float | None]
+    component_errors: dict[str, str | None]
+
+
 _RETRY_STATUS = (429, 500, 502, 503, 504)
 
 
-def _httpx() -> Any:
+def _httpx() -> ModuleType:
     try:
         import httpx
     except ImportError as exc:
@@ -42,7 +70,7 @@ def _httpx() -> Any:
 
 
 @functools.cache
-def _tls_context() -> Any:
+def _tls_context() -> ssl.SSLContext:
     """One verifying TLS context per process (building one costs ~0.1-0.4 s per client)."""
     return _httpx().create_ssl_context()
 
@@ -142,7 +170,7 @@ class RemoteRewardBackend(RewardBackend):
 
     # -- setup -----------------------------------------------------------------------------
 
-    def check(self) -> dict[str, Any]:
+    def check(self) -> RewardInfo:
         """``GET /rewards`` and verify the reward, components and limits; returns its info."""
         body = self._request("GET", "/rewards", None)
         rewards = {r["name"]: r for r in body.get("rewards", [])}
@@ -191,7 +219,7 @@ class RemoteRewardBackend(RewardBackend):
             self._client.close()
             self._client = None
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
         state["_client"] = None  # connections do not travel (e.g. to a Ray worker)
         return state
@@ -277,7 +305,7 @@ class RemoteRewardBackend(RewardBackend):
         retries = 0
         for start in range(0, n, per_request):
             stop = min(start + per_request, n)
-            payload: dict[str, Any] = {"reward": self.reward}
+            payload: dict[str, object] = {"reward": self.reward}
             if fps is not None:
                 payload["videos"] = [[self._encode(f) for f in v] for v in pixels[start:stop]]
                 payload["fps"] = fps
@@ -337,7 +365,7 @@ class RemoteRewardBackend(RewardBackend):
 
     def _collect(
         self,
-        sample: dict[str, Any],
+        sample: _SampleResult,
         values: dict[str, list[float]],
         errors: dict[str, list[str | None]],
     ) -> None:
@@ -359,7 +387,7 @@ class RemoteRewardBackend(RewardBackend):
             values[name].append(value)
             errors[name].append(error)
 
-    def _encode(self, pixels: Any) -> str:
+    def _encode(self, pixels: np.ndarray) -> str:
         buffer = io.BytesIO()
         if self.image_format == "png":
             Image.fromarray(pixels).save(buffer, format="PNG", compress_level=1)
@@ -438,11 +466,11 @@ def _split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
     return bare, (unquote(parts.username or ""), unquote(parts.password or ""))
 
 
-def _num(value: Any) -> float:
+def _num(value: object) -> float:
     return float(value) if isinstance(value, int | float) else math.nan
 
 
-def _detail(response: Any) -> str:
+def _detail(response: httpx.Response) -> str:
     try:
         body = response.json()
     except ValueError:
@@ -452,7 +480,7 @@ def _detail(response: Any) -> str:
     return str(body)[:500]
 
 
-def _retry_after(response: Any) -> float | None:
+def _retry_after(response: httpx.Response) -> float | None:
     value = response.headers.get("retry-after")
     try:
         return max(0.0, float(value)) if value is not None else None

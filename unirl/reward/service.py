@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -14,6 +14,20 @@ from unirl.config import require
 from unirl.reward.base import RewardBackend, RewardError, ScoreResult, as_backend
 from unirl.reward.overlap import OverlappedScorer
 from unirl.types import STATUS_DROPPED, STATUS_OK
+
+if TYPE_CHECKING:
+    from unirl.types import RolloutTrack
+
+# a rollout track, or a subclass: scoring returns a copy of the same type
+_Track = TypeVar("_Track", bound="RolloutTrack")
+
+
+class _Frames(Protocol):
+    """Decoded videos as :func:`_call` reads them (``unirl.types.Videos``)."""
+
+    frames: Tensor
+    fps: float
+
 
 FailurePolicy = Literal["raise", "drop_group"]
 
@@ -77,11 +91,11 @@ class RewardService:
         """Reward component names attached as ``component_rewards``."""
         return self.backend.names
 
-    def score(self, decoded: Any, prompts: list[str], metadata: list[dict]) -> ScoreResult:
+    def score(self, decoded: object, prompts: list[str], metadata: list[dict]) -> ScoreResult:
         """Score ``decoded`` (``Images`` with ``.pixels`` or ``Texts`` with ``.texts``)."""
         return _call(self.backend, decoded, prompts, metadata)
 
-    def score_track(self, track: Any) -> tuple[Any, dict[str, float]]:
+    def score_track(self, track: _Track) -> tuple[_Track, dict[str, float]]:
         """Returns ``(track with rewards[N], component_rewards, status), metrics``.
 
         Reads ``track.decoded``, ``track.prompts``, ``track.metadata``, ``track.group_ids``
@@ -98,10 +112,12 @@ class RewardService:
         result = _call(self.backend, track.decoded, prompts, metadata, references)
         return self.assemble(track, result)
 
-    def assemble(self, track: Any, result: ScoreResult) -> tuple[Any, dict[str, float]]:
+    def assemble(self, track: _Track, result: ScoreResult) -> tuple[_Track, dict[str, float]]:
         """The second half of :meth:`score_track`: check the backend's ``result`` for the
         whole track, apply the failure policy, compute metrics and guards (also used by
         :class:`unirl.reward.overlap.OverlappedScorer`, which scores chunks earlier)."""
+        if track.prompts is None:
+            raise RewardError("track.prompts is None; the engine must carry prompts to score")
         prompts = list(track.prompts)
         n = len(prompts)
         metadata = list(track.metadata) if track.metadata is not None else [{} for _ in prompts]
@@ -152,11 +168,11 @@ class RewardService:
 
     def _guard_metrics(
         self,
-        decoded: Any,
+        decoded: object,
         prompts: list[str],
         metadata: list[dict],
         ok: Tensor,
-        references: Any = None,
+        references: object = None,
     ) -> dict[str, float]:
         metrics: dict[str, float] = {}
         for guard in self.guards:
@@ -197,10 +213,10 @@ class RewardService:
 
 def _call(
     backend: RewardBackend,
-    decoded: Any,
+    decoded: object,
     prompts: list[str],
     metadata: list[dict],
-    references: Any = None,
+    references: object = None,
 ) -> ScoreResult:
     pixels = getattr(decoded, "pixels", None)
     if pixels is not None:
@@ -210,7 +226,7 @@ def _call(
         return backend.score(pixels, prompts, metadata)
     frames = getattr(decoded, "frames", None)
     if frames is not None:
-        return backend.score_video(frames, float(decoded.fps), prompts, metadata)
+        return backend.score_video(frames, float(cast("_Frames", decoded).fps), prompts, metadata)
     texts = getattr(decoded, "texts", None)
     if texts is not None:
         return backend.score_texts(list(texts), prompts, metadata)

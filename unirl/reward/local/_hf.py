@@ -10,7 +10,7 @@ import os
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, cast
+from typing import Literal, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -89,7 +89,7 @@ def resolve_weights(value: str, *, owner: str, field_name: str) -> WeightSource:
 
 
 def load_pretrained(
-    loader: Callable[..., T], value: str, *, owner: str, field_name: str, **kwargs: Any
+    loader: Callable[..., T], value: str, *, owner: str, field_name: str, **kwargs: object
 ) -> T:
     """``loader(location, local_files_only=..., **kwargs)`` with a clear error when unreachable."""
     source = resolve_weights(value, owner=owner, field_name=field_name)
@@ -199,7 +199,7 @@ def load_reward_mlp(
     return head.eval()
 
 
-def _square(value: Any, key: str) -> int:
+def _square(value: object, key: str) -> int:
     """An int from a processor-config size entry (int, or a dict with one of the usual keys)."""
     if isinstance(value, int):
         return value

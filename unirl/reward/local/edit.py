@@ -9,8 +9,8 @@ image. ``datasets/make_edit_prompts.py`` writes both fields.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,7 @@ from unirl.reward.base import (
 )
 
 
-def edit_mask(meta: dict[str, Any], height: int, width: int) -> Tensor:
+def edit_mask(meta: Mapping[str, object], height: int, width: int) -> Tensor:
     """``BoolTensor[H, W]``: True inside the sample's ``edit_box`` (the whole image without
     one). Pixel ``(y, x)`` is inside when its centre is."""
     box = meta.get("edit_box")

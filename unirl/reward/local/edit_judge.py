@@ -25,7 +25,7 @@ from unirl.reward.base import (
     check_lengths,
     images_to_uint8,
 )
-from unirl.reward.local.vlm.engine import QwenVLScorer
+from unirl.reward.local.vlm.engine import ChatPart, ChatTurn, QwenVLScorer
 
 DEFAULT_QUESTION = (
     "The first image is the source; the second is the source edited by the instruction: "
@@ -40,11 +40,11 @@ _DIGITS = frozenset("0123456789")
 Node = tuple[int, ...]
 
 
-def judge_messages(instruction: str, question: str, low: int, high: int) -> list[dict[str, Any]]:
+def judge_messages(instruction: str, question: str, low: int, high: int) -> list[ChatTurn]:
     """The chat shown to the judge: one user turn with the source image, the edited image
     and ``question`` formatted with the instruction and the rating range."""
     text = question.format(instruction=instruction, low=low, high=high)
-    content = [
+    content: list[ChatPart] = [
         {"type": "text", "text": SOURCE_LABEL},
         {"type": "image"},
         {"type": "text", "text": RESULT_LABEL},

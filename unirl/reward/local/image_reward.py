@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -30,12 +30,15 @@ from unirl.reward.local._hf import (
     pretrained_file,
 )
 
+if TYPE_CHECKING:
+    from transformers import BlipConfig
+
 IMAGE_REWARD_MEAN = 0.16717362830052426
 IMAGE_REWARD_STD = 1.0333394966054072
 HEAD_FILENAME = "image_reward_head.safetensors"
 
 
-def image_reward_blip_config() -> Any:
+def image_reward_blip_config() -> BlipConfig:
     """The transformers ``BlipConfig`` of ImageReward-v1.0: BLIP ViT-L/16 at 224 px (24 layers,
     width 1024, 16 heads, LayerNorm eps 1e-6) and BLIP's BERT-base ``med`` text encoder
     (12 layers, width 768, vocab 30524 = bert-base-uncased + ``[DEC]`` + ``[ENC]``, cross
@@ -152,7 +155,7 @@ def convert_image_reward_checkpoint(
     ImageReward) may be missing from the checkpoint; it keeps its initialisation.
     """
     from safetensors.torch import save_file
-    from transformers import AutoTokenizer, BlipConfig, BlipForImageTextRetrieval
+    from transformers import AutoTokenizer, BlipConfig, BlipForImageTextRetrieval, BlipTextConfig
 
     owner = "convert_image_reward_checkpoint"
     state = load_state_dict_file(checkpoint, owner=owner, field_name="checkpoint")
@@ -167,8 +170,9 @@ def convert_image_reward_checkpoint(
     )
     tok.add_special_tokens({"bos_token": "[DEC]"})
     tok.add_special_tokens({"additional_special_tokens": ["[ENC]"]})
-    # transformers types a sub-config as dict | PreTrainedConfig | None; BLIP's is a config
-    text_config: Any = blip_config.text_config
+    # transformers types a sub-config as dict | PreTrainedConfig | None; BlipConfig builds it
+    text_config = blip_config.text_config
+    assert isinstance(text_config, BlipTextConfig)
     vocab = int(text_config.vocab_size)
     require(
         len(tok) == vocab,
@@ -228,7 +232,11 @@ class ImageReward(PretrainedScorer):
         require(self.reward_std > 0, "ImageReward.reward_std must be positive")
 
     def _load(self) -> None:
-        from transformers import AutoTokenizer, BlipForImageTextRetrieval
+        from transformers import (
+            AutoTokenizer,
+            BlipForImageTextRetrieval,
+            BlipTextConfig,
+        )
 
         owner = type(self).__name__
         blip = load_pretrained(
@@ -248,8 +256,10 @@ class ImageReward(PretrainedScorer):
                 "convert_image_reward_checkpoint (python -m unirl.reward.local.image_reward)"
             )
         state = load_state_dict_file(head_path, owner=owner, field_name="model")
-        # transformers types a sub-config as dict | PreTrainedConfig | None; BLIP's are configs
-        text_config: Any = blip.config.text_config
+        # transformers types a sub-config as dict | PreTrainedConfig | None; BlipConfig builds
+        # them (the vision one's image_size is typed int | pair, BLIP's is an int)
+        text_config = blip.config.text_config
+        assert isinstance(text_config, BlipTextConfig)
         vision_config: Any = blip.config.vision_config
         head = load_reward_mlp(state, int(text_config.hidden_size), owner=owner, where=head_path)
         size = int(vision_config.image_size)

@@ -6,8 +6,9 @@ import io
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
+import numpy as np
 from PIL import Image
 from torch import Tensor
 
@@ -31,7 +32,7 @@ def _usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def _jpeg_kb(pixels: Any, quality: int) -> float:
+def _jpeg_kb(pixels: np.ndarray, quality: int) -> float:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="JPEG", quality=quality)
     return buffer.tell() / 1000.0

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from unirl.config import require
 from unirl.reward.base import ScoreResult, TextRewardBackend, as_scores, check_lengths
 from unirl.reward.local.text_match import _TextMatch, extract_boxed, math_equal, normalize_math
+
+if TYPE_CHECKING:
+    import sympy
 
 _NAMES = {"sqrt", "pi", "sin", "cos", "tan", "log", "ln", "exp", "E"}
 _SAFE = re.compile(r"^[0-9A-Za-z+\-*/().,\s]*$")
@@ -116,7 +119,7 @@ def latex_to_sympy_text(answer: str) -> str | None:
     return converted
 
 
-def _parse(text: str) -> Any:
+def _parse(text: str) -> sympy.Basic | tuple[sympy.Basic, ...] | None:
     """A sympy expression (or tuple of them), refusing huge numbers and exponents."""
     import sympy
     from sympy.parsing.sympy_parser import (
@@ -148,7 +151,7 @@ def _parse(text: str) -> Any:
     return expr
 
 
-def _close(a: Any, b: Any) -> bool:
+def _close(a: sympy.Basic, b: sympy.Basic) -> bool:
     import sympy
 
     symbols = sorted(a.free_symbols | b.free_symbols, key=str)

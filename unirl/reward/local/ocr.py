@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from unirl.config import require
@@ -206,7 +207,7 @@ class OCRScorer(RewardBackend):
             )
         return self._reader
 
-    def to(self, device: Any) -> OCRScorer:
+    def to(self, device: torch.device | str) -> OCRScorer:
         before = self.device
         super().to(device)
         if self.engine == "easyocr" and self.device != before:

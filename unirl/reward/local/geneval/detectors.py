@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -27,6 +27,11 @@ from torch import Tensor
 from unirl.config import require
 from unirl.config.precision import canonical_precision, parse_dtype
 from unirl.reward.local.geneval.rules import COLORS, Detection
+
+if TYPE_CHECKING:
+    from transformers import Mask2FormerForUniversalSegmentation
+
+    from unirl.reward.local.clip_score import CLIPBundle
 
 IMAGENET_MEAN = (123.675, 116.28, 103.53)
 IMAGENET_STD = (58.395, 57.12, 57.375)
@@ -211,7 +216,7 @@ class CLIPColourClassifier:
         self.dtype = canonical_precision(self.dtype, "CLIPColourClassifier.dtype")
         require(self.batch_size >= 1, "CLIPColourClassifier.batch_size must be >= 1")
 
-    def _load(self) -> Any:
+    def _load(self) -> CLIPBundle:
         if self._bundle is None:
             from unirl.reward.local.clip_score import load_clip
 
@@ -288,7 +293,7 @@ class Mask2FormerDetector:
         )
         require(self.max_per_image >= 1, "Mask2FormerDetector.max_per_image must be >= 1")
 
-    def _load(self) -> Any:
+    def _load(self) -> Mask2FormerForUniversalSegmentation:
         if self._model is None:
             from transformers import Mask2FormerForUniversalSegmentation
 

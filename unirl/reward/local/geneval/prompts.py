@@ -12,7 +12,6 @@ Objects are the 80 COCO classes. The draws are ours (seeded), not the released
 from __future__ import annotations
 
 import random
-from typing import Any
 
 from unirl.reward.local.geneval.rules import COLORS, RELATIONS
 
@@ -67,11 +66,11 @@ def plural(noun: str) -> str:
     return f"{head} {word}" if head else word
 
 
-def _one(name: str, **extra: Any) -> dict[str, Any]:
+def _one(name: str, **extra: object) -> dict[str, object]:
     return {"class": name, "count": 1, **extra}
 
 
-def make_record(tag: str, rng: random.Random, classes: tuple[str, ...]) -> dict[str, Any]:
+def make_record(tag: str, rng: random.Random, classes: tuple[str, ...]) -> dict[str, object]:
     """One random record of ``tag`` over ``classes``."""
     if tag == "single_object":
         obj = rng.choice(classes)
@@ -116,12 +115,12 @@ def make_prompt_set(
     sizes: dict[str, int] | None = None,
     classes: tuple[str, ...] = COCO_CLASSES,
     exclude: set[str] | None = None,
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """Records for every task (``sizes`` per tag, default :data:`TASK_SIZES`), distinct
     prompts within the set and none of ``exclude``, deterministic for a seed. Ask for no
     more prompts than a task has (80 single objects, 240 counts, 800 colours)."""
     rng = random.Random(seed)
-    records: list[dict[str, Any]] = []
+    records: list[dict[str, object]] = []
     seen: set[str] = set(exclude or ())
     for tag, size in (sizes or TASK_SIZES).items():
         made = 0
@@ -129,7 +128,7 @@ def make_prompt_set(
             record = make_record(tag, rng, classes)
             if record["prompt"] in seen:
                 continue
-            seen.add(record["prompt"])
+            seen.add(str(record["prompt"]))  # make_record writes the prompt as a str
             records.append(record)
             made += 1
     return records

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +83,7 @@ class GenEval(RewardBackend):
     def _margin(self) -> float:
         return float(self.rules.position_margin)
 
-    def _colour_fn(self, image: Tensor) -> Any:
+    def _colour_fn(self, image: Tensor) -> Callable[[list[Detection], str], list[str]]:
         def classify(objects: list[Detection], classname: str) -> list[str]:
             require(
                 self.colours is not None,

@@ -15,8 +15,9 @@ pads the batch on the ``padding_side`` of the reward.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NotRequired, TypedDict
 
 import numpy as np
 import torch
@@ -33,6 +34,25 @@ from unirl.reward.local._hf import (
 )
 
 Visual = tuple[str, np.ndarray]
+
+
+class ChatPart(TypedDict):
+    """One piece of a chat turn's content: ``{"type": "image"}`` (a placeholder the template
+    expands), ``{"type": "video"}`` or ``{"type": "text", "text": ...}``."""
+
+    type: str
+    text: NotRequired[str]
+
+
+class ChatTurn(TypedDict):
+    """One turn of the chat a judge is shown (what ``apply_chat_template`` reads)."""
+
+    role: str
+    content: list[ChatPart]
+
+
+# ``call(start, stop) -> (values[b], errors[b], extras {name: Tensor[b]})`` of ``_chunked``
+ChunkCall = Callable[[int, int], tuple[Tensor, list[str | None], Mapping[str, Tensor]]]
 HEAD_FILE = "reward_head.safetensors"
 CONVERT_HINT = (
     "convert the released checkpoint once with `python -m unirl.reward.local.vlm.convert` "
@@ -254,7 +274,7 @@ class QwenVLScorer(PretrainedScorer):
         return int(getattr(text, "hidden_size", None) or config.hidden_size)
 
     # -- inputs ----------------------------------------------------------------------------
-    def render(self, messages: list[dict[str, Any]]) -> str:
+    def render(self, messages: list[ChatTurn]) -> str:
         """The chat as text, generation prompt appended (placeholders not yet expanded)."""
         return str(
             self._tokenizer.apply_chat_template(
@@ -270,7 +290,7 @@ class QwenVLScorer(PretrainedScorer):
         """The pixel upper bound of each video frame (``max_pixels`` unless a reward says)."""
         return self.max_pixels
 
-    def _size(self, low: int | None, high: int | None) -> dict[str, Any]:
+    def _size(self, low: int | None, high: int | None) -> dict[str, object]:
         """The image processor's ``size`` kwargs for pixel bounds ``[low, high]``."""
         if low is None and high is None:
             return {}
@@ -349,7 +369,7 @@ class QwenVLScorer(PretrainedScorer):
         return ids
 
     def build_batch(
-        self, chats: list[list[dict[str, Any]]], visuals: list[list[Visual]], suffix: str = ""
+        self, chats: list[list[ChatTurn]], visuals: list[list[Visual]], suffix: str = ""
     ) -> dict[str, Tensor]:
         """Model inputs for ``chats`` (each rendered, then ``suffix`` appended) with their
         ``visuals``: ``input_ids`` / ``attention_mask`` padded on :attr:`padding_side`, plus
@@ -431,7 +451,9 @@ class QwenVLScorer(PretrainedScorer):
         return tok.batch_decode(new, skip_special_tokens=True), stopped
 
     # -- scoring skeleton ------------------------------------------------------------------
-    def _chunked(self, n: int, call: Any) -> tuple[Tensor, list[str | None], dict[str, float]]:
+    def _chunked(
+        self, n: int, call: ChunkCall
+    ) -> tuple[Tensor, list[str | None], dict[str, float]]:
         """Run ``call(start, stop) -> (values[b], errors[b], extras {name: Tensor[b]})`` over
         chunks of ``batch_size`` under ``no_grad``; extras become metrics ``<name>/<key>``
         (mean over the samples without an error)."""
@@ -478,17 +500,17 @@ class QwenVLScorer(PretrainedScorer):
         return ScoreResult(scores={self.name: values}, errors={self.name: errors}, metrics=metrics)
 
 
-def image_chat(text: str, *, before: int = 1, system: str | None = None) -> list[dict[str, Any]]:
+def image_chat(text: str, *, before: int = 1, system: str | None = None) -> list[ChatTurn]:
     """One user turn: ``before`` image placeholders, then ``text`` (optional system turn)."""
-    content: list[dict[str, Any]] = [{"type": "image"} for _ in range(before)]
+    content: list[ChatPart] = [{"type": "image"} for _ in range(before)]
     content.append({"type": "text", "text": text})
-    chat: list[dict[str, Any]] = []
+    chat: list[ChatTurn] = []
     if system is not None:
         chat.append({"role": "system", "content": [{"type": "text", "text": system}]})
     chat.append({"role": "user", "content": content})
     return chat
 
 
-def video_chat(text: str) -> list[dict[str, Any]]:
+def video_chat(text: str) -> list[ChatTurn]:
     """One user turn: the video placeholder, then ``text``."""
     return [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]}]

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import re
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -28,6 +29,7 @@ from unirl.reward.base import (
     images_to_uint8,
 )
 from unirl.reward.local.vlm.engine import (
+    ChatTurn,
     QwenVLScorer,
     Visual,
     image_chat,
@@ -118,7 +120,7 @@ class GenerativeJudge(QwenVLScorer):
 
     def judge(
         self,
-        chats: list[list[dict[str, Any]]],
+        chats: list[list[ChatTurn]],
         visuals: list[list[Visual]],
         first: int,
         video: bool = False,
@@ -148,7 +150,12 @@ class GenerativeJudge(QwenVLScorer):
         full["unparsed"] = torch.tensor([float(e is not None) for e in errors], dtype=torch.float64)
         return torch.tensor(values, dtype=torch.float64), errors, full, texts
 
-    def _score_chats(self, n: int, make: Any, video: bool = False) -> ScoreResult:
+    def _score_chats(
+        self,
+        n: int,
+        make: Callable[[int, int], tuple[list[list[ChatTurn]], list[list[Visual]]]],
+        video: bool = False,
+    ) -> ScoreResult:
         """Score ``n`` samples; ``make(start, stop) -> (chats, visuals)``. ``<name>/unparsed``
         is the count of unreadable answers (the other extras are means)."""
         unparsed = 0.0
@@ -265,7 +272,7 @@ class WISEJudge(GenerativeJudge):
             explanation = self.missing_explanation
         return WISE_PROMPT.format(prompt=prompt, explanation=str(explanation))
 
-    def chat(self, prompt: str, meta: dict) -> list[dict[str, Any]]:
+    def chat(self, prompt: str, meta: dict) -> list[ChatTurn]:
         """System turn, then the protocol text and the image (WISE puts the image last)."""
         return [
             {"role": "system", "content": [{"type": "text", "text": WISE_SYSTEM}]},
