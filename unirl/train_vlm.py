@@ -20,37 +20,7 @@ def check(data: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     check_entrypoint(data, ENTRYPOINT)
     cfg, objs = validate(data)
     check_ar_recipe(cfg, objs)
-    check_eval_images(cfg)
     return cfg, objs
-
-
-def check_eval_images(cfg: Any) -> None:
-    """The eval file is of the training file's kind: a vision-language family reads one image
-    per prompt in eval too (``check_ar_recipe`` requires it of ``data_source.path``), a text
-    family none; refused before Ray instead of at the first eval."""
-    from unirl.config import require
-    from unirl.data import read_prompt_file
-    from unirl.data.media import has_references
-    from unirl.trainer.ar import bundle_image_size
-
-    path = cfg.eval.prompts_path
-    if not path:
-        return
-    with_images = has_references(read_prompt_file(path))
-    family = (cfg.bundle or {}).get("_target_")
-    if bundle_image_size(cfg) is not None:
-        require(
-            with_images,
-            f"eval.prompts_path {path!r} has no images, but {family} reads one image per prompt; "
-            "give every eval line a media image (datasets/geometry/test.jsonl shows the format), "
-            "or eval.prompts_path=null to hold out prompts of the training file",
-        )
-    else:
-        require(
-            not with_images,
-            f"eval.prompts_path {path!r} gives every prompt an image, but {family} reads no "
-            "images; use a text eval file or a vision-language family",
-        )
 
 
 def trainer(data: dict[str, Any], *, dry: bool = False) -> Any:

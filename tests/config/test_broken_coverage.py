@@ -153,10 +153,12 @@ def test_resume_with_another_model_family_is_refused_before_ray(
     monkeypatch.setattr(trainer_base, "resolve_resume", lambda cfg, out: step)
     monkeypatch.setattr(trainer_base, "DevicePool", no_ray)
     entry = importlib.import_module(ENTRYPOINT_OF_FOLDER[RECIPE[domain].split("/")[0]])
-    with pytest.raises(ConfigError) as info:
-        entry.run(now)
-    assert str(info.value).startswith(
-        "resume: checkpoint step_000004 cannot be loaded by this recipe (bundle._target_: "
-        f"{OTHER_FAMILY[domain]} -> {family})"
-    ), str(info.value)
-    assert "\n" not in str(info.value)
+    # the run, then its dry run (which reads the checkpoint's recorded recipe, no hashing)
+    for data in (now, {**now, "dry_run": True}):
+        with pytest.raises(ConfigError) as info:
+            entry.run(data)
+        assert str(info.value).startswith(
+            "resume: checkpoint step_000004 cannot be loaded by this recipe (bundle._target_: "
+            f"{OTHER_FAMILY[domain]} -> {family})"
+        ), str(info.value)
+        assert "\n" not in str(info.value)

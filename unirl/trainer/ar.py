@@ -63,12 +63,40 @@ def check_ar_recipe(cfg: RunConfig, objs: dict[str, Any] | None = None) -> None:
             f"{family} reads one image per prompt, but data_source.path {path!r} has none; give "
             "every line a media image (datasets/geometry/ shows the format)",
         )
+    check_eval_images(cfg)
     kind = engine_kind(cfg)
     if kind not in PLACED_ENGINES:
         raise ConfigError(
             f"rollout._target_={cfg.rollout.get('_target_')} is a {kind!r} engine; unirl.train_vlm "
             "places the trainside engine (unirl.rollout.TrainsideEngine) or SGLang's text server "
             "(unirl.rollout.engine.sglang_llm.SGLangLLMEngine with a FullSync or LoraSync block)"
+        )
+
+
+def check_eval_images(cfg: RunConfig) -> None:
+    """The eval file is of the training file's kind: a vision-language family reads one image
+    per prompt in eval too (``check_ar_recipe`` requires it of ``data_source.path``), a text
+    family none; refused before Ray instead of at the first eval."""
+    from unirl.data import read_prompt_file
+    from unirl.data.media import has_references
+
+    path = cfg.eval.prompts_path
+    if not path:
+        return
+    with_images = has_references(read_prompt_file(path))
+    family = (cfg.bundle or {}).get("_target_")
+    if bundle_image_size(cfg) is not None:
+        require(
+            with_images,
+            f"eval.prompts_path {path!r} has no images, but {family} reads one image per prompt; "
+            "give every eval line a media image (datasets/geometry/test.jsonl shows the format), "
+            "or eval.prompts_path=null to hold out prompts of the training file",
+        )
+    else:
+        require(
+            not with_images,
+            f"eval.prompts_path {path!r} gives every prompt an image, but {family} reads no "
+            "images; use a text eval file or a vision-language family",
         )
 
 

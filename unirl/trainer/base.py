@@ -258,9 +258,29 @@ class StageTrainer:
         of the recipe's pool (no Ray, no weights); ``(role, target, where)`` rows, the same
         rows the real run prints once its roles are up (a trainer built with ``dry=True``
         writes nothing)."""
+        refusal = self.recorded_resume_refusal()
+        if refusal is not None:  # what the run would refuse before Ray, the plan refuses too
+            raise ConfigError(refusal)
         pool = DryRunPool(DevicePoolConfig.of(self.cfg))
         self.place_roles(pool)
         return pool.plan_rows()
+
+    def recorded_resume_refusal(self) -> str | None:
+        """For a dry run of a resume: :func:`incompatible_resume` against the recipe recorded
+        in the checkpoint it would load (``resume=<folder>``, or the newest
+        ``checkpoints/step_*`` for ``auto``), read from its ``driver_state.json`` alone (the
+        run verifies the files too, before Ray)."""
+        cfg = self.cfg
+        if cfg.resume in (None, "", "none", "null"):
+            return None
+        if cfg.resume == "auto":
+            folders = self.out.checkpoint_folders()
+            path = folders[-1] if folders else None
+        else:
+            path = Path(cfg.resume)
+        if path is None or not (path / DRIVER_STATE).is_file():
+            return None
+        return incompatible_resume(self.data, path, self._driver_state(path).get("config"))
 
     def build_request(
         self, prompts: list[Any], rollout_index: int, *, mode: str = "train"

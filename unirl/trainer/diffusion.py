@@ -96,13 +96,14 @@ def check_edit_inputs(cfg: RunConfig) -> None:
     edits = _references_of(str(path))
     if cfg.eval.prompts_path:
         eval_edits = _references_of(cfg.eval.prompts_path)
-        kind = "an editing set (every prompt has a reference image)" if edits else "plain prompts"
+        kind = "gives every prompt a reference image" if edits else "has plain prompts"
         require(
             eval_edits == edits,
             f"eval.prompts_path {cfg.eval.prompts_path!r} "
             f"{'has no reference images' if edits else 'has reference images'}, but "
-            f"data_source.path {path!r} is {kind}; give an eval file of the same kind "
-            "(datasets/make_edit_prompts.py writes editing sets), or eval.prompts_path=null to "
+            f"data_source.path {path!r} {kind}; give an eval file of the same kind (an "
+            "editing or image-to-video set: every line with its 'media' image; "
+            "datasets/make_edit_prompts.py writes editing sets), or eval.prompts_path=null to "
             "hold out prompts of the training file",
         )
     if cfg.bundle and "_target_" in cfg.bundle:
