@@ -325,13 +325,10 @@ DRY_RUNS = {
     "examples/diffusion/wan21_t2v.yaml": ("train_diffusion", None),
     "examples/ar/qwen3_grpo_4b_base_dapo_sglang.yaml": ("train_vlm", "arithmetic/train.jsonl"),
     "examples/ar/qwen_vl_grpo_geo3k_mc_4x8_lora.yaml": ("train_vlm", "geometry/train.jsonl"),
+    "examples/pe/pe_trainside_pickscore.yaml": ("train_pe", None),
+    "examples/unified_model/hi3_vllmomni.yaml": ("train_unified_model", None),
 }
 DRY_RUNS_SD3_DANCE = "examples/diffusion/sd3_dancegrpo.yaml"
-# why the other two do not: the line of the port's report that says so
-NOT_DRY_RUN = {
-    "examples/pe/pe_trainside_pickscore.yaml": "diffusion",
-    "examples/unified_model/hi3_vllmomni.yaml": "ar_rollout",
-}
 
 
 def _leaves(node: object, path: str = "") -> list[str]:
@@ -353,7 +350,7 @@ def test_upstream_fixtures_are_byte_identical_copies() -> None:
         assert hashlib.sha1(header + data).hexdigest() == blob, path
     folders = {p.split("/")[1] for p in UPSTREAM_RECIPES}
     assert folders == {"ar", "diffusion", "pe", "unified_model"}
-    assert set(DRY_RUNS) | set(NOT_DRY_RUN) == set(UPSTREAM_RECIPES)
+    assert set(DRY_RUNS) == set(UPSTREAM_RECIPES)
 
 
 @pytest.mark.parametrize("recipe", UPSTREAM_RECIPES)
@@ -486,12 +483,105 @@ def test_ported_upstream_recipe_dry_runs_through_its_entrypoint(
     assert "recipe composed and validated" in run.stdout
 
 
-@pytest.mark.parametrize("recipe", sorted(NOT_DRY_RUN))
-def test_upstream_recipes_that_do_not_dry_run_say_why(recipe: str) -> None:
-    """PE (upstream trains both the rewriter and the drawer) and HunyuanImage-3 (two
-    per-stage engines) have another shape here: the port lists the blocks it cannot carry."""
-    ported = port_recipe(yaml.safe_load((UPSTREAM / recipe).read_text()))
-    assert NOT_DRY_RUN[recipe] in {g.path for g in ported.gaps}
+def test_pe_recipe_ports_to_a_policy_and_a_trained_drawer() -> None:
+    """Upstream's PE: ``ar:`` (the rewriter) goes to the top level, ``diffusion:`` (the drawer,
+    trained too) to ``pe.diffusion``, ``ComposedSamplingParams`` splits into the two, and the
+    composed trainside engine is ours."""
+    ported = port_recipe(
+        yaml.safe_load((UPSTREAM / "examples/pe/pe_trainside_pickscore.yaml").read_text())
+    )
+    new = ported.recipe
+    assert new["entrypoint"] == "unirl.train_pe"
+    assert new["rollout"] == {"_target_": "unirl.rollout.engine.composed.ComposedEngine"}
+    assert new["bundle"]["_target_"] == "unirl.models.qwen3.Qwen3Bundle"
+    assert new["algorithm"]["_target_"] == "unirl.algorithms.GRPO"
+    assert new["sampling"] == {
+        "_target_": "unirl.types.ARSamplingParams",
+        "samples_per_prompt": 4,
+        "temperature": 0.7,
+        "max_new_tokens": 512,
+        "top_p": 0.9,
+    }
+    pe = new["pe"]
+    assert pe["train_both"] is True and set(pe) == {"diffusion", "train_both"}
+    drawer = pe["diffusion"]
+    assert _targets(drawer) == {
+        "bundle": "unirl.models.sd3.SD3Bundle",
+        "pipeline": "unirl.models.sd3.SD3Pipeline",
+        "pipeline.strategy": "unirl.sde.FlowSDE",
+        "backend": "unirl.train.FSDPBackend",
+        "backend.fsdp": "unirl.train.FSDPConfig",
+        "backend.optimizer": "unirl.train.OptimizerConfig",
+        "backend.lr_schedule": "unirl.train.LRScheduleConfig",
+        "backend.lora": "unirl.train.LoraConfig",
+        "algorithm": "unirl.algorithms.FlowGRPO",
+        "stack": "unirl.train.TrainStack",
+        "sampling": "unirl.types.DiffusionSamplingParams",
+    }
+    assert drawer["sampling"]["samples_per_prompt"] == 8 and drawer["sampling"]["eta"] == 0.7
+    assert drawer["backend"]["optimizer"]["lr"] == 3.0e-4  # the rewriter's is 5e-6
+    assert new["backend"]["optimizer"]["lr"] == 5.0e-6
+    assert drawer["stack"]["num_updates_per_batch"] == 2
+    gaps = {g.path for g in ported.gaps}
+    assert not gaps & {"diffusion", "ar", "sampling._target_"}
+    assert {"rollout.stage_attrs", "diffusion.algorithm.params"} <= gaps
+
+
+def test_unified_recipe_ports_to_one_served_engine_and_an_image_stage() -> None:
+    """Upstream's HunyuanImage-3.0: two vLLM-Omni engines become one ``Hi3OmniEngine`` (mode
+    from the text engine's modality), ``algorithm.{ar,image}`` the text loss and
+    ``unified.image.algorithm``, the pipeline's SDE strategy the image pipeline's, N x M flat
+    pairs the text's samples_per_prompt, and the LoRA sync ours."""
+    ported = port_recipe(
+        yaml.safe_load((UPSTREAM / "examples/unified_model/hi3_vllmomni.yaml").read_text())
+    )
+    new = ported.recipe
+    assert new["entrypoint"] == "unirl.train_unified_model"
+    assert new["rollout"] == {
+        "_target_": "unirl.rollout.engine.vllm_omni.hi3.Hi3OmniEngine",
+        "base_url": "${oc.env:VLLM_OMNI_URL,http://127.0.0.1:8000}",
+        "mode": "recaption",
+    }
+    assert new["bundle"] == {
+        "_target_": "unirl.models.unified.HunyuanImage3Bundle",
+        "path": "${oc.env:PRETRAINED_MODEL,tencent/HunyuanImage-3.0-Instruct}",
+        "dtype": "bf16",
+        "mode": "${rollout.mode}",
+    }
+    assert new["pipeline"] == {"_target_": "unirl.models.unified.TransfusionTextPipeline"}
+    assert new["sync"] == {"_target_": "unirl.distributed.weight_sync.LoraSync"}
+    assert new["sync_interval"] == 1
+    assert new["algorithm"] == {
+        "_target_": "unirl.algorithms.GRPO",
+        "clip_low": 1.0e-2,
+        "clip_high": 1.0e-2,
+    }
+    assert new["stack"] == {
+        "_target_": "unirl.train.unified_stack.UnifiedTrainStack",
+        "image": {"micro_batch_size": 1},
+        "max_grad_norm": 1.0,
+    }
+    assert new["sampling"]["samples_per_prompt"] == 4  # 2 texts x 2 images upstream
+    image = new["unified"]["image"]
+    assert image["algorithm"] == {"_target_": "unirl.algorithms.FlowGRPO", "clip_range": 1.0e-4}
+    assert image["pipeline"] == {
+        "_target_": "unirl.models.unified.TransfusionImagePipeline",
+        "strategy": {"_target_": "unirl.sde.FlowSDE", "eta": "${unified.image.sampling.eta}"},
+    }
+    assert image["sampling"]["samples_per_prompt"] == 1
+    assert image["sampling"]["sde_steps"] == {
+        "_target_": "unirl.sde.RandomSubsetSchedule",
+        "num_steps": 3,
+        "fraction": [0, 0.5],
+    }
+    gaps = {g.path for g in ported.gaps}
+    assert not gaps & {"ar_rollout", "dit_rollout", "algorithm", "sampling._target_"}
+    assert {
+        "ar_rollout.config.model_path",
+        "dit_rollout.config.modality",
+        "sync.param_prefix",
+        "pipeline.config",
+    } <= gaps
 
 
 def test_migration_doc_gives_the_dry_run_count() -> None:

@@ -12,7 +12,7 @@ validator applies), and lists every field it could not carry over — with the f
 the old recipe and why — in its report and at the top of the new file. Nothing is dropped
 without a line in that list. docs/migration.md has the table.
 
-Longer than the house's ~600 lines: about a third is the rule tables (``TARGET_RULES``,
+Longer than the house's ~600 lines (about 1100): about a third is the rule tables (``TARGET_RULES``,
 ``KEY_WHY``, the top-level maps), data a reader scans rather than code; the porter's passes
 stay in one class so each old field's path is tracked in one place.
 """
@@ -175,6 +175,13 @@ TARGET_RULES: dict[str, TargetRule] = {
         new="unirl.distributed.weight_sync.FullSync",
         keys={"bucket_size_mb": "bucket_mb", "lora_merged": "merged_lora"},
     ),
+    "HunyuanImage3Bundle": TargetRule(new="unirl.models.unified.HunyuanImage3Bundle"),
+    "HunyuanImage3Pipeline": TargetRule(new="unirl.models.unified.TransfusionTextPipeline"),
+    "UnifiedModelTrainStack": TargetRule(
+        new="unirl.train.unified_stack.UnifiedTrainStack",
+        keys={"micro_batch_size": "image.micro_batch_size"},
+    ),
+    "RemoteLoraWeightSync": TargetRule(new="unirl.distributed.weight_sync.LoraSync"),
     "MathVerifyRewardScorer": TargetRule(
         new="unirl.reward.local.math_reward.MathAnswer", keys=_SCORER_KEYS
     ),
@@ -223,6 +230,12 @@ KEY_WHY: dict[str, str] = {
     "the names differ",
     "horizon": "no fixed-length normaliser here",
     "device": "this scorer runs on the CPU here; it takes no device",
+    "guidance_scale": "the image stage's sampling.guidance_scale sets it here",
+    "sde_indices": "sampling.sde_steps picks the SDE steps here",
+    "copy": "LoraSync's transport decides how the adapter travels; there is no copy switch",
+    "param_prefix": "LoraSync sends the adapter's own names; set sync.name_remap by hand if the "
+    "server's differ",
+    "adapter_name": "LoraSync sends the one adapter the backend trains",
 }
 
 # Specific reasons for fields that the signature check drops (new class, new key) -> why; a
@@ -245,10 +258,14 @@ KNOWN_WHY: dict[tuple[str, str], str] = {
     ("unirl.reward.RemoteRewardBackend", "input_kind"): (
         "RemoteRewardBackend sends what the track holds (images or frames); there is no switch"
     ),
+    ("unirl.models.unified.TransfusionTextPipeline", "config"): (
+        "the text pipeline is built from the bundle block, which carries the model's config"
+    ),
 }
 
 # keys a block keeps for a moment because the recipe pass moves them elsewhere
 RELOCATED = {
+    ("unirl.models.unified.TransfusionTextPipeline", "strategy"): "unified.image.pipeline.strategy",
     ("unirl.types.DiffusionSamplingParams", "sde_strategy"): "pipeline.strategy",
     ("unirl.data.PromptFileSource", "eval_data_path"): "eval.prompts_path",
     ("unirl.data.PromptFileSource", "prompts_per_rollout"): "batch_size",
@@ -266,13 +283,13 @@ TOP_LEVEL_WHY = {
     "workers_per_device": "one worker per device here",
     "dump_dir": "no rollout dumps here; samples/ in the run folder keeps completions and images",
     "ar_rollout": "the unified model here samples text and image from one engine "
-    "(rollout:); there are no per-stage rollout engines",
+    "(rollout:); there are no per-stage rollout engines",  # ported by served_engine
     "dit_rollout": "the unified model here samples text and image from one engine "
     "(rollout:); there are no per-stage rollout engines",
-    "diffusion": "PE here trains one policy (the AR rewriter, at the top level) and draws with "
-    "a frozen drawer under `pe:`; carry the drawer's model by hand (examples/pe/)",
+    "diffusion": "a PE drawer without the `ar:` rewriter block; PE here needs both (the "
+    "rewriter at the top level, the drawer under `pe.diffusion`, examples/pe/)",
     "ar": "PE here keeps the rewriter's blocks at the top level; the `ar:` block's fields "
-    "are carried there (see the lines below for what was not)",
+    "are carried there (the report lists those that were not)",
 }
 
 # upstream's ``run:`` / ``evaluation:`` blocks: old key -> new dotted path
@@ -520,7 +537,10 @@ class _Porter:
         known = {f.name for f in dataclasses.fields(RunConfig)}
         new: dict[str, Any] = {}
         later: list[tuple[str, str, Any]] = []  # (old path, new dotted path, value)
+        shape = _two_stage_shape(old)
         for key, value in old.items():
+            if shape is not None and self.two_stage_key(new, shape, key, value):
+                continue
             if key == "defaults":
                 self.defaults(value)
                 continue
@@ -543,7 +563,7 @@ class _Porter:
                 new["logging"] = self.logging(value)
                 continue
             if key == "ar" and isinstance(value, dict):  # PE's rewriter: our top level
-                self.gap(key, TOP_LEVEL_WHY[key])
+                self.notes.append(f"ar: {TOP_LEVEL_WHY[key]}")
                 for sub, block in value.items():
                     if sub not in COMPONENT_BLOCKS:
                         self.gap(f"ar.{sub}", f"no component block {sub!r} here")
@@ -572,6 +592,8 @@ class _Porter:
             new["device"] = "cuda"
             self.notes.append("device: cuda (upstream runs on GPUs; ours defaults to the CPU)")
         self.sde_strategy_to_pipeline(new)
+        if shape is not None:
+            self.two_stage_finish(new, shape)
         self.relocate(new)
         self.fill_sde_steps(new)
         self.symmetric_clip(new)
@@ -580,6 +602,158 @@ class _Porter:
         for old_path, dotted, value in later:
             self.put_later(new, old_path, dotted, value)
         return new
+
+    # -- PE and unified recipes: two stages ---------------------------------------------------
+
+    def two_stage_key(self, new: dict[str, Any], shape: str, key: str, value: Any) -> bool:
+        """Port one top-level key of a PE or unified recipe that has another place here: the
+        drawer's ``diffusion:`` blocks (-> ``pe.diffusion``), ``ComposedSamplingParams`` (its
+        ``ar`` part -> ``sampling``, its ``diffusion`` part -> the image stage's), the
+        unified ``algorithm: {ar, image}``, the composed trainside rollout and the unified
+        model's two vLLM-Omni engines (-> one ``Hi3OmniEngine``). False: the usual rules."""
+        image = _IMAGE_STAGE[shape]
+        if shape == "pe" and key == "diffusion" and isinstance(value, dict):
+            drawer = new.setdefault("pe", {}).setdefault("diffusion", {})
+            self.moved[key] = image
+            for sub, block in value.items():
+                if sub not in _DRAWER_BLOCKS:
+                    self.gap(f"{key}.{sub}", f"pe.diffusion takes no {sub!r} block")
+                    continue
+                ported = self.block(block, f"{key}.{sub}", f"{image}.{sub}", sub)
+                if ported is not None:
+                    drawer[sub] = ported
+            if "backend" in drawer:
+                new["pe"]["train_both"] = True
+                self.notes.append("pe.train_both: true (upstream trains the drawer too)")
+            return True
+        target = str(value.get("_target_", "")) if isinstance(value, dict) else ""
+        if key == "sampling" and _class_name(target) == "ComposedSamplingParams":
+            self.moved[key] = "sampling"
+            self.moved[f"{key}._target_"] = "sampling._target_"  # the text part's class
+            for sub, block in value.items():
+                if sub == "_target_":
+                    continue
+                goes_to = {"ar": "sampling", "diffusion": f"{image}.sampling"}.get(sub)
+                if goes_to is None:
+                    self.gap(
+                        f"{key}.{sub}", "the sampling params here have an ar and an image part only"
+                    )
+                    continue
+                ported = self.block(block, f"{key}.{sub}", goes_to, "sampling")
+                if ported is not None:
+                    self.put_block(new, goes_to, ported)
+            return True
+        if shape == "unified" and key == "algorithm" and isinstance(value, dict) and not target:
+            self.moved[key] = "algorithm"
+            for sub, block in value.items():
+                goes_to = {"ar": "algorithm", "image": f"{image}.algorithm"}.get(sub)
+                if goes_to is None:
+                    self.gap(
+                        f"{key}.{sub}", "the unified trainer has a text and an image loss only"
+                    )
+                    continue
+                ported = self.block(block, f"{key}.{sub}", goes_to, "algorithm")
+                if ported is not None:
+                    self.put_block(new, goes_to, ported)
+            return True
+        if shape == "pe" and key == "rollout" and _class_name(target) in _TRAINSIDE_ENGINES:
+            new["rollout"] = {"_target_": COMPOSED_ENGINE}
+            self.moved[key] = "rollout"
+            self.moved[f"{key}._target_"] = "rollout._target_"
+            for sub in value:
+                if sub != "_target_":
+                    self.gap(
+                        f"{key}.{sub}",
+                        f"{COMPOSED_ENGINE} drives the policy's and the drawer's stages; "
+                        f"it takes no {sub!r}",
+                    )
+            return True
+        if shape == "unified" and key in ("ar_rollout", "dit_rollout"):
+            self.served_engine(new, key, value)
+            return True
+        return False
+
+    def served_engine(self, new: dict[str, Any], key: str, value: Any) -> None:
+        """Upstream's two vLLM-Omni engines (text, then image) launch from a model path; here
+        one ``Hi3OmniEngine`` calls a running vLLM-Omni deployment for both stages."""
+        rollout = new.setdefault("rollout", {"_target_": HI3_ENGINE})
+        if "base_url" not in rollout:
+            rollout["base_url"] = "${oc.env:VLLM_OMNI_URL,http://127.0.0.1:8000}"
+            self.notes.append(
+                "rollout.base_url: ${oc.env:VLLM_OMNI_URL,http://127.0.0.1:8000} (the engine "
+                "here calls a running vLLM-Omni deployment)"
+            )
+        if not isinstance(value, dict):
+            self.gap(key, "not a block")
+            return
+        self.moved[key] = "rollout"
+        spec = value.get("config")
+        items = [(f"{key}.{k}", v) for k, v in value.items() if k != "config"]
+        if isinstance(spec, dict):  # the engine's nested spec: its fields are the engine's
+            items += [(f"{key}.config.{k}", v) for k, v in spec.items()]
+            self.moved[f"{key}.config"] = "rollout"
+        elif spec is not None:
+            items.append((f"{key}.config", spec))
+        for path, sub in items:
+            plain = path.rpartition(".")[2]
+            if plain == "_target_":
+                self.moved[path] = "rollout._target_"
+                continue
+            if plain == "modality" and sub in _HI3_MODES:
+                if _HI3_MODES[sub] is None:
+                    self.gap(
+                        path,
+                        "one engine draws after it writes here; the text stage's "
+                        "modality sets the mode",
+                    )
+                else:
+                    rollout["mode"] = _HI3_MODES[sub]
+                    self.moved[path] = "rollout.mode"
+                continue
+            self.gap(path, _SERVED_WHY.get(plain, f"{HI3_ENGINE} takes no {plain!r}"))
+
+    def two_stage_finish(self, new: dict[str, Any], shape: str) -> None:
+        """The entrypoint that runs the recipe; a unified recipe's image pipeline (upstream's
+        one pipeline holds both stages: its SDE strategy goes to ours) and the bundle's mode,
+        which must be the engine's."""
+        new.setdefault("entrypoint", _ENTRYPOINTS[shape])
+        self.notes.append(f"entrypoint: {_ENTRYPOINTS[shape]} (a {shape} recipe)")
+        if shape != "unified":
+            return
+        pipeline = new.get("pipeline")
+        strategy = pipeline.pop("strategy", None) if isinstance(pipeline, dict) else None
+        stage = new.setdefault("unified", {}).setdefault("image", {})
+        stage.setdefault("pipeline", {"_target_": IMAGE_PIPELINE})
+        self.notes.append(f"unified.image.pipeline: built as {IMAGE_PIPELINE}")
+        if strategy is not None:
+            sampling = stage.get("sampling")
+            if isinstance(sampling, dict) and "eta" in sampling and isinstance(strategy, dict):
+                strategy.setdefault("eta", "${unified.image.sampling.eta}")
+            stage["pipeline"]["strategy"] = strategy
+        text, drawn = new.get("sampling"), stage.get("sampling")
+        per_text = drawn.get("samples_per_prompt") if isinstance(drawn, dict) else None
+        if isinstance(text, dict) and isinstance(per_text, int) and per_text != 1:
+            # upstream multiplies them into N*M flat (text, image) pairs; ours draws one image
+            # per text sample, the pairs per prompt being the text's samples_per_prompt
+            pairs = int(text.get("samples_per_prompt", 1)) * per_text
+            text["samples_per_prompt"], drawn["samples_per_prompt"] = pairs, 1
+            self.notes.append(
+                f"sampling.samples_per_prompt: {pairs} and unified.image.sampling."
+                f"samples_per_prompt: 1 (upstream's {pairs // per_text} x {per_text} flat "
+                "(text, image) pairs per prompt; one image per text sample here)"
+            )
+        bundle, rollout = new.get("bundle"), new.get("rollout")
+        if isinstance(bundle, dict) and isinstance(rollout, dict) and "mode" in rollout:
+            bundle.setdefault("mode", "${rollout.mode}")
+            self.notes.append("bundle.mode: ${rollout.mode} (the engine's mode)")
+
+    @staticmethod
+    def put_block(new: dict[str, Any], dotted: str, value: Any) -> None:
+        node = new
+        *heads, last = dotted.split(".")
+        for head in heads:
+            node = node.setdefault(head, {})
+        node[last] = value
 
     def advantage_switch(self, new: dict[str, Any], key: str, value: Any) -> None:
         table = ADVANTAGE_SWITCHES[key]
@@ -635,8 +809,8 @@ class _Porter:
     def relocate(self, new: dict[str, Any]) -> None:
         """Move the keys ``RELOCATED`` names out of their block to where they go."""
         for (target, key), dest in RELOCATED.items():
-            if dest == "pipeline.strategy":
-                continue  # sde_strategy_to_pipeline
+            if dest in ("pipeline.strategy", _IMAGE_STRATEGY):
+                continue  # sde_strategy_to_pipeline, image_stage
             for name in COMPONENT_BLOCKS:
                 block = new.get(name)
                 if not isinstance(block, dict) or block.get("_target_") != target:
@@ -796,6 +970,52 @@ class _Porter:
 
 
 _DROP = object()
+_IMAGE_STRATEGY = "unified.image.pipeline.strategy"
+_IMAGE_STAGE = {"pe": "pe.diffusion", "unified": "unified.image"}
+_ENTRYPOINTS = {"pe": "unirl.train_pe", "unified": "unirl.train_unified_model"}
+_DRAWER_BLOCKS = ("bundle", "pipeline", "sampling", "backend", "algorithm", "stack")
+_TRAINSIDE_ENGINES = {
+    k for k, r in TARGET_RULES.items() if r.new == "unirl.rollout.TrainsideEngine"
+}
+COMPOSED_ENGINE = "unirl.rollout.engine.composed.ComposedEngine"
+HI3_ENGINE = "unirl.rollout.engine.vllm_omni.hi3.Hi3OmniEngine"
+IMAGE_PIPELINE = "unirl.models.unified.TransfusionImagePipeline"
+# upstream's vLLM-Omni modalities -> the engine's mode here (None: the image half of a pair)
+_HI3_MODES: dict[Any, str | None] = {
+    "ar_recaption": "recaption",
+    "ar_think": "think",
+    "dit_recaption": None,
+    "dit_think": None,
+}
+_SERVED_WHY = {
+    "model_config": "the engine serves its deployment's model; the bundle block names it for "
+    "training",
+    "model_path": "the vLLM-Omni deployment loads the model; point rollout.base_url "
+    "(VLLM_OMNI_URL) at it",
+    "enable_sleep_mode": "the deployment runs on its own GPUs here; the trainer does not sleep "
+    "or wake it",
+    "default_height": "unified.image.sampling.height sets it here",
+    "default_width": "unified.image.sampling.width sets it here",
+    "default_num_inference_steps": "unified.image.sampling.num_inference_steps sets it here",
+    "default_guidance_scale": "unified.image.sampling.guidance_scale sets it here",
+    "default_eta": "unified.image.sampling.eta sets it here",
+    "default_ar_max_tokens": "sampling.max_new_tokens sets it here",
+    "default_ar_temperature": "sampling.temperature sets it here",
+    "default_ar_top_p": "sampling.top_p sets it here",
+    "default_ar_top_k": "sampling.top_k sets it here",
+}
+
+
+def _two_stage_shape(old: dict[str, Any]) -> str | None:
+    """``pe`` (upstream's ``ar:`` + ``diffusion:`` blocks), ``unified`` (its ``ar_rollout`` /
+    ``dit_rollout`` engines) or ``None``."""
+    if isinstance(old.get("ar"), dict) and isinstance(old.get("diffusion"), dict):
+        return "pe"
+    if "ar_rollout" in old or "dit_rollout" in old:
+        return "unified"
+    return None
+
+
 _SGLANG_LLM = "unirl.rollout.engine.sglang_llm.SGLangLLMEngine"
 _DATACLASS_BLOCKS = {"advantage": AdvantageConfig, "eval": EvalConfig}
 
