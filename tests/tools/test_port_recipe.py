@@ -417,6 +417,8 @@ def test_sd3_dancegrpo_maps_the_fields_the_issue_named() -> None:
         "_target_": "unirl.reward.local.PickScore",
         "device": "cuda",
         "batch_size": 8,
+        "processor": "laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
+        "model": "yuvalkirstain/PickScore_v1",
     }
     assert new["logging"] == {
         "wandb_project": "${oc.env:WANDB_PROJECT,unirl-dancegrpo}",
@@ -503,7 +505,8 @@ def test_pe_recipe_ports_to_a_policy_and_a_trained_drawer() -> None:
         "top_p": 0.9,
     }
     pe = new["pe"]
-    assert pe["train_both"] is True and set(pe) == {"diffusion", "train_both"}
+    # upstream's drawer draws independent noise (init_same_noise: false); ours shares it unless
+    assert pe == {"diffusion": pe["diffusion"], "train_both": True, "share_noise": False}
     drawer = pe["diffusion"]
     assert _targets(drawer) == {
         "bundle": "unirl.models.sd3.SD3Bundle",
@@ -517,14 +520,22 @@ def test_pe_recipe_ports_to_a_policy_and_a_trained_drawer() -> None:
         "algorithm": "unirl.algorithms.FlowGRPO",
         "stack": "unirl.train.TrainStack",
         "sampling": "unirl.types.DiffusionSamplingParams",
+        "sampling.sde_steps": "unirl.sde.AllSteps",
     }
     assert drawer["sampling"]["samples_per_prompt"] == 8 and drawer["sampling"]["eta"] == 0.7
+    # sde_indices [0..9] with 10 steps: every step stochastic, the last one too
+    assert drawer["sampling"]["sde_steps"] == {
+        "_target_": "unirl.sde.AllSteps",
+        "exclude_last": False,
+    }
     assert drawer["backend"]["optimizer"]["lr"] == 3.0e-4  # the rewriter's is 5e-6
     assert new["backend"]["optimizer"]["lr"] == 5.0e-6
     assert drawer["stack"]["num_updates_per_batch"] == 2
     gaps = {g.path for g in ported.gaps}
     assert not gaps & {"diffusion", "ar", "sampling._target_"}
     assert {"rollout.stage_attrs", "diffusion.algorithm.params"} <= gaps
+    assert ported.moved["sampling.diffusion.init_same_noise"] == "pe.share_noise"
+    assert ported.moved["sampling.diffusion.sde_indices"] == "pe.diffusion.sampling.sde_steps"
 
 
 def test_unified_recipe_ports_to_one_served_engine_and_an_image_stage() -> None:
@@ -569,6 +580,9 @@ def test_unified_recipe_ports_to_one_served_engine_and_an_image_stage() -> None:
         "strategy": {"_target_": "unirl.sde.FlowSDE", "eta": "${unified.image.sampling.eta}"},
     }
     assert image["sampling"]["samples_per_prompt"] == 1
+    assert (
+        new["reward"]["backend"]["model"] == "${oc.env:PICKSCORE_MODEL,yuvalkirstain/PickScore_v1}"
+    )
     assert image["sampling"]["sde_steps"] == {
         "_target_": "unirl.sde.RandomSubsetSchedule",
         "num_steps": 3,
@@ -605,3 +619,23 @@ def test_hunyuan_video_targets_map_to_the_right_version() -> None:
     assert v15 == "unirl.models.hunyuan_video.HunyuanVideo15Bundle"
     ours = _family_class("unirl.models.hunyuan_video.HunyuanVideo15Bundle", "Bundle")
     assert ours == "unirl.models.hunyuan_video.HunyuanVideo15Bundle"
+
+
+def test_sde_indices_become_all_steps_only_when_they_are_every_step() -> None:
+    """``sde_indices`` of every step -> ``AllSteps(exclude_last=False)``; of all but the last
+    -> ``AllSteps()``; any other subset stays listed (no schedule here takes explicit steps)."""
+    from unirl.tools.port_recipe import _all_steps
+
+    assert _all_steps([0, 1, 2, 3], 4) == {"_target_": "unirl.sde.AllSteps", "exclude_last": False}
+    assert _all_steps([0, 1, 2], 4) == {"_target_": "unirl.sde.AllSteps"}
+    assert _all_steps([0, 2], 4) is None and _all_steps([0, 1], "${x}") is None
+    old = {
+        "sampling": {
+            "_target_": "unirl.types.sampling.DiffusionSamplingParams",
+            "num_inference_steps": 4,
+            "sde_indices": [1, 2],
+        }
+    }
+    ported = port_recipe(old)
+    assert [g.path for g in ported.gaps] == ["sampling.sde_indices"]
+    assert "sde_steps" not in ported.recipe["sampling"]

@@ -151,7 +151,10 @@ TARGET_RULES: dict[str, TargetRule] = {
     "RewardService": TargetRule(new="unirl.reward.RewardService"),
     "OCRRewardScorer": TargetRule(new="unirl.reward.local.OCRScorer", keys=_SCORER_KEYS),
     "OCRScorer": TargetRule(new="unirl.reward.local.OCRScorer", keys=_SCORER_KEYS),
-    "PickScoreRewardScorer": TargetRule(new="unirl.reward.local.PickScore", keys=_SCORER_KEYS),
+    "PickScoreRewardScorer": TargetRule(
+        new="unirl.reward.local.PickScore",
+        keys={**_SCORER_KEYS, "model_id": "model", "processor_id": "processor"},
+    ),
     "VideoPickScoreScorer": TargetRule(new="unirl.reward.local.VideoPickScore", keys=_SCORER_KEYS),
     "MCExactMatchRewardScorer": TargetRule(
         new="unirl.reward.local.MultipleChoice", keys=_SCORER_KEYS
@@ -231,7 +234,8 @@ KEY_WHY: dict[str, str] = {
     "horizon": "no fixed-length normaliser here",
     "device": "this scorer runs on the CPU here; it takes no device",
     "guidance_scale": "the image stage's sampling.guidance_scale sets it here",
-    "sde_indices": "sampling.sde_steps picks the SDE steps here",
+    "sde_indices": "sampling.sde_steps picks the SDE steps here (unirl.sde.AllSteps for every "
+    "step, RandomSubsetSchedule / WindowSchedule for a subset); set it by hand",
     "copy": "LoraSync's transport decides how the adapter travels; there is no copy switch",
     "param_prefix": "LoraSync sends the adapter's own names; set sync.name_remap by hand if the "
     "server's differ",
@@ -471,6 +475,12 @@ class _Porter:
                 self.moved[f"{old_path}.{nest}"] = new_path
                 if "_target_" in spec:  # the spec class folds into ours
                     self.moved[f"{old_path}.{nest}._target_"] = f"{new_path}._target_"
+        if target == _DIFFUSION_SAMPLING and "sde_indices" in block:
+            steps = _all_steps(block["sde_indices"], block.get("num_inference_steps"))
+            if steps is not None:  # every step (or all but the last): our AllSteps
+                items = [(k, v) for k, v in items if k != "sde_indices"]
+                out["sde_steps"] = steps
+                self.moved[f"{old_path}.sde_indices"] = f"{new_path}.sde_steps"
         if target == "unirl.train.OptimizerConfig" and {"adam_beta1", "adam_beta2"} <= set(block):
             items = [(k, v) for k, v in items if k not in ("adam_beta1", "adam_beta2")]
             out["betas"] = [block["adam_beta1"], block["adam_beta2"]]
@@ -639,6 +649,8 @@ class _Porter:
                         f"{key}.{sub}", "the sampling params here have an ar and an image part only"
                     )
                     continue
+                if shape == "pe" and sub == "diffusion" and isinstance(block, dict):
+                    block = self.share_noise(new, f"{key}.{sub}", block)
                 ported = self.block(block, f"{key}.{sub}", goes_to, "sampling")
                 if ported is not None:
                     self.put_block(new, goes_to, ported)
@@ -672,6 +684,15 @@ class _Porter:
             self.served_engine(new, key, value)
             return True
         return False
+
+    def share_noise(self, new: dict[str, Any], path: str, block: dict[str, Any]) -> dict[str, Any]:
+        """Upstream's drawer ``init_same_noise`` is ``pe.share_noise`` here (``false``: every
+        image its own x_T; ``true``: image j of every rewrite of a prompt starts alike)."""
+        if not isinstance(block.get("init_same_noise"), bool):
+            return block
+        new.setdefault("pe", {})["share_noise"] = block["init_same_noise"]
+        self.moved[f"{path}.init_same_noise"] = "pe.share_noise"
+        return {k: v for k, v in block.items() if k != "init_same_noise"}
 
     def served_engine(self, new: dict[str, Any], key: str, value: Any) -> None:
         """Upstream's two vLLM-Omni engines (text, then image) launch from a model path; here
@@ -970,6 +991,21 @@ class _Porter:
 
 
 _DROP = object()
+_DIFFUSION_SAMPLING = "unirl.types.DiffusionSamplingParams"
+
+
+def _all_steps(indices: Any, total: Any) -> dict[str, Any] | None:
+    """Upstream's explicit ``sde_indices`` as our ``AllSteps`` when they are every step
+    (``exclude_last: false``) or every step but the last (its default); else ``None``."""
+    if not isinstance(indices, list) or not isinstance(total, int):
+        return None
+    if indices == list(range(total)):
+        return {"_target_": "unirl.sde.AllSteps", "exclude_last": False}
+    if indices == list(range(total - 1)):
+        return {"_target_": "unirl.sde.AllSteps"}
+    return None
+
+
 _IMAGE_STRATEGY = "unified.image.pipeline.strategy"
 _IMAGE_STAGE = {"pe": "pe.diffusion", "unified": "unified.image"}
 _ENTRYPOINTS = {"pe": "unirl.train_pe", "unified": "unirl.train_unified_model"}
