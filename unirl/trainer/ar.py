@@ -23,10 +23,13 @@ from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.distributed.group.pool import PoolBase
 from unirl.trainer.base import StageTrainer, write_sample_rows
 from unirl.trainer.dedicated import DedicatedLayout, SyncedRollout
-from unirl.trainer.request import prompt_metadata, prompt_texts, rollout_ids, text_request
+from unirl.trainer.request import (
+    prompt_request,
+    text_request,
+)
 from unirl.trainer.roles import RewardWorker, TrainOps, stage_roles
 from unirl.trainer.stage import Stage
-from unirl.types import ARSamplingParams, Images, RolloutReq, RolloutTrack, Texts
+from unirl.types import ARSamplingParams, RolloutReq, RolloutTrack, Texts
 
 TRACK = "text"
 
@@ -212,21 +215,17 @@ class ARTrainer(StageTrainer):
         """Ids, groups and the text stage's ``TextRequest`` (seed ids = sample ids, so every
         sample's draws follow from ``(seed, sample id)``)."""
         sampling = self.sampling
-        spp = sampling.samples_per_prompt if mode == "train" else self.cfg.eval.samples_per_prompt
-        sample_ids, group_ids = rollout_ids(len(prompts), spp, rollout_index, train=mode == "train")
-        primitives: dict[str, Any] = {"text": prompt_texts(prompts, spp)}
-        if self.images is not None:  # each prompt's diagram, resized to the bundle's size
-            primitives["image"] = Images(pixels=self.images.pixels(prompts, repeat=spp))
-        return RolloutReq(
-            sample_ids=sample_ids,
-            group_ids=group_ids,
-            primitives=primitives,
-            metadata=prompt_metadata(prompts, spp),
-            stage_params={TRACK: text_request(sampling, sample_ids, mode)},
+        spp = self.samples_per_prompt(mode)
+        return prompt_request(
+            self.cfg,
+            prompts,
+            spp,
+            rollout_index,
+            mode,
+            stages=lambda sample_ids: {TRACK: text_request(sampling, sample_ids, mode)},
             sampling_params=sampling,
-            seed=self.cfg.seed if mode == "train" else self.cfg.eval.seed,
-            rollout_index=rollout_index,
-            mode=mode,  # type: ignore[arg-type]
+            # a vision-language family: each prompt's diagram, resized to the bundle's size
+            images=self.images.pixels(prompts, repeat=spp) if self.images is not None else None,
         )
 
     # -- what differs from media tracks ----------------------------------------------------------

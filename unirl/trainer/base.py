@@ -177,6 +177,13 @@ class StageTrainer:
     ``run()`` returns the process exit code.
     """
 
+    # set by each domain: its sampling block; a diffusion stage's author also reads the
+    # family's σ schedules, latent shape (after_place) and the recipe's SDE-step schedule
+    sampling: Any
+    schedules: dict[str, torch.Tensor]
+    latent_shape: tuple[int, ...]
+    sde_steps: Any
+
     def __init__(self, cfg: RunConfig, data: dict[str, Any], *, dry: bool = False) -> None:
         """``dry``: built only to plan (:meth:`plan`): no output folder is made."""
         from hydra.utils import instantiate
@@ -287,6 +294,34 @@ class StageTrainer:
     ) -> RolloutReq:
         """The driver-authored request of the root track."""
         raise NotImplementedError
+
+    def samples_per_prompt(self, mode: str) -> int:
+        """Samples of each prompt in a ``mode`` rollout: the recipe's sampling block's in
+        training, ``eval.samples_per_prompt`` in eval."""
+        if mode == "train":
+            return int(self.sampling.samples_per_prompt)
+        return int(self.cfg.eval.samples_per_prompt)
+
+    def latent_request(
+        self, sampling: Any, noise_ids: torch.Tensor, rollout_index: int, mode: str, **kw: Any
+    ) -> Any:
+        """A diffusion stage's block (:func:`~unirl.trainer.request.diffusion_request`) from
+        the σ schedules, SDE-step schedule and latent shape this trainer read from its family
+        (``self.schedules``, ``self.sde_steps``, ``self.latent_shape``) and the recipe's seed;
+        ``kw``: ``trains_sde``, ``sample_ids`` (a fan-out), ``own_params``."""
+        from unirl.trainer.request import diffusion_request
+
+        return diffusion_request(
+            sampling,
+            self.sde_steps,
+            self.schedules,
+            self.latent_shape,
+            noise_ids=noise_ids,
+            seed=self.cfg.seed,
+            rollout_index=rollout_index,
+            train=mode == "train",
+            **kw,
+        )
 
     def gallery(self, path: Path, track: RolloutTrack, limit: int) -> Path:
         """Draw a track's media with their rewards and prompts: images as a PNG contact sheet,

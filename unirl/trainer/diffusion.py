@@ -21,8 +21,9 @@ from unirl.distributed.group.pool import PoolBase
 from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.base import StageTrainer
 from unirl.trainer.dedicated import build_dedicated_layout
+from unirl.trainer.request import prompt_request
 from unirl.trainer.roles import RewardWorker, stage_roles
-from unirl.types import DiffusionRequest, DiffusionSamplingParams, Images, RolloutReq, Texts
+from unirl.types import DiffusionSamplingParams, RolloutReq
 
 TRACK = "diffusion"
 
@@ -269,52 +270,29 @@ class DiffusionTrainer(StageTrainer):
         self, prompts: list[Any], rollout_index: int, *, mode: str = "train"
     ) -> RolloutReq:
         """The driver-authored request: ids, groups, and the diffusion stage's block (σ
-        schedule, SDE steps, x_T recipe) under the track's name."""
-        spp = (
-            self.sampling.samples_per_prompt
-            if mode == "train"
-            else self.cfg.eval.samples_per_prompt
-        )
-        b = len(prompts)
-        n = b * spp
-        base = rollout_index * n if mode == "train" else 10**12 + rollout_index * n
-        texts = [ex.prompt for ex in prompts for _ in range(spp)]
-        metadata = [dict(ex.metadata) for ex in prompts for _ in range(spp)]
-        steps = (
-            self.sampling.num_inference_steps
-            if mode == "train"
-            else self.sampling.eval_num_inference_steps
-        )
-        sigmas = self.schedules["train" if mode == "train" else "eval"].clone()
-        if mode == "train" and self.trains_sde_steps:
-            chosen = self.sde_steps.select(steps, seed=self.cfg.seed, rollout_index=rollout_index)
-            sde_indices = torch.tensor([list(chosen)] * n, dtype=torch.long)
-        else:
-            sde_indices = torch.zeros((n, 0), dtype=torch.long)
-        group_base = rollout_index * b
-        sample_ids = torch.arange(base, base + n, dtype=torch.long)
-        primitives: dict[str, Any] = {"text": Texts(texts=texts)}
-        if has_references(prompts):  # an editing set: each row carries its source image
-            primitives["image"] = Images(pixels=self.references.pixels(prompts, repeat=spp))
-        return RolloutReq(
-            sample_ids=sample_ids,
-            group_ids=torch.arange(group_base, group_base + b, dtype=torch.long).repeat_interleave(
-                spp
-            ),
-            primitives=primitives,
-            metadata=metadata,
-            stage_params={
-                TRACK: DiffusionRequest(
-                    init_noise_ids=sample_ids.clone(),
-                    sde_indices=sde_indices,
-                    sigmas=sigmas,
-                    init_noise_shape=tuple(self.latent_shape),
+        schedule, SDE steps, x_T recipe: x_T ids = sample ids) under the track's name; an
+        editing set's rows carry their source image."""
+        spp = self.samples_per_prompt(mode)
+
+        def stages(sample_ids: torch.Tensor) -> dict[str, Any]:
+            trains = self.trains_sde_steps
+            return {
+                TRACK: self.latent_request(
+                    self.sampling, sample_ids, rollout_index, mode, trains_sde=trains
                 )
-            },
+            }
+
+        # an editing set: each row carries its source image
+        images = self.references.pixels(prompts, repeat=spp) if has_references(prompts) else None
+        return prompt_request(
+            self.cfg,
+            prompts,
+            spp,
+            rollout_index,
+            mode,
+            stages=stages,
             sampling_params=self.sampling,
-            seed=self.cfg.seed if mode == "train" else self.cfg.eval.seed,
-            rollout_index=rollout_index,
-            mode=mode,  # type: ignore[arg-type]
+            images=images,
         )
 
 

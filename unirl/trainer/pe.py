@@ -58,10 +58,7 @@ from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, PEConfig, check_pe_
 from unirl.trainer.pe_roles import DrawerInfo
 from unirl.trainer.request import (
     EVAL_ID_OFFSET,
-    prompt_metadata,
-    prompt_texts,
-    rollout_ids,
-    sde_indices,
+    prompt_request,
     text_request,
 )
 from unirl.trainer.roles import RewardWorker, TrainOps, stage_roles
@@ -69,7 +66,6 @@ from unirl.trainer.stage import Stage, kept_reward_stats
 from unirl.types import (
     STATUS_OK,
     ARSamplingParams,
-    DiffusionRequest,
     DiffusionSamplingParams,
     RolloutReq,
     RolloutTrack,
@@ -217,11 +213,10 @@ class PETrainer(StageTrainer):
         """Ids and groups of the rewrites; the policy's ``TextRequest`` (seed ids = sample
         ids) and the drawer's fanned-out :class:`DiffusionRequest` (image ids, x_T ids, SDE steps, σ)."""
         train = mode == "train"
-        spp = self.sampling.samples_per_prompt if train else self.cfg.eval.samples_per_prompt
+        spp = self.samples_per_prompt(mode)
         k = self.draw_sampling.samples_per_prompt
         b = len(prompts)
         n = b * spp
-        sample_ids, group_ids = rollout_ids(b, spp, rollout_index, train=train)
         offset = 0 if train else EVAL_ID_OFFSET
         image_ids = torch.arange(
             offset + rollout_index * n * k, offset + (rollout_index + 1) * n * k
@@ -229,44 +224,25 @@ class PETrainer(StageTrainer):
         noise_ids = image_ids
         if self.pe.share_noise:  # every rewrite of a prompt: the first rewrite's k x_T ids
             noise_ids = image_ids.view(b, spp, k)[:, :1].expand(b, spp, k).reshape(n, k)
-        sigmas = self.schedules["train" if train else "eval"].clone()
-        steps = (
-            self.draw_sampling.num_inference_steps
-            if train
-            else self.draw_sampling.eval_num_inference_steps
-        )
-        sde = sde_indices(
-            self.sde_steps,
-            steps,
-            seed=self.cfg.seed,
-            rollout_index=rollout_index,
-            n=n,
-            trains=train and self.trains_sde_steps,
-        )
         sampling = self.sampling
-        return RolloutReq(
-            sample_ids=sample_ids,
-            group_ids=group_ids,
-            primitives={"text": prompt_texts(prompts, spp)},
-            metadata=prompt_metadata(prompts, spp),
-            stage_params={
-                TEXT_TRACK: text_request(sampling, sample_ids, mode),
-                IMAGE_TRACK: DiffusionRequest(
-                    sample_ids=image_ids.clone(),
-                    init_noise_ids=noise_ids.clone(),
-                    sde_indices=sde,
-                    sigmas=sigmas,
-                    init_noise_shape=tuple(self.latent_shape),
-                    sampling_params=self.draw_sampling,
-                ),
-            },
-            sampling_params=sampling,
-            seed=self.cfg.seed if train else self.cfg.eval.seed,
-            rollout_index=rollout_index,
-            mode=mode,  # type: ignore[arg-type]
-        )
 
-    # -- what the two tracks add -----------------------------------------------------------------
+        def stages(sample_ids: torch.Tensor) -> dict[str, Any]:
+            return {
+                TEXT_TRACK: text_request(sampling, sample_ids, mode),
+                IMAGE_TRACK: self.latent_request(  # k images per rewrite: a fan-out
+                    self.draw_sampling,
+                    noise_ids,
+                    rollout_index,
+                    mode,
+                    sample_ids=image_ids,
+                    trains_sde=self.trains_sde_steps,
+                    own_params=True,
+                ),
+            }
+
+        return prompt_request(
+            self.cfg, prompts, spp, rollout_index, mode, stages=stages, sampling_params=sampling
+        )
 
     def track_metrics(self, stage: Stage, track: RolloutTrack) -> dict[str, float]:
         """The policy's propagated rewards, response lengths and rewrite counters."""

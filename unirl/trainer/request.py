@@ -11,11 +11,21 @@ reference images) stays in each trainer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from unirl.types import ARSamplingParams, TextRequest, Texts
+from unirl.config.run import RunConfig
+from unirl.types import (
+    ARSamplingParams,
+    DiffusionRequest,
+    DiffusionSamplingParams,
+    Images,
+    RolloutReq,
+    TextRequest,
+    Texts,
+)
 
 EVAL_ID_OFFSET = 10**12  # eval sample ids start here: no eval draw repeats a training draw
 
@@ -70,9 +80,83 @@ def sde_indices(
     return torch.tensor([list(chosen)] * n, dtype=torch.long)
 
 
+def diffusion_request(
+    sampling: DiffusionSamplingParams,
+    sde_steps: Any,
+    schedules: dict[str, torch.Tensor],
+    latent_shape: tuple[int, ...],
+    *,
+    noise_ids: torch.Tensor,
+    seed: int,
+    rollout_index: int,
+    train: bool,
+    trains_sde: bool,
+    sample_ids: torch.Tensor | None = None,
+    own_params: bool = False,
+) -> DiffusionRequest:
+    """A diffusion stage's block: x_T ids ``noise_ids`` (``[N]``, or ``[N, k]`` with the
+    fan-out's ``sample_ids``), the σ schedule of the mode's step count, the SDE steps
+    (:func:`sde_indices`, when ``train`` and the stage trains them) and the latent shape;
+    ``own_params``: the stage's ``sampling`` rides along (a composed request, whose top-level
+    params are its text stage's)."""
+    steps = sampling.num_inference_steps if train else sampling.eval_num_inference_steps
+    return DiffusionRequest(
+        init_noise_ids=noise_ids.clone(),
+        sde_indices=sde_indices(
+            sde_steps,
+            steps,
+            seed=seed,
+            rollout_index=rollout_index,
+            n=len(noise_ids),
+            trains=train and trains_sde,
+        ),
+        sigmas=schedules["train" if train else "eval"].clone(),
+        init_noise_shape=tuple(latent_shape),
+        sampling_params=sampling if own_params else None,
+        sample_ids=None if sample_ids is None else sample_ids.clone(),
+    )
+
+
+def prompt_request(
+    cfg: RunConfig,
+    prompts: list[Any],
+    samples_per_prompt: int,
+    rollout_index: int,
+    mode: str,
+    *,
+    stages: Callable[[torch.Tensor], dict[str, Any]],
+    sampling_params: Any,
+    images: torch.Tensor | None = None,
+) -> RolloutReq:
+    """The request of ``samples_per_prompt`` samples of each prompt: :func:`rollout_ids`,
+    each prompt's text and metadata per sample, ``images`` (each sample's reference image,
+    when the recipe has them), the stages' blocks (``stages(sample_ids)``: each stage's
+    draws follow from the sample ids), and the recipe's seed of ``mode``."""
+    train = mode == "train"
+    sample_ids, group_ids = rollout_ids(
+        len(prompts), samples_per_prompt, rollout_index, train=train
+    )
+    primitives: dict[str, Any] = {"text": prompt_texts(prompts, samples_per_prompt)}
+    if images is not None:
+        primitives["image"] = Images(pixels=images)
+    return RolloutReq(
+        sample_ids=sample_ids,
+        group_ids=group_ids,
+        primitives=primitives,
+        metadata=prompt_metadata(prompts, samples_per_prompt),
+        stage_params=stages(sample_ids),
+        sampling_params=sampling_params,
+        seed=cfg.seed if train else cfg.eval.seed,
+        rollout_index=rollout_index,
+        mode=mode,  # type: ignore[arg-type]
+    )
+
+
 __all__ = [
     "EVAL_ID_OFFSET",
+    "diffusion_request",
     "prompt_metadata",
+    "prompt_request",
     "prompt_texts",
     "rollout_ids",
     "sde_indices",

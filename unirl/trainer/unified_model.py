@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.utils import instantiate
 
 from unirl.config.require import ConfigError, require
@@ -56,10 +57,7 @@ from unirl.train.unified_stack import UnifiedTrainStack
 from unirl.trainer.ar import response_metrics
 from unirl.trainer.base import StageTrainer, write_sample_rows
 from unirl.trainer.request import (
-    prompt_metadata,
-    prompt_texts,
-    rollout_ids,
-    sde_indices,
+    prompt_request,
     text_request,
 )
 from unirl.trainer.roles import RewardWorker, TrainOps
@@ -415,25 +413,26 @@ class UnifiedModelTrainer(StageTrainer):
     ) -> RolloutReq:
         """Ids and groups of the (text, image) pairs; the ``TextRequest`` (seed ids = sample
         ids) and the :class:`DiffusionRequest` with its sampling params (x_T ids = sample ids, SDE steps, σ)."""
-        train = mode == "train"
-        spp = self.sampling.samples_per_prompt if train else self.cfg.eval.samples_per_prompt
-        sample_ids, group_ids = rollout_ids(len(prompts), spp, rollout_index, train=train)
         sampling = self.sampling
-        image = (
-            self._token_request(sample_ids, mode)
-            if self.tokens
-            else self._latent_request(sample_ids, rollout_index, train)
-        )
-        return RolloutReq(
-            sample_ids=sample_ids,
-            group_ids=group_ids,
-            primitives={"text": prompt_texts(prompts, spp)},
-            metadata=prompt_metadata(prompts, spp),
-            stage_params={TEXT_TRACK: text_request(sampling, sample_ids, mode), IMAGE_TRACK: image},
-            sampling_params=sampling,
-            seed=self.cfg.seed if train else self.cfg.eval.seed,
-            rollout_index=rollout_index,
-            mode=mode,  # type: ignore[arg-type]
+
+        def stages(sample_ids: torch.Tensor) -> dict[str, Any]:
+            image: ImageTokenRequest | DiffusionRequest
+            if self.tokens:
+                image = self._token_request(sample_ids, mode)
+            else:  # x_T ids = sample ids; the image stage's own sampling params ride along
+                image = self.latent_request(
+                    self.image_sampling,
+                    sample_ids,
+                    rollout_index,
+                    mode,
+                    trains_sde=True,
+                    own_params=True,
+                )
+            return {TEXT_TRACK: text_request(sampling, sample_ids, mode), IMAGE_TRACK: image}
+
+        spp = self.samples_per_prompt(mode)
+        return prompt_request(
+            self.cfg, prompts, spp, rollout_index, mode, stages=stages, sampling_params=sampling
         )
 
     def _token_request(self, sample_ids: Any, mode: str) -> ImageTokenRequest:
@@ -447,25 +446,6 @@ class UnifiedModelTrainer(StageTrainer):
             top_k=params.top_k,
             top_p=params.top_p,
             guidance_scale=params.guidance_scale,
-        )
-
-    def _latent_request(self, sample_ids: Any, rollout_index: int, train: bool) -> DiffusionRequest:
-        params = self.image_sampling
-        steps = params.num_inference_steps if train else params.eval_num_inference_steps
-        sde = sde_indices(
-            self.sde_steps,
-            steps,
-            seed=self.cfg.seed,
-            rollout_index=rollout_index,
-            n=len(sample_ids),
-            trains=train,
-        )
-        return DiffusionRequest(
-            init_noise_ids=sample_ids.clone(),
-            sde_indices=sde,
-            sigmas=self.schedules["train" if train else "eval"].clone(),
-            init_noise_shape=tuple(self.latent_shape),
-            sampling_params=params,
         )
 
     # -- what the text stage adds ---------------------------------------------------------------
