@@ -23,6 +23,7 @@ SLOW = pytest.mark.skipif(
 RECIPES = [
     pytest.param("diffusion/sd3_tiny_trainside", [], id="sd3_tiny_trainside"),
     pytest.param("diffusion/sd3_tiny_dedicated_separate", [], id="dedicated", marks=SLOW),
+    pytest.param("diffusion/sd3_tiny_nft", [], id="nft", marks=SLOW),
     pytest.param("llm/qwen3_tiny_grpo", [], id="qwen3_tiny_grpo"),
     pytest.param("vlm/qwen_vl_tiny_grpo", [], id="qwen_vl_tiny_grpo", marks=SLOW),
     pytest.param("pe/pe_tiny_train_both", [], id="pe_tiny_train_both"),
@@ -51,6 +52,10 @@ def test_the_real_placement_is_the_dry_runs_plan(
     finally:
         pool.shutdown()
     assert placed == planned
+    # which rollouts need the weights switched: NFT samples train rollouts with its old
+    # adapter; nothing else here switches (no begin/end_sampling calls around its rollouts)
+    switches = {s.sampling_switches for s in trainer.trained}
+    assert switches == ({("train",)} if recipe.endswith("_nft") else {()})
     assert {role for role, _, _ in placed} >= {"reward", "rollout"}
 
 

@@ -112,3 +112,63 @@ def test_eval_prompts_split_by_the_rollout_slab_not_num_devices(tmp_path) -> Non
     assert len(trainer.eval_prompts()) == 6  # 8 cut to a multiple of the 3 rollout ranks
     trainer.cfg.eval.samples_per_prompt = 3
     assert len(trainer.eval_prompts()) == 8  # 8 prompts x 3 samples = 24 rows split in 3
+
+
+class _Ops:
+    """The driver's view of a TrainOps role: counts the weight switches around rollouts."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def begin_sampling(self, mode: str) -> None:
+        self.calls.append(f"begin:{mode}")
+
+    def end_sampling(self) -> None:
+        self.calls.append("end")
+
+
+def test_only_stages_whose_weights_switch_are_called_around_a_rollout() -> None:
+    """A stage whose ops switch nothing for a mode costs no calls around its rollouts; NFT's
+    (the old adapter for train rollouts) is switched for train only; stages that share one
+    ops role (a unified model) are switched once; unknown (None) means every mode."""
+    from unirl.trainer.base import StageTrainer
+
+    plain, nft, shared, unknown = _Ops(), _Ops(), _Ops(), _Ops()
+    trainer = StageTrainer.__new__(StageTrainer)
+    trainer.stages = [
+        Stage(track="a", stack=object(), ops=plain, sampling_switches=()),
+        Stage(track="b", stack=object(), ops=nft, sampling_switches=("train",)),
+        Stage(track="c", stack=object(), ops=shared, sampling_switches=("train", "eval")),
+        Stage(track="d", stack=object(), ops=shared, sampling_switches=("train", "eval")),
+        Stage(track="e", stack=object(), ops=unknown),
+    ]
+    for mode in ("train", "eval"):
+        with trainer._sampling(mode):
+            pass
+    assert plain.calls == []
+    assert nft.calls == ["begin:train", "end"]
+    assert shared.calls == ["begin:train", "end", "begin:eval", "end"]
+    assert unknown.calls == ["begin:train", "end", "begin:eval", "end"]
+
+
+def test_train_ops_report_the_modes_they_switch() -> None:
+    """TrainOps.sampling_switches: the algorithm's sampling adapter per mode, or every mode
+    when a sharded backend keeps its blocks gathered for sampling."""
+    from types import SimpleNamespace
+
+    from unirl.trainer.roles import TrainOps
+
+    class NFTLike:
+        def sampling_adapter(self, mode: str) -> str | None:
+            return "old" if mode == "train" else None
+
+    plain = SimpleNamespace(is_sharded=False, fsdp_config=SimpleNamespace(gather_for_sampling=True))
+    gathered = SimpleNamespace(
+        is_sharded=True, fsdp_config=SimpleNamespace(gather_for_sampling=True)
+    )
+    grpo = SimpleNamespace(sampling_adapter=lambda mode: None)
+    ask = TrainOps.sampling_switches  # called on a driver-side instance: no Ray
+    assert ask(TrainOps(backend=plain, pipeline=None, algorithm=grpo)) == ()
+    assert ask(TrainOps(backend=plain, pipeline=None, algorithm=NFTLike())) == ("train",)
+    assert ask(TrainOps(backend=gathered, pipeline=None, algorithm=grpo)) == ("train", "eval")
+    assert ask(TrainOps(backend=plain, pipeline=None)) == ()

@@ -256,9 +256,17 @@ class StageTrainer:
         geometry, parameter counts); runs in a real run only."""
 
     def place(self, pool: PoolBase) -> None:
-        """:meth:`place_roles`, then :meth:`after_place`."""
+        """:meth:`place_roles`, then :meth:`after_place`, then which modes each trained
+        stage's weights switch for sampling (two calls per rollout saved where none do)."""
         self.place_roles(pool)
         self.after_place()
+        asked: dict[int, tuple[str, ...]] = {}  # stages that share ops (unified) ask once
+        for i, stage in enumerate(self.stages):
+            if stage.trains:
+                key = id(stage.ops)
+                if key not in asked:
+                    asked[key] = tuple(stage.ops.sampling_switches())
+                self.stages[i] = dataclasses.replace(stage, sampling_switches=asked[key])
 
     def planned(self) -> list[tuple[str, str, str]]:
         """The placement plan ``dry_run`` prints: :meth:`place_roles` on a :class:`DryRunPool`
@@ -360,9 +368,13 @@ class StageTrainer:
         """Each training stage's sampling weights around a rollout: the trainer switches in
         the adapter its algorithm declares (NFT samples train rollouts with its old adapter);
         eval may also swap EMA weights in (see :meth:`evaluate`)."""
+        switching: dict[int, Any] = {}  # one call per ops role (stages may share one)
         for stage in self.trained:
-            stage.ops.begin_sampling(mode)
-        with after_failure_skip_stalled(lambda: [s.ops.end_sampling() for s in self.trained]):
+            if stage.sampling_switches is None or mode in stage.sampling_switches:
+                switching.setdefault(id(stage.ops), stage.ops)
+        for ops in switching.values():
+            ops.begin_sampling(mode)
+        with after_failure_skip_stalled(lambda: [ops.end_sampling() for ops in switching.values()]):
             yield
 
     # -- the run -------------------------------------------------------------------------------

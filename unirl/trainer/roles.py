@@ -83,6 +83,23 @@ class TrainOps:
         ctx.enter_context(self.backend.gathered_for_sampling())
         return name
 
+    @distributed(dispatch=Dispatch.RANK_ZERO)
+    def sampling_switches(self) -> tuple[str, ...]:
+        """The rollout modes (``train``, ``eval``) for which :meth:`begin_sampling` changes
+        anything: the algorithm's sampling adapter, or blocks kept gathered
+        (``backend.fsdp.gather_for_sampling`` on a sharded run). The driver skips both calls
+        for the other modes (most recipes: every mode)."""
+        gathers = bool(
+            getattr(self.backend, "is_sharded", False)
+            and getattr(getattr(self.backend, "fsdp_config", None), "gather_for_sampling", False)
+        )
+        adapter = getattr(self.algorithm, "sampling_adapter", None)
+        return tuple(
+            mode
+            for mode in ("train", "eval")
+            if gathers or (adapter is not None and adapter(mode) is not None)
+        )
+
     @distributed(dispatch=Dispatch.BROADCAST)
     def end_sampling(self) -> None:
         if self._sampling_ctx is not None:

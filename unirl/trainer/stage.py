@@ -38,6 +38,8 @@ class Stage:
     ``rollout_ranks``: data-parallel sizes of its slabs. ``exports_lora``: the run ends by
     exporting its adapter; ``exports_model``: by writing the whole trained model as a
     ``save_pretrained`` folder (a full fine-tune of a transformers-loadable model).
+    ``sampling_switches``: the modes whose rollouts need ``ops.begin_sampling`` /
+    ``end_sampling`` (``None``: unknown, every mode).
     """
 
     track: str
@@ -53,6 +55,9 @@ class Stage:
     prefix: str = ""
     exports_lora: bool = False
     exports_model: bool = False
+    # the rollout modes for which the stage's ops switch weights before sampling (filled in
+    # once the roles are up: TrainOps.sampling_switches); None: not known, always switch
+    sampling_switches: tuple[str, ...] | None = None
 
     @property
     def trains(self) -> bool:
