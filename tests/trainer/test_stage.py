@@ -172,3 +172,29 @@ def test_train_ops_report_the_modes_they_switch() -> None:
     assert ask(TrainOps(backend=plain, pipeline=None, algorithm=NFTLike())) == ("train",)
     assert ask(TrainOps(backend=gathered, pipeline=None, algorithm=grpo)) == ("train", "eval")
     assert ask(TrainOps(backend=plain, pipeline=None)) == ()
+
+
+def test_after_train_rides_on_the_train_reply() -> None:
+    """The stack runs the algorithm's after_train on each rank and returns it with the step:
+    the driver reads it from the reply (one stage, or a joint step's per-track entries) and
+    calls the algorithm itself only for a stack that does not report it."""
+    from unirl.trainer.base import StageTrainer
+
+    class Algorithm:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def after_train(self, rollout_index: int) -> list[dict[str, float]]:
+            self.calls += 1
+            return [{"kl/beta": -1.0}, {"kl/beta": -1.0}]
+
+    text, image = Algorithm(), Algorithm()
+    one = Stage(track="text", algorithm=text)
+    both = [one, Stage(track="image", algorithm=image)]
+    replies = [{"after_train": {"kl/beta": 0.1}}, {"after_train": {"kl/beta": 0.3}}]
+    assert StageTrainer._after_train(one, [one], replies, 0) == [{"kl/beta": 0.1}, {"kl/beta": 0.3}]
+    joint = [{"after_train_by_track": {"text": {"a": 1.0}, "image": {"b": 2.0}}}] * 2
+    assert StageTrainer._after_train(both[1], both, joint, 0) == [{"b": 2.0}, {"b": 2.0}]
+    assert text.calls == 0 and image.calls == 0
+    assert StageTrainer._after_train(one, [one], [{}, {}], 0) == [{"kl/beta": -1.0}] * 2
+    assert text.calls == 1

@@ -20,7 +20,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, NotRequired, Protocol, TypedDict
 
 import torch
 from torch.profiler import record_function
@@ -40,11 +40,16 @@ MicroBatch = tuple[Conditions, Batch, torch.Tensor]
 
 
 class TrackTrainResult(TypedDict):
-    """What a train call returns: the metrics of each optimizer step and the checksum of the
-    trainable parameters after them (compared across data-parallel ranks by the driver)."""
+    """What a train call returns: the metrics of each optimizer step, the checksum of the
+    trainable parameters after them (compared across data-parallel ranks by the driver) and
+    the algorithm's end-of-rollout metrics (its ``after_train``: KL control, NFT's old-adapter
+    decay, …), run here so the driver needs no second call: ``after_train`` for one track,
+    ``after_train_by_track`` for a joint step of several."""
 
     steps: list[dict[str, float]]
     param_checksum: float
+    after_train: NotRequired[dict[str, float]]
+    after_train_by_track: NotRequired[dict[str, dict[str, float]]]
 
 
 class NonfiniteLimit(Protocol):
@@ -463,7 +468,11 @@ class TrainStack(OptimizerSteps):
             RESIDENT.drop(resident_key)
         with record_function("unirl/train/param_checksum"):
             checksum = self.param_checksum()
-        return {"steps": all_metrics, "param_checksum": checksum}
+        return {
+            "steps": all_metrics,
+            "param_checksum": checksum,
+            "after_train": self.algorithm.after_train(rollout_index),
+        }
 
     def param_checksum(self) -> float:
         """A checksum (Σx + Σx², fp64) of the full trainable parameters, so the driver can

@@ -267,4 +267,11 @@ class UnifiedTrainStack(OptimizerSteps):
         for key in keys.values():
             if key is not None:
                 RESIDENT.drop(key)
-        return {"steps": [metrics], "param_checksum": self.stacks["text"].param_checksum()}
+        return {
+            "steps": [metrics],
+            "param_checksum": self.stacks["text"].param_checksum(),
+            # each loss node's end-of-rollout metrics, a weight-0 track's too (as before)
+            "after_train_by_track": {
+                name: self.algorithms[name].after_train(rollout_index) for name in TRACKS
+            },
+        }

@@ -660,7 +660,7 @@ class StageTrainer:
         key = (lambda k: f"{prefix}/{k}") if prefix else (lambda k: k)
         out = {key(f"train/{k}"): v for k, v in mean_over_ranks(steps).items()}
         for stage in stages:  # each loss node's own end-of-rollout metrics (KL control, …)
-            after = mean_over_ranks(stage.algorithm.after_train(rollout_index))
+            after = mean_over_ranks(self._after_train(stage, stages, per_rank, rollout_index))
             out.update({stage.key(k): v for k, v in after.items()})
         out[key("train/param_checksum")] = checksums[0]
         if any(s.get("nonfinite/skipped_step") for s in steps):
@@ -673,6 +673,19 @@ class StageTrainer:
             extra = self.track_metrics(stage, tracks[stage.track])
             out.update({stage.key(k): v for k, v in extra.items()})
         return out
+
+    @staticmethod
+    def _after_train(
+        stage: Stage, stages: list[Stage], per_rank: list[Any], rollout_index: int
+    ) -> list[dict[str, float]]:
+        """Each rank's ``after_train`` metrics of ``stage``'s algorithm: from the train reply
+        (the stack runs it; ``after_train`` for one stage, ``after_train_by_track`` for a
+        joint step), else (a stack that does not report it) by calling the algorithm."""
+        if len(stages) == 1 and all("after_train" in r for r in per_rank):
+            return [r["after_train"] for r in per_rank]
+        if all(stage.track in r.get("after_train_by_track", {}) for r in per_rank):
+            return [r["after_train_by_track"][stage.track] for r in per_rank]
+        return list(stage.algorithm.after_train(rollout_index))
 
     def track_metrics(self, stage: Stage, track: RolloutTrack) -> dict[str, float]:
         """A domain's own metrics of a trained track (response lengths, rewrite counters),
