@@ -24,7 +24,6 @@ from unirl.distributed.group.pool import PoolBase
 from unirl.trainer.base import StageTrainer, write_sample_rows
 from unirl.trainer.dedicated import DedicatedLayout, SyncedRollout
 from unirl.trainer.request import (
-    prompt_request,
     text_request,
 )
 from unirl.trainer.roles import RewardWorker, TrainOps, stage_roles
@@ -214,19 +213,11 @@ class ARTrainer(StageTrainer):
     ) -> RolloutReq:
         """Ids, groups and the text stage's ``TextRequest`` (seed ids = sample ids, so every
         sample's draws follow from ``(seed, sample id)``)."""
-        sampling = self.sampling
-        spp = self.samples_per_prompt(mode)
-        return prompt_request(
-            self.cfg,
-            prompts,
-            spp,
-            rollout_index,
-            mode,
-            stages=lambda sample_ids: {TRACK: text_request(sampling, sample_ids, mode)},
-            sampling_params=sampling,
-            # a vision-language family: each prompt's diagram, resized to the bundle's size
-            images=self.images.pixels(prompts, repeat=spp) if self.images is not None else None,
-        )
+        sampling, images = self.sampling, None
+        if self.images is not None:  # a vision-language family: each prompt's diagram
+            images = self.images.pixels(prompts, repeat=self.samples_per_prompt(mode))
+        stages = lambda sample_ids: {TRACK: text_request(sampling, sample_ids, mode)}  # noqa: E731
+        return self.request_for(prompts, rollout_index, mode, stages, images)
 
     # -- what differs from media tracks ----------------------------------------------------------
 

@@ -310,6 +310,30 @@ class StageTrainer:
             return int(self.sampling.samples_per_prompt)
         return int(self.cfg.eval.samples_per_prompt)
 
+    def request_for(
+        self,
+        prompts: list[Any],
+        rollout_index: int,
+        mode: str,
+        stages: Callable[[torch.Tensor], dict[str, Any]],
+        images: torch.Tensor | None = None,
+    ) -> RolloutReq:
+        """:func:`~unirl.trainer.request.prompt_request` with this trainer's recipe, samples
+        per prompt of ``mode`` and sampling block."""
+        from unirl.trainer.request import prompt_request
+
+        spp = self.samples_per_prompt(mode)
+        return prompt_request(
+            self.cfg,
+            prompts,
+            spp,
+            rollout_index,
+            mode,
+            stages=stages,
+            sampling_params=self.sampling,
+            images=images,
+        )
+
     def latent_request(
         self, sampling: Any, noise_ids: torch.Tensor, rollout_index: int, mode: str, **kw: Any
     ) -> Any:

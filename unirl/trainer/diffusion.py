@@ -21,7 +21,6 @@ from unirl.distributed.group.pool import PoolBase
 from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.base import StageTrainer
 from unirl.trainer.dedicated import build_dedicated_layout
-from unirl.trainer.request import prompt_request
 from unirl.trainer.roles import RewardWorker, stage_roles
 from unirl.types import DiffusionSamplingParams, RolloutReq
 
@@ -284,16 +283,7 @@ class DiffusionTrainer(StageTrainer):
 
         # an editing set: each row carries its source image
         images = self.references.pixels(prompts, repeat=spp) if has_references(prompts) else None
-        return prompt_request(
-            self.cfg,
-            prompts,
-            spp,
-            rollout_index,
-            mode,
-            stages=stages,
-            sampling_params=self.sampling,
-            images=images,
-        )
+        return self.request_for(prompts, rollout_index, mode, stages, images)
 
 
 def run_diffusion(cfg: RunConfig, data: dict[str, Any]) -> int:

@@ -58,7 +58,6 @@ from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, PEConfig, check_pe_
 from unirl.trainer.pe_roles import DrawerInfo
 from unirl.trainer.request import (
     EVAL_ID_OFFSET,
-    prompt_request,
     text_request,
 )
 from unirl.trainer.roles import RewardWorker, TrainOps, stage_roles
@@ -240,9 +239,7 @@ class PETrainer(StageTrainer):
                 ),
             }
 
-        return prompt_request(
-            self.cfg, prompts, spp, rollout_index, mode, stages=stages, sampling_params=sampling
-        )
+        return self.request_for(prompts, rollout_index, mode, stages)
 
     def track_metrics(self, stage: Stage, track: RolloutTrack) -> dict[str, float]:
         """The policy's propagated rewards, response lengths and rewrite counters."""

@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -38,12 +38,7 @@ class StopRequest:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:  # the signals come back, come what may
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()

@@ -57,7 +57,6 @@ from unirl.train.unified_stack import UnifiedTrainStack
 from unirl.trainer.ar import response_metrics
 from unirl.trainer.base import StageTrainer, write_sample_rows
 from unirl.trainer.request import (
-    prompt_request,
     text_request,
 )
 from unirl.trainer.roles import RewardWorker, TrainOps
@@ -430,10 +429,7 @@ class UnifiedModelTrainer(StageTrainer):
                 )
             return {TEXT_TRACK: text_request(sampling, sample_ids, mode), IMAGE_TRACK: image}
 
-        spp = self.samples_per_prompt(mode)
-        return prompt_request(
-            self.cfg, prompts, spp, rollout_index, mode, stages=stages, sampling_params=sampling
-        )
+        return self.request_for(prompts, rollout_index, mode, stages)
 
     def _token_request(self, sample_ids: Any, mode: str) -> ImageTokenRequest:
         """The image-token stage: seed ids = sample ids (their own uniform stream), the
