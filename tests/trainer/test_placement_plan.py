@@ -18,7 +18,7 @@ from unirl.distributed.group import DevicePool, DevicePoolConfig, DryRunPool
 SLOW = pytest.mark.skipif(
     not os.environ.get("UNIRL_SLOW"), reason="15-35 s each; UNIRL_SLOW=1 runs them"
 )
-# one recipe per domain in CI; the other layouts and families with UNIRL_SLOW=1 (each passed
+# diffusion, text and unified in CI; the other layouts and families with UNIRL_SLOW=1 (each passed
 # when this test was written: 7 recipes, 150 s on 2 cores)
 RECIPES = [
     pytest.param("diffusion/sd3_tiny_trainside", [], id="sd3_tiny_trainside"),
@@ -26,7 +26,7 @@ RECIPES = [
     pytest.param("diffusion/sd3_tiny_nft", [], id="nft", marks=SLOW),
     pytest.param("llm/qwen3_tiny_grpo", [], id="qwen3_tiny_grpo"),
     pytest.param("vlm/qwen_vl_tiny_grpo", [], id="qwen_vl_tiny_grpo", marks=SLOW),
-    pytest.param("pe/pe_tiny_train_both", [], id="pe_tiny_train_both"),
+    pytest.param("pe/pe_tiny_train_both", [], id="pe_tiny_train_both", marks=SLOW),
     pytest.param("unified_model/unified_tiny", [], id="unified_tiny"),
     pytest.param("unified_model/janus_tiny_t2i_r1", [], id="janus_tiny", marks=SLOW),
 ]
