@@ -24,15 +24,8 @@ from unirl.types import Images, RolloutTrack
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-SPECIALS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-]
+from tiny_qwen_tokenizer import SPECIALS, qwen_tokenizer  # noqa: E402
+
 # Our own minimal chat template (the Qwen layout: turns in <|im_start|> ... <|im_end|>, an
 # image as <|vision_start|><|image_pad|><|vision_end|>).
 TEMPLATE = (
@@ -47,35 +40,7 @@ TOL = 1e-6
 
 
 def _tokenizer(ten_is_one_token: bool):
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from unirl.models.common.tiny import corpus_lines
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),  # digits alone, as Qwen
-            pre_tokenizers.ByteLevel(add_prefix_space=False),
-        ]
-    )
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(corpus_lines(), trainer)
-    if ten_is_one_token:
-        bpe.add_tokens(["10"])
-    tok = transformers.Qwen2TokenizerFast(
-        tokenizer_object=bpe,
-        unk_token="<|endoftext|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-    )
-    tok.chat_template = TEMPLATE
-    return tok
+    return qwen_tokenizer(TEMPLATE, plain=("10",) if ten_is_one_token else ())
 
 
 def _build(path, ten_is_one_token: bool) -> str:

@@ -35,15 +35,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-SPECIALS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-]
+from tiny_qwen_tokenizer import SPECIALS, qwen_tokenizer  # noqa: E402
+
 # Our own Qwen-style chat template (default system turn; an image or a video renders as one
 # pad between vision markers).
 TEMPLATE = (
@@ -64,47 +57,8 @@ WISE_ANSWER = ["Consistency: 2\n", "Realism: 1\n", "Aesthetic Quality: 0"]
 
 
 # -- tiny folders -------------------------------------------------------------------------------
-@functools.cache
-def _trained_bpe() -> str:
-    """A byte-level BPE trained once on the bundled corpus, digits split as Qwen does (JSON)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from unirl.models.common.tiny import corpus_lines
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False),
-        ]
-    )
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(corpus_lines(), trainer)
-    return bpe.to_str()
-
-
 def _tokenizer(special=(), plain=()):
-    from tokenizers import Tokenizer
-
-    bpe = Tokenizer.from_str(_trained_bpe())
-    tok = transformers.Qwen2TokenizerFast(
-        tokenizer_object=bpe,
-        unk_token="<|endoftext|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-    )
-    if special:
-        tok.add_special_tokens({"additional_special_tokens": list(special)})
-    if plain:
-        tok.add_tokens(list(plain))
-    tok.chat_template = TEMPLATE
-    return tok
+    return qwen_tokenizer(TEMPLATE, tuple(special), tuple(plain))
 
 
 def _config(kind: str, tok):
