@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from unirl.config import ConfigError
+from unirl.config import ConfigError, require
 
 
 class RewardError(RuntimeError):
@@ -195,6 +195,24 @@ def check_videos(frames: Tensor | None, n: int, source: str) -> Tensor:
         raise RewardError(f"{source} expects videos of shape [N={n}, T, 3, H, W]; got {got}")
     if not frames.is_floating_point():
         raise RewardError(f"{source} expects float frames in [0, 1]; got dtype {frames.dtype}")
+    return frames
+
+
+def check_video_call(
+    frames: Tensor | None,
+    prompts: list[str],
+    metadata: list[dict],
+    source: str,
+    fps: float | None = None,
+) -> Tensor:
+    """A ``score_video`` call's inputs: one metadata row per prompt, ``frames[N, T, 3, H, W]``
+    floating point (:func:`check_videos`), and, given, a positive ``fps`` (a scorer that
+    samples frames by time); returns the frames."""
+    n = len(prompts)
+    check_lengths(n, source, metadata=metadata)
+    frames = check_videos(frames, n, source)
+    if fps is not None:
+        require(fps > 0, f"{source}: fps={fps} must be > 0")
     return frames
 
 

@@ -20,7 +20,7 @@ from unirl.reward.base import (
     ScoreResult,
     as_backend,
     as_scores,
-    check_lengths,
+    check_video_call,
     check_videos,
 )
 from unirl.reward.local.clip_score import clip_image_embeds, clip_text_embeds
@@ -67,8 +67,7 @@ class PerFrame(RewardBackend):
         self, frames: Tensor, fps: float, prompts: list[str], metadata: list[dict]
     ) -> ScoreResult:
         n = len(prompts)
-        check_lengths(n, "PerFrame", metadata=metadata)
-        frames = check_videos(frames, n, "PerFrame")
+        frames = check_video_call(frames, prompts, metadata, "PerFrame")
         chosen = frame_indices(frames.shape[1], self.frame_stride)
         t = len(chosen)
         flat = frames[:, chosen].flatten(0, 1)  # [N * t, 3, H, W], sample-major
@@ -146,8 +145,7 @@ class VideoPickScore(PickScore):
         self, frames: Tensor, fps: float, prompts: list[str], metadata: list[dict]
     ) -> ScoreResult:
         n = len(prompts)
-        check_lengths(n, type(self).__name__, metadata=metadata)
-        frames = check_videos(frames, n, type(self).__name__)
+        frames = check_video_call(frames, prompts, metadata, type(self).__name__)
         chosen = frame_indices(frames.shape[1], self.frame_stride)
         self._ensure_ready()
         assert self._bundle is not None

@@ -25,7 +25,7 @@ from unirl.reward.base import (
     ScoreResult,
     check_images,
     check_lengths,
-    check_videos,
+    check_video_call,
     images_to_uint8,
 )
 from unirl.reward.local.vlm.engine import (
@@ -228,9 +228,7 @@ class UnifiedReward(GenerativeJudge):
         self, frames: Tensor, fps: float, prompts: list[str], metadata: list[dict]
     ) -> ScoreResult:
         n = len(prompts)
-        check_lengths(n, "UnifiedReward", metadata=metadata)
-        frames = check_videos(frames, n, "UnifiedReward")
-        require(fps > 0, f"UnifiedReward: fps={fps} must be > 0")
+        frames = check_video_call(frames, prompts, metadata, "UnifiedReward", fps)
         chosen = sample_frames(frames.shape[1], fps, self.sample_fps, self.max_frames)
 
         def make(start: int, stop: int):

@@ -11,7 +11,11 @@ import torch
 from torch import Tensor
 
 from unirl.config import require
-from unirl.reward.base import RewardError, ScoreResult, check_lengths, check_videos
+from unirl.reward.base import (
+    RewardError,
+    ScoreResult,
+    check_video_call,
+)
 from unirl.reward.local.vlm.engine import QwenVLScorer, sample_frames, video_chat
 from unirl.reward.local.vlm.templates import VIDEOALIGN_PROMPT, VIDEOALIGN_TOKENS
 
@@ -115,9 +119,7 @@ class VideoAlign(QwenVLScorer):
         self, frames: Tensor, fps: float, prompts: list[str], metadata: list[dict]
     ) -> ScoreResult:
         n = len(prompts)
-        check_lengths(n, "VideoAlign", metadata=metadata)
-        frames = check_videos(frames, n, "VideoAlign")
-        require(fps > 0, f"VideoAlign: fps={fps} must be > 0")
+        frames = check_video_call(frames, prompts, metadata, "VideoAlign", fps)
 
         def call(start: int, stop: int):
             total, dims = self.combine(
