@@ -38,6 +38,7 @@ from unirl.trainer.output import (
     resolve_resume,
     write_json_atomic,
 )
+from unirl.trainer.request import diffusion_request, prompt_request
 from unirl.trainer.roles import light_track, pixels_of
 from unirl.trainer.run_info import RunInfo
 from unirl.trainer.stage import Stage, order_stages, propagate_rewards
@@ -320,8 +321,6 @@ class StageTrainer:
     ) -> RolloutReq:
         """:func:`~unirl.trainer.request.prompt_request` with this trainer's recipe, samples
         per prompt of ``mode`` and sampling block."""
-        from unirl.trainer.request import prompt_request
-
         spp = self.samples_per_prompt(mode)
         return prompt_request(
             self.cfg,
@@ -341,8 +340,6 @@ class StageTrainer:
         the σ schedules, SDE-step schedule and latent shape this trainer read from its family
         (``self.schedules``, ``self.sde_steps``, ``self.latent_shape``) and the recipe's seed;
         ``kw``: ``trains_sde``, ``sample_ids`` (a fan-out), ``own_params``."""
-        from unirl.trainer.request import diffusion_request
-
         return diffusion_request(
             sampling,
             self.sde_steps,
