@@ -8,6 +8,12 @@
 #   bash examples/benchmarks/arch_bench.sh diffusion/z_image_trainside z-image-arch
 #   SIZE=512 SPP=8 MICRO=4 WARMUP=1 ITERS=2 override the shape below; HEIGHT / WIDTH for a
 #   non-square shape; FRAMES=81 for a video recipe (the reward then scores every frame).
+#   The speed knobs (default: the recipe's own): COMPILE=true compiles each transformer block
+#   (backend.fsdp.compile), ACKPT=false drops activation checkpointing, COMPILE_VAE=true
+#   compiles the VAE decoder, SLOTS=N replays N trained steps per forward + backward,
+#   OLD_LOGP=current takes π_old from the loss forward (the bench runs one optimizer step per
+#   rollout, where that is exact) instead of a replay pass; FLOPS=1 adds the FLOP-counting
+#   pass (MFU in the JSON; one more rollout + train, uncompiled).
 #   bash examples/benchmarks/arch_bench.sh diffusion/wan21_t2v_dancegrpo wan2.1-1.3b-arch \
 #     OUT HEIGHT=480 WIDTH=832 FRAMES=81 SPP=2 MICRO=1 (as environment variables)
 #
@@ -31,12 +37,20 @@ if [[ -n "${FRAMES:-}" ]]; then
   reward="{_target_: unirl.reward.local.PerFrame, scorer: ${reward}}"
   frames=(sampling.num_frames="${FRAMES}")
 fi
+knobs=()
+[[ -n "${COMPILE:-}" ]] && knobs+=("++backend.fsdp.compile=${COMPILE}")
+[[ -n "${ACKPT:-}" ]] && knobs+=("backend.fsdp.activation_checkpointing=${ACKPT}")
+[[ -n "${COMPILE_VAE:-}" ]] && knobs+=("++bundle.compile_vae=${COMPILE_VAE}")
+[[ -n "${SLOTS:-}" ]] && knobs+=("++algorithm.slots_per_forward=${SLOTS}")
+[[ -n "${OLD_LOGP:-}" ]] && knobs+=("algorithm.old_logp_source=${OLD_LOGP}")
+flops=(--no-flops)
+[[ -n "${FLOPS:-}" ]] && flops=()
 python -m unirl.tools.bench --config-name="${recipe}" \
-  --warmup "${WARMUP:-1}" --iters "${ITERS:-2}" --no-flops \
+  --warmup "${WARMUP:-1}" --iters "${ITERS:-2}" "${flops[@]}" \
   --json "${out}/${name}.json" output_dir="${out}/${name}" \
   num_devices=1 device=cuda batch_size=1 sampling.samples_per_prompt="${SPP:-8}" \
   sampling.height="${HEIGHT:-${size}}" sampling.width="${WIDTH:-${size}}" "${frames[@]}" \
   stack.micro_batch_size="${MICRO:-4}" stack.num_updates_per_batch=1 \
   pipeline.forward_batch_size="${SPP:-8}" \
   "~reward.backend" "+reward.backend=${reward}" "reward.guards=[]" \
-  logging.progress=off "$@"
+  logging.progress=off "${knobs[@]}" "$@"

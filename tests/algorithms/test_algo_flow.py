@@ -598,3 +598,68 @@ def test_slots_per_forward_is_validated() -> None:
             FlowGRPO(pipeline=make_pipeline(), slots_per_forward=bad)  # type: ignore[arg-type]
         with pytest.raises(ConfigError, match="slots_per_forward"):
             FlowDPPO(pipeline=make_pipeline(), slots_per_forward=bad)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- π_old from the loss forward
+class _ReplayCounter:
+    """Wraps ``pipeline.replay``: how many times it was called."""
+
+    def __init__(self, pipeline: Any) -> None:
+        self.calls = 0
+        self.replay = pipeline.replay
+        pipeline.replay = self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self.replay(*args, **kwargs)
+
+
+def _first_update(source: str, **knobs: Any) -> tuple[int, float, list[torch.Tensor], dict]:
+    """Anchor and one update of a guided, KL-regularised Flow-GRPO with ``source``; returns
+    the policy replays the whole thing ran, the loss, the gradients and the metrics."""
+    pipeline = make_pipeline(record_uncond=True)
+    pipeline.bundle.policy_version = 3
+    conditions, segment = sample(pipeline, guidance_scale=GUIDANCE)
+    algo = FlowGRPO(pipeline=pipeline, old_logp_source=source, **knobs)
+    algo.backend = _Backend(3)
+    algo.bind_reference(lambda: perturbed(pipeline.bundle))
+    counter = _ReplayCounter(pipeline)
+    loss, terms = update(algo, anchor(algo, conditions, segment, 2, ADV))
+    grads = [p.grad.clone() for p in pipeline.bundle.parameters()]
+    return counter.calls, float(loss), grads, algo.summarize(terms)
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"kl": KLConfig(beta=0.04)},
+        {"ratio_norm": "grpo_guard", "clip_range": 1e-5},
+        {"slots_per_forward": 3},
+    ],
+    ids=["kl", "grpo_guard", "slots"],
+)
+def test_current_source_is_the_replayed_anchor_without_its_pass(knobs: dict) -> None:
+    """``old_logp_source=current`` takes π_old from the loss forward: the loss, every gradient
+    and the metrics equal ``replay``'s bit for bit (both ratios are exactly 1 on this family),
+    with the anchor's forwards gone (2 micro-batches x 3 slots, KL reference replays aside)."""
+    calls_replay, loss_replay, grads_replay, m_replay = _first_update("replay", **knobs)
+    calls_current, loss_current, grads_current, m_current = _first_update("current", **knobs)
+    slots = 3 // knobs.get("slots_per_forward", 1)
+    assert calls_replay - calls_current == 2 * slots
+    assert loss_current == loss_replay
+    assert all(torch.equal(a, b) for a, b in zip(grads_current, grads_replay, strict=True))
+    assert m_current == m_replay and m_current["approx_kl"] == 0.0
+    assert m_current["uncond_reused"] == 6.0
+
+
+def test_current_source_is_refused_with_several_updates_and_unknown_sources() -> None:
+    """The loss forward is π_old only before the first optimizer step of a rollout."""
+    from unirl.train.stack import TrainStack
+
+    algo = FlowGRPO(pipeline=make_pipeline(), old_logp_source="current")
+    with pytest.raises(ConfigError, match="num_updates_per_batch=1"):
+        TrainStack(backend=object(), algorithm=algo, num_updates_per_batch=2)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="'replay', 'rollout', 'current'"):
+        FlowGRPO(pipeline=make_pipeline(), old_logp_source="old")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="'replay', 'rollout', got 'current'"):
+        FlowDPPO(pipeline=make_pipeline(), old_logp_source="current")  # type: ignore[arg-type]

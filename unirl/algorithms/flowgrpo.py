@@ -40,6 +40,8 @@ from unirl.models.common.denoise import StepRecord
 from unirl.models.common.guidance import CFGGradient
 from unirl.types import Conditions, LatentSegment
 
+OLD_LOGP_SOURCES = ("replay", "rollout", "current")
+
 
 class FlowGRPO(StageAlgorithm[LatentSegment]):
     """The GRPO loss for flow-matching models.
@@ -47,7 +49,11 @@ class FlowGRPO(StageAlgorithm[LatentSegment]):
     ``old_logp_source``: ``replay`` recomputes π_old with the current weights at exactly the
     training micro-batch geometry before any update (the first ratio is then exactly 1);
     ``rollout`` trusts the log-probs recorded while sampling (exact only when the rollout ran
-    at the same batch geometry and precision). ``kl_form``: ``gaussian`` (exact KL of two
+    at the same batch geometry and precision); ``current`` takes π_old (and GRPO-Guard's
+    anchor means) from the loss forward itself, detached: the same value ``replay`` computes
+    in a pass of its own, so the ratio is exactly 1 without that pass. It holds only while
+    no optimizer step has happened since the rollout, so the stack refuses it with
+    ``stack.num_updates_per_batch`` above 1. ``kl_form``: ``gaussian`` (exact KL of two
     equal-variance Gaussians) or ``reference`` (divides by the noise scale only, as the
     Flow-GRPO code does).
 
@@ -86,14 +92,14 @@ class FlowGRPO(StageAlgorithm[LatentSegment]):
         clip_range: PositiveFloat = 1e-4,
         kl: KLConfig | Mapping[str, object] | None = None,
         kl_form: Literal["gaussian", "reference"] = "gaussian",
-        old_logp_source: Literal["replay", "rollout"] = "replay",
+        old_logp_source: Literal["replay", "rollout", "current"] = "replay",
         cfg_gradient: CFGGradient = "cond_only",
         slots_per_forward: PositiveInt = 1,
         ratio_norm: Literal["none", "grpo_guard"] = "none",
     ) -> None:
         super().__init__(kl=kl)
         require(clip_range > 0, "algorithm.clip_range must be > 0")
-        check_flow_knobs(kl_form, old_logp_source, cfg_gradient)
+        check_flow_knobs(kl_form, old_logp_source, cfg_gradient, OLD_LOGP_SOURCES)
         check_record_uncond(pipeline, cfg_gradient)
         check_slots_per_forward(slots_per_forward)
         require(
@@ -119,6 +125,8 @@ class FlowGRPO(StageAlgorithm[LatentSegment]):
     @torch.no_grad()
     def prepare_segment(self, conditions: Conditions, segment: LatentSegment) -> LatentSegment:
         guard = self.ratio_norm == "grpo_guard"
+        if self.old_logp_source == "current":  # π_old comes from the loss forward itself
+            return segment
         if self.old_logp_source == "rollout":
             if segment.sde_logp is None:
                 raise ValueError("old_logp_source=rollout but the rollout recorded no sde_logp")
@@ -145,26 +153,29 @@ class FlowGRPO(StageAlgorithm[LatentSegment]):
         advantages: torch.Tensor,
         loss_scale: float,
     ) -> StepResult:
-        assert segment.sde_logp is not None
-        adv = advantages.float().to(segment.sde_logp.device)
+        current = self.old_logp_source == "current"
+        assert current or segment.sde_logp is not None
         guard = self.ratio_norm == "grpo_guard"
 
         def policy_terms(
             k: int, record: StepRecord
         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            assert segment.sde_logp is not None
             log_prob = replayed_log_prob(record, self.pipeline.strategy)
-            log_ratio = log_prob - segment.sde_logp[:, k]
+            adv = advantages.float().to(log_prob.device)
+            old_mean: torch.Tensor | None
+            if current:
+                old_logp, old_mean = log_prob.detach(), record.mean.detach()
+            else:
+                assert segment.sde_logp is not None
+                old_logp = segment.sde_logp[:, k]
+                old_mean = None if segment.sde_means is None else segment.sde_means[:, k]
+            log_ratio = log_prob - old_logp
             if guard:
-                assert segment.sde_means is not None
+                assert old_mean is not None
                 sigma, sigma_next, sigma_max = slot_sigmas(segment, k, record.mean.device)
                 std = self.pipeline.strategy.step_std(sigma, sigma_next, sigma_max=sigma_max)
                 guard_log_ratio = grpo_guard_log_ratio(
-                    log_prob,
-                    segment.sde_logp[:, k],
-                    record.mean,
-                    segment.sde_means[:, k],
-                    std,
+                    log_prob, old_logp, record.mean, old_mean, std
                 )
                 ratio = torch.exp(guard_log_ratio)
                 policy = clipped_surrogate(ratio, adv, self.clip_range, self.clip_range) / (

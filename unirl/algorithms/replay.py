@@ -78,8 +78,14 @@ class ReplayLoss(ReferenceHolder, Protocol):
     def slots_per_forward(self) -> int: ...
 
 
-def check_flow_knobs(kl_form: str, old_logp_source: str, cfg_gradient: str = "cond_only") -> None:
-    """Validate the knobs every replay-based diffusion loss shares."""
+def check_flow_knobs(
+    kl_form: str,
+    old_logp_source: str,
+    cfg_gradient: str = "cond_only",
+    sources: tuple[str, ...] = ("replay", "rollout"),
+) -> None:
+    """Validate the knobs every replay-based diffusion loss shares; ``sources``: the
+    ``old_logp_source`` values the loss takes."""
     require(
         cfg_gradient in CFG_GRADIENTS,
         "algorithm.cfg_gradient must be 'cond_only' (flow_grpo: no gradient through the "
@@ -89,8 +95,9 @@ def check_flow_knobs(kl_form: str, old_logp_source: str, cfg_gradient: str = "co
         kl_form in ("gaussian", "reference"), "algorithm.kl_form must be 'gaussian' or 'reference'"
     )
     require(
-        old_logp_source in ("replay", "rollout"),
-        "algorithm.old_logp_source must be 'replay' or 'rollout'",
+        old_logp_source in sources,
+        f"algorithm.old_logp_source must be one of {', '.join(map(repr, sources))}, got "
+        f"{old_logp_source!r}",
     )
 
 

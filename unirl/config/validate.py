@@ -276,7 +276,8 @@ def check_sequence_parallel(cfg: RunConfig, objs: Mapping[str, object]) -> None:
 
 def check_updates_per_rollout(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     """Several optimizer steps per rollout only for algorithms that declare
-    ``supports_multi_update`` (DiffusionNFT does not): refused here, not on the workers."""
+    ``supports_multi_update`` (DiffusionNFT does not), and not with π_old taken from the loss
+    forward (``old_logp_source=current``): refused here, not on the workers."""
     updates = BatchGeometry.of(cfg, objs).num_updates_per_batch
     if updates == 1:
         return
@@ -285,6 +286,13 @@ def check_updates_per_rollout(cfg: RunConfig, objs: Mapping[str, object]) -> Non
         supports is None or bool(supports),
         f"{_target(cfg, 'algorithm')} does not support several updates per rollout; set "
         f"stack.num_updates_per_batch=1 (got {updates})",
+    )
+    block = cfg.algorithm if isinstance(cfg.algorithm, dict) else {}
+    require(
+        block.get("old_logp_source") != "current",
+        "algorithm.old_logp_source=current takes π_old from the loss forward, which is only "
+        f"the sampling policy's in the first optimizer step (stack.num_updates_per_batch="
+        f"{updates}): set stack.num_updates_per_batch=1 or algorithm.old_logp_source=replay",
     )
 
 
