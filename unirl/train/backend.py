@@ -61,6 +61,7 @@ from unirl.train.parallel import (
     apply_compile,
     apply_fsdp,
     broadcast_module,
+    compile_dynamic_of,
     find_blocks,
     full_tensor,
     local_tensor,
@@ -235,10 +236,9 @@ class FSDPBackend:
             blocks = find_blocks(module, names)
         if self.fsdp_config.activation_checkpointing:
             apply_activation_checkpointing(blocks)
+        self.compile_dynamic = compile_dynamic_of(self.fsdp_config, bundle)
         if self.fsdp_config.compile:
-            apply_compile(
-                blocks, self.fsdp_config.inductor_options, dynamic=self.fsdp_config.compile_dynamic
-            )
+            apply_compile(blocks, self.fsdp_config.inductor_options, dynamic=self.compile_dynamic)
         if self.is_sharded:
             apply_fsdp(module, blocks, self.fsdp_config, self._device)
         elif self.is_replicated:

@@ -43,7 +43,12 @@ class FSDPConfig:
     symbolic-shape graph once a shape changes; ``true`` compiles symbolic shapes at once. A
     text model's GRPO micro-batches change width and row count every step, and ``null`` still
     recompiled there (docs/performance.md: 1,521 trained tokens/s against 7,140 eager), so
-    compile a text model only at fixed shapes (the Qwen3-4B bench: 1.85x eager).
+    compile a text model only at fixed shapes (the Qwen3-4B bench: 1.85x eager). ``family``
+    (the default) takes the bundle's ``compile_dynamic``: ``true`` for families whose joint
+    sequence length follows each prompt's text length (Qwen-Image, Z-Image), where static
+    shapes compiled new graphs inside every step and ``null`` compiled its symbolic graph in
+    the first step that met a new length (docs/performance.md, calls 14-15); ``false`` for
+    the others and for a bundle that declares nothing.
     ``inductor_options``: ``torch._inductor.config`` settings made in the worker before the
     blocks compile (process-wide there; for example ``{combo_kernels: true}``, Inductor's
     horizontal fusion of small independent kernels such as a LoRA's per-tensor casts); each
@@ -75,13 +80,18 @@ class FSDPConfig:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     compile: bool = False
-    compile_dynamic: bool | None = False
+    compile_dynamic: bool | str | None = "family"
     inductor_options: dict[str, object] | None = None
     shard_frozen: bool = True
     data_parallel: str = "shard"
     gather_for_sampling: bool = False
 
     def __post_init__(self) -> None:
+        require(
+            self.compile_dynamic in (True, False, None, "family"),
+            "fsdp.compile_dynamic must be true, false, null or family (the bundle's), got "
+            f"{self.compile_dynamic!r}",
+        )
         require(
             self.data_parallel in ("shard", "replicate"),
             f"fsdp.data_parallel must be 'shard' or 'replicate', got {self.data_parallel!r}",
@@ -191,6 +201,19 @@ def apply_activation_checkpointing(blocks: Iterable[nn.Module]) -> None:
 
 
 COMPILE_RECOMPILE_LIMIT = 64
+
+
+def compile_dynamic_of(cfg: FSDPConfig, bundle: object) -> bool | None:
+    """The ``dynamic`` the blocks compile with: ``cfg.compile_dynamic``, or for ``family`` the
+    bundle's ``compile_dynamic`` (``False`` when it declares none)."""
+    if cfg.compile_dynamic != "family":
+        return cast("bool | None", cfg.compile_dynamic)
+    value = getattr(bundle, "compile_dynamic", False)
+    require(
+        value in (True, False, None),
+        f"{type(bundle).__name__}.compile_dynamic must be True, False or None, got {value!r}",
+    )
+    return cast("bool | None", value)
 
 
 def apply_compile(

@@ -209,6 +209,9 @@ class FlowMatchingBundle:
     trainable_module_names: ClassVar[tuple[str, ...]] = ("transformer",)
     frozen_module_names: ClassVar[tuple[str, ...]] = ()
     block_class_names: ClassVar[tuple[str, ...]] = ()
+    # how its blocks compile under ``backend.fsdp.compile_dynamic=family`` (torch.compile's
+    # ``dynamic``): True where the joint sequence length follows each prompt's text length
+    compile_dynamic: ClassVar[bool | None] = False
     lora_default_targets: ClassVar[tuple[str, ...]] = ()
     # the family's dialect on SGLang / vLLM-Omni (``engine_maps.py`` of the family package);
     # None: the external engines refuse the family (``engine_maps_for``)

@@ -61,6 +61,9 @@ class QwenImageBundle(PackedLatentGeometry, FlowMatchingBundle):
     guidance: ClassVar[Guidance] = NormRescaledCFG(channel_dim=-1)
     frozen_module_names: ClassVar[tuple[str, ...]] = ("text_encoder", "vae")
     block_class_names: ClassVar[tuple[str, ...]] = ("QwenImageTransformerBlock",)
+    # the text length is the prompt's (cut at its last token), so every prompt is a new joint
+    # sequence length: symbolic shapes from the first compile (docs/performance.md, calls 14-15)
+    compile_dynamic: ClassVar[bool | None] = True
     lora_default_targets: ClassVar[tuple[str, ...]] = (
         "to_q",
         "to_k",

@@ -78,6 +78,9 @@ class ZImageBundle(VAELatentGeometry, FlowMatchingBundle):
     guidance: ClassVar[Guidance] = ZImageCFG()
     frozen_module_names: ClassVar[tuple[str, ...]] = ("text_encoder", "vae")
     block_class_names: ClassVar[tuple[str, ...]] = ("ZImageTransformerBlock",)
+    # the caption is the prompt's length padded to a multiple of 32, so prompts give new joint
+    # sequence lengths: symbolic shapes from the first compile (docs/performance.md, calls 14-15)
+    compile_dynamic: ClassVar[bool | None] = True
     # every attention projection (noise / context refiners and the main blocks)
     lora_default_targets: ClassVar[tuple[str, ...]] = ("to_q", "to_k", "to_v", "to_out.0")
     engine_maps: ClassVar[EngineMaps | None] = ZImageEngineMaps()
