@@ -29,6 +29,7 @@ from unirl.algorithms.base import StageAlgorithm
 from unirl.config.require import require
 from unirl.config.typecheck import PositiveFloat, PositiveInt
 from unirl.distributed.group.dispatch import Dispatch, distributed
+from unirl.train.compile_watch import RecompileWatch
 from unirl.types import Batch, Conditions, RolloutTrack
 from unirl.types.resident import RESIDENT, TRAIN_FIELDS, unpark
 
@@ -194,6 +195,24 @@ class OptimizerSteps:
         self.nonfinite_in_row = 0
         self.nonfinite_total = 0
         self.global_step = 0
+        self.compile_watch: RecompileWatch | None = None
+
+    def watch_compiles(self) -> None:
+        """Start counting compiled graphs when the backend compiles its blocks
+        (``fsdp.compile``); subclasses call it once ``backend`` is set, before any rollout."""
+        fsdp = getattr(self.backend, "fsdp_config", None)
+        if fsdp is not None and getattr(fsdp, "compile", False):
+            self.compile_watch = RecompileWatch()
+
+    def compile_metrics(self, rollout_index: int) -> dict[str, float]:
+        """``compile/new_graphs`` of the rollout that just trained (and the one warning when
+        graphs keep being compiled after the first rollout); empty without ``fsdp.compile``."""
+        if self.compile_watch is None:
+            return {}
+        # what the blocks compiled with: the backend's resolved value when it keeps one
+        fsdp = getattr(self.backend, "fsdp_config", None)
+        dynamic = getattr(self.backend, "compile_dynamic", getattr(fsdp, "compile_dynamic", False))
+        return self.compile_watch.after_rollout(rollout_index, dynamic)
 
     def _step_scalars(
         self, losses: list[float | torch.Tensor], grad_norm: torch.Tensor
@@ -288,6 +307,7 @@ class TrainStack(OptimizerSteps):
         self.backend = backend
         self.algorithm = algorithm
         algorithm.bind_backend(backend)
+        self.watch_compiles()
 
     def _order(self, n: int, rollout_index: int) -> torch.Tensor:
         if not self.config.shuffle:
@@ -464,6 +484,9 @@ class TrainStack(OptimizerSteps):
             # (0 with trainside fp32; the engine/precision gap for dedicated engines)
             metrics["old_logp/rollout_vs_replay_max"] = anchor_gap
             all_metrics.append(metrics)
+        # graphs compiled this rollout (sampling and training): on the last step only, so the
+        # driver's mean over steps is the rollout's count
+        all_metrics[-1].update(self.compile_metrics(rollout_index))
         if resident_key is not None:
             RESIDENT.drop(resident_key)
         with record_function("unirl/train/param_checksum"):

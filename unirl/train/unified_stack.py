@@ -139,6 +139,7 @@ class UnifiedTrainStack(OptimizerSteps):
             )
             for name in TRACKS
         }
+        self.watch_compiles()
 
     def memory_knobs(self) -> list[str]:
         return [
@@ -264,6 +265,7 @@ class UnifiedTrainStack(OptimizerSteps):
         metrics["time/train_step"] = time.perf_counter() - t0
         metrics["time/old_logp"] = anchor_time
         metrics["old_logp/rollout_vs_replay_max"] = self._anchor_gap
+        metrics.update(self.compile_metrics(rollout_index))
         for key in keys.values():
             if key is not None:
                 RESIDENT.drop(key)
