@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch._dynamo
 from torch import nn
-from train_fakes import TinyBundle, make_backend
+from train_fakes import TinyBundle, empty_track, make_backend
 
 import unirl.train.compile_watch as compile_watch
 from unirl.algorithms.base import StageAlgorithm, StepResult
@@ -17,7 +17,6 @@ from unirl.train import TrainStack
 from unirl.train.compile_watch import RecompileWatch, compiled_graph_count
 from unirl.train.parallel import FSDPConfig, apply_compile
 from unirl.trainer.base import mean_over_ranks
-from unirl.types import LatentSegment, RolloutTrack, TextEmbedConditions
 
 
 class TinyBlock(nn.Module):
@@ -140,19 +139,6 @@ class ShapeScriptedLoss(StageAlgorithm):
         return {}
 
 
-def _track(n: int = 4) -> RolloutTrack:
-    segment = LatentSegment(
-        sigmas=torch.linspace(1, 0, 3), sde_indices=torch.zeros(n, 0, dtype=torch.long)
-    )
-    return RolloutTrack(
-        sample_ids=torch.arange(n),
-        group_ids=torch.zeros(n, dtype=torch.long),
-        conditions=TextEmbedConditions(embeds=torch.zeros(n, 1, 1)),
-        segment=segment,
-        advantages=torch.zeros(n),
-    )
-
-
 def _train(
     rows: list[int], *, compile_blocks: bool, monkeypatch: pytest.MonkeyPatch
 ) -> list[dict[str, float]]:
@@ -172,7 +158,9 @@ def _train(
         num_updates_per_batch=2,
         shuffle=False,
     )
-    return [mean_over_ranks(stack.train_track(_track(), k)["steps"]) for k in range(len(rows))]
+    return [
+        mean_over_ranks(stack.train_track(empty_track(4), k)["steps"]) for k in range(len(rows))
+    ]
 
 
 def test_a_compiled_stack_reports_new_graphs_and_warns_once(

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_fakes import TinyBundle, make_backend
+from train_fakes import TinyBundle, empty_track, make_backend
 
 from unirl.algorithms.base import StageAlgorithm, StepResult
 from unirl.train import NonFiniteError, TrainStack
-from unirl.types import LatentSegment, RolloutTrack, TextEmbedConditions
 
 
 class ScriptedLoss(StageAlgorithm):
@@ -35,38 +34,25 @@ class ScriptedLoss(StageAlgorithm):
         return {}
 
 
-def _track(n: int = 2) -> RolloutTrack:
-    segment = LatentSegment(
-        sigmas=torch.linspace(1, 0, 3), sde_indices=torch.zeros(n, 0, dtype=torch.long)
-    )
-    return RolloutTrack(
-        sample_ids=torch.arange(n),
-        group_ids=torch.zeros(n, dtype=torch.long),
-        conditions=TextEmbedConditions(embeds=torch.zeros(n, 1, 1)),
-        segment=segment,
-        advantages=torch.zeros(n),
-    )
-
-
 def test_nonfinite_steps_are_counted_skipped_and_stop_the_run() -> None:
     backend = make_backend(bundle=TinyBundle())
     algorithm = ScriptedLoss([1.0, float("nan"), 2.0, float("nan"), float("inf"), float("nan")])
     stack = TrainStack(
         backend=backend, algorithm=algorithm, micro_batch_size=2, max_nonfinite_in_row=3
     )
-    first = stack.train_track(_track(), 0)["steps"][0]
+    first = stack.train_track(empty_track(2), 0)["steps"][0]
     assert first["nonfinite/count"] == 0.0 and "nonfinite/skipped_step" not in first
     before = {k: v.clone() for k, v in backend.full_trainable_state().items()}
-    second = stack.train_track(_track(), 1)["steps"][0]
+    second = stack.train_track(empty_track(2), 1)["steps"][0]
     assert second["nonfinite/skipped_step"] == 1.0 and second["nonfinite/count"] == 1.0
     after = backend.full_trainable_state()
     assert all(torch.equal(before[k], after[k]) for k in before)  # the NaN step was not applied
-    stack.train_track(_track(), 2)  # finite: resets the run of non-finite steps
+    stack.train_track(empty_track(2), 2)  # finite: resets the run of non-finite steps
     assert stack.nonfinite_in_row == 0 and stack.nonfinite_total == 1
-    stack.train_track(_track(), 3)
-    stack.train_track(_track(), 4)
+    stack.train_track(empty_track(2), 3)
+    stack.train_track(empty_track(2), 4)
     with pytest.raises(NonFiniteError, match=r"3 non-finite optimizer steps in a row .* rollout 5"):
-        stack.train_track(_track(), 5)
+        stack.train_track(empty_track(2), 5)
     assert stack.nonfinite_total == 4
 
 
@@ -91,7 +77,7 @@ def test_out_of_memory_names_the_knobs_that_lower_the_step(slots: int) -> None:
         micro_batch_size=2,
     )
     with pytest.raises(torch.OutOfMemoryError) as info:
-        stack.train_track(_track(), 4)
+        stack.train_track(empty_track(2), 4)
     knobs = "stack.micro_batch_size (now 2)"
     if slots > 1:
         knobs += " or algorithm.slots_per_forward (now 3)"
@@ -110,7 +96,7 @@ def test_troubleshooting_quotes_the_out_of_memory_line() -> None:
         micro_batch_size=8,  # the SD3 GPU recipes' micro-batch, as the page shows
     )
     with pytest.raises(torch.OutOfMemoryError) as info:
-        stack.train_track(_track(8), 0)
+        stack.train_track(empty_track(8), 0)
     hint = str(info.value).split("; CUDA out of memory")[0]
     page = (Path(__file__).parents[2] / "docs" / "troubleshooting.md").read_text()
     assert f"OutOfMemoryError: {hint}; CUDA out of memory." in page

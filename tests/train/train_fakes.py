@@ -9,6 +9,7 @@ import torch
 from diffusers import SD3Transformer2DModel
 
 from unirl.train import EMAConfig, FSDPBackend, LoraConfig, OptimizerConfig
+from unirl.types import LatentSegment, RolloutTrack, TextEmbedConditions
 
 TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
 TINY_CONFIG: dict[str, Any] = dict(
@@ -105,3 +106,18 @@ def train_step(
 @torch.no_grad()
 def output(backend: FSDPBackend, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     return backend.module(**inputs).sample
+
+
+def empty_track(n: int) -> RolloutTrack:
+    """A track of ``n`` samples with no trained SDE step and zero advantages: what a fake
+    algorithm that ignores its inputs needs to drive ``TrainStack.train``."""
+    segment = LatentSegment(
+        sigmas=torch.linspace(1, 0, 3), sde_indices=torch.zeros(n, 0, dtype=torch.long)
+    )
+    return RolloutTrack(
+        sample_ids=torch.arange(n),
+        group_ids=torch.zeros(n, dtype=torch.long),
+        conditions=TextEmbedConditions(embeds=torch.zeros(n, 1, 1)),
+        segment=segment,
+        advantages=torch.zeros(n),
+    )
