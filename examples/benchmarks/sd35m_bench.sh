@@ -32,6 +32,13 @@
 #     blocks (backend.fsdp.inductor_options, default null)
 #   COMPILE_VAE=false ... decodes with the eager VAE (default true, as the GPU recipes; the
 #     second-session figures in docs/performance.md had COMPILE_VAE=false FUSE=false)
+#   FP8=true ... samples the rollout with the frozen base's linears in float8 e4m3, rowwise
+#     scales (bundle.fp8_sampling; training and the π_old replay stay bf16; compute
+#     capability >= 8.9). π_old must then be replayed, so FP8=true also defaults
+#     OLD_LOGP=replay and RECORD_UNCOND=false (both refused with FP8); compare it against
+#     FP8=false OLD_LOGP=replay RECORD_UNCOND=false
+#   OLD_LOGP=replay|rollout|current ... algorithm.old_logp_source (default rollout; replay
+#     with FP8=true)
 #
 # 1. Flow-GRPO shape: 512x512, 10 steps, CFG 4.5, group 8, LoRA r32, 9 trained steps,
 #    KL reference forward (beta 0.04), T5 length 128, cheap reward (JPEG size).
@@ -40,18 +47,24 @@ set -euo pipefail
 mode="${1:-eager}"
 out="${2:-outputs/bench}"
 compile=false
+fp8="${FP8:-false}"
+if [[ "${fp8}" == "true" ]]; then
+  old_logp="${OLD_LOGP:-replay}" record_uncond="${RECORD_UNCOND:-false}"
+else
+  old_logp="${OLD_LOGP:-rollout}" record_uncond="${RECORD_UNCOND:-true}"
+fi
 [[ "${mode}" == "compile" ]] && compile=true
 export PRETRAINED_MODEL=sd3.5-medium-arch RAY_USAGE_STATS_ENABLED=0
 common=(
   --warmup "${WARMUP:-1}" --iters "${ITERS:-3}" ${NO_FLOPS:+--no-flops}
   num_devices="${NUM_DEVICES:-1}" device=cuda
   reward.backend._target_=unirl.reward.local.JpegCompressibility "~reward.backend.engine" "reward.guards=[]"
-  stack.num_updates_per_batch=1 algorithm.old_logp_source=rollout
+  stack.num_updates_per_batch=1 algorithm.old_logp_source="${old_logp}"
   "++backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}, data_parallel: ${DP:-replicate}, activation_checkpointing: ${ACKPT:-false}, inductor_options: ${INDUCTOR_OPTIONS:-null}, gather_for_sampling: ${GATHER:-false}}"
   sampling.height="${SIZE:-512}" sampling.width="${SIZE:-512}"
   ++bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-bf16}" ++bundle.compile_vae="${COMPILE_VAE:-true}" ++bundle.fuse_projections="${FUSE:-true}"
-  ++bundle.graph_text_encoders="${GRAPH_TEXT:-true}"
-  ++pipeline.record_uncond="${RECORD_UNCOND:-true}" ${SLOTS:+++algorithm.slots_per_forward=${SLOTS}}
+  ++bundle.graph_text_encoders="${GRAPH_TEXT:-true}" ++bundle.fp8_sampling="${fp8}"
+  ++pipeline.record_uncond="${record_uncond}" ${SLOTS:+++algorithm.slots_per_forward=${SLOTS}}
   logging.progress=off
 )
 if [[ "${ONLY:-}" != "fast" ]]; then

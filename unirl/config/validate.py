@@ -296,6 +296,34 @@ def check_updates_per_rollout(cfg: RunConfig, objs: Mapping[str, object]) -> Non
     )
 
 
+def check_fp8_sampling(cfg: RunConfig, objs: Mapping[str, object]) -> None:
+    """``bundle.fp8_sampling`` samples in FP8 while π_old is replayed in the training
+    precision: refused with ``old_logp_source=rollout`` (the FP8 sampler's log-probs as
+    π_old), with ``pipeline.record_uncond`` (the FP8 sampler's v_u in the loss), and with an
+    external engine (it samples with its own model, which the knob does not reach)."""
+    if not bool((cfg.bundle or {}).get("fp8_sampling", False)):
+        return
+    block = cfg.algorithm if isinstance(cfg.algorithm, dict) else {}
+    require(
+        block.get("old_logp_source") != "rollout",
+        "bundle.fp8_sampling=true samples in FP8, so the rollout's log-probs are not the "
+        "training precision's π_old: set algorithm.old_logp_source=replay (or current), or "
+        "bundle.fp8_sampling=false",
+    )
+    require(
+        not bool((cfg.pipeline or {}).get("record_uncond", False)),
+        "bundle.fp8_sampling=true: pipeline.record_uncond=true would reuse the FP8 sampler's "
+        "unconditional velocity in the loss; set pipeline.record_uncond=false or "
+        "bundle.fp8_sampling=false",
+    )
+    kind = engine_kind(cfg)
+    require(
+        kind in ("trainside", "dedicated"),
+        f"bundle.fp8_sampling=true quantizes the bundle's own sampler; a {kind!r} engine samples "
+        "with its own model; set bundle.fp8_sampling=false",
+    )
+
+
 def check_batch_geometry(cfg: RunConfig, objs: Mapping[str, object]) -> None:
     geometry = BatchGeometry.of(cfg, objs)
     n = geometry.samples_per_rollout
@@ -719,6 +747,7 @@ CHECKS: tuple[Callable[[RunConfig, Mapping[str, object]], None], ...] = (
     check_layout_and_sync,
     check_sequence_parallel,
     check_updates_per_rollout,
+    check_fp8_sampling,
     check_batch_geometry,
     check_drop_group_shards,
     check_strategy_and_algorithm,

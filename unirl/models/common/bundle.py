@@ -30,6 +30,7 @@ from unirl.config.typecheck import PositiveInt
 from unirl.models.common.config_dict import ConfigDict
 from unirl.models.common.cuda_graph import GraphedFunction
 from unirl.models.common.engine_maps import EngineMaps
+from unirl.models.common.fp8_linear import fp8_device_problem, fp8_sampling
 from unirl.models.common.guidance import BatchedCFG, Guidance
 from unirl.models.common.presets import ModelSourceError
 from unirl.sde.schedule import sigmas_from_scheduler_config
@@ -60,6 +61,9 @@ class FlowMatchingBundleConfig:
     (diffusers' ``enable_gradient_checkpointing``).
     ``decode_chunk_size`` bounds how many latents one VAE decode call takes; ``compile_vae``
     compiles the VAE decoder with ``torch.compile`` (one graph per chunk shape).
+    ``fp8_sampling`` runs the frozen base's linear layers in float8 (e4m3, rowwise scales) in
+    rollout sampling only (``common/fp8_linear.py``); training and the π_old replay stay in
+    ``dtype``. CUDA needs compute capability 8.9 or newer.
     """
 
     preset_names: ClassVar[tuple[str, ...]] = ("tiny",)
@@ -74,6 +78,7 @@ class FlowMatchingBundleConfig:
     sdpa_backend: str = "auto"
     decode_chunk_size: PositiveInt = 8
     compile_vae: bool = False
+    fp8_sampling: bool = False
 
     def __post_init__(self) -> None:
         require(
@@ -251,6 +256,9 @@ class FlowMatchingBundle:
             config.text_encoder_dtype, "bundle.text_encoder_dtype"
         )
         self.vae_dtype = parse_dtype(config.vae_dtype, "bundle.vae_dtype")
+        if config.fp8_sampling:  # before any weight is read
+            problem = fp8_device_problem(self.device)
+            require(problem is None, f"bundle.fp8_sampling=true: {problem}; set it to false")
         self._negative_cache: dict[str, Conditions] = {}
         self._graphs: dict[str, GraphedFunction] = {}
         self._offloaded = False
@@ -445,6 +453,13 @@ class FlowMatchingBundle:
             dtype=self.dtype,
             enabled=self.device.type == "cuda" and self.dtype != torch.float32,
         )
+
+    def sampling_precision(self) -> contextlib.AbstractContextManager[object]:
+        """Around a rollout's denoise loop: the frozen base's linears in FP8 with
+        ``fp8_sampling`` (no-grad forwards only, ``fp8_linear.fp8_sampling``), else nothing."""
+        if not self.config.fp8_sampling:
+            return contextlib.nullcontext()
+        return fp8_sampling(self.trainable_modules.values(), self.device)
 
     # -- encode -------------------------------------------------------------------------------
 

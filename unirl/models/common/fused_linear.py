@@ -12,6 +12,8 @@ The math is exactly that of the separate layers (peft's ``base(x) + B(A(dropout(
 for each active adapter); only the summation order inside the fused matmul differs. What may
 change between calls is read on every call: peft's ``disable_adapters``, ``merged``, and the
 active adapter set, so ``adapter_disabled`` / ``adapter_active`` switches behave as before.
+Inside ``fp8_linear.fp8_sampling`` (no grad) the frozen weights go through one FP8 matmul and
+the ``A`` columns through their own matmul in the base dtype.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from unirl.models.common.fp8_linear import active_session
 
 
 @dataclass(frozen=True)
@@ -155,23 +159,30 @@ def fused_projections(x: torch.Tensor, layers: Sequence[nn.Module]) -> list[torc
     base_frozen = not any(w.requires_grad for w in frozen) and not any(
         base.bias is not None and base.bias.requires_grad for base in bases
     )
-    if a is not None and torch.is_grad_enabled() and a.requires_grad and base_frozen:
+    fp8 = active_session(bases) if x.dim() >= 3 else None
+    if fp8 is not None:  # FP8 sampling (fp8_linear.py): the frozen bases in FP8, A beside
+        fused = fp8.project(x, bases, dtype)
+        lora_cols = None if a is None else F.linear(x.to(dtype), a.to(dtype))
+    elif a is not None and torch.is_grad_enabled() and a.requires_grad and base_frozen:
         fused = _FrozenBaseLinear.apply(x, a, dtype, *frozen)
     else:
         fused = F.linear(x.to(dtype), _fused_weight(frozen, a, dtype))
 
     widths = [base.out_features for base in bases]
     n_base = sum(widths)
+    if fp8 is None:
+        lora_cols = fused[..., n_base:]
     outs = list(torch.split(fused[..., :n_base], widths, dim=-1))
     for i, base in enumerate(bases):
         if base.bias is not None:
             outs[i] = outs[i] + base.bias.to(outs[i].dtype)
-    start = n_base
+    start = 0
     for ad in folded:
         rank = ad.a.shape[0]
         # a copy of the r columns, so the B matmul's saved input does not keep the whole
         # fused output alive until the backward
-        hidden = fused[..., start : start + rank].contiguous()
+        assert lora_cols is not None
+        hidden = lora_cols[..., start : start + rank].contiguous()
         start += rank
         outs[ad.owner] = outs[ad.owner] + F.linear(hidden, ad.b.to(hidden.dtype)) * ad.scaling
     for ad in beside:

@@ -7,6 +7,7 @@ media, replay) is here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -215,7 +216,7 @@ class FlowMatchingPipeline:
         chunk = self.forward_batch_size or len(req)
         segments = []
         decoded_chunks: list[torch.Tensor] = []
-        with record_function("unirl/denoise"):
+        with record_function("unirl/denoise"), self._sampling_precision():
             for start in range(0, len(req), chunk):
                 rows = slice(start, start + chunk)
                 segments.append(
@@ -262,6 +263,12 @@ class FlowMatchingPipeline:
             references=references,
         )
         return RolloutResp(tracks={self.track_name: track}, timings=timings)
+
+    def _sampling_precision(self) -> contextlib.AbstractContextManager[object]:
+        """The bundle's precision switch for sampling forwards (``bundle.fp8_sampling``); a
+        bundle without the hook has no such knob."""
+        hook = getattr(self.bundle, "sampling_precision", None)
+        return contextlib.nullcontext() if hook is None else hook()
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         chunk = self.decode_chunk_size or latents.shape[0]
