@@ -12,8 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hydra.utils import instantiate
-
 from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
 from unirl.config.validate import engine_kind
@@ -26,7 +24,7 @@ from unirl.trainer.dedicated import DedicatedLayout, SyncedRollout
 from unirl.trainer.request import (
     text_request,
 )
-from unirl.trainer.roles import RewardWorker, TrainOps, stage_roles
+from unirl.trainer.roles import RewardWorker, TrainOps, init_world, stage_roles
 from unirl.trainer.stage import Stage
 from unirl.types import ARSamplingParams, RolloutReq, RolloutTrack, Texts
 
@@ -161,10 +159,11 @@ class ARTrainer(StageTrainer):
     (every role a sibling on every worker) or on SGLang's server (colocated or on its own
     slab, with weight sync). ``run()`` returns the process exit code."""
 
+    sampling: ARSamplingParams
+
     def __init__(self, cfg: RunConfig, data: dict[str, Any], *, dry: bool = False) -> None:
         check_ar_recipe(cfg)
         super().__init__(cfg, data, dry=dry)
-        self.sampling: ARSamplingParams = instantiate(cfg.sampling, _convert_="object")
         size = bundle_image_size(cfg)  # a vision-language family: one image per prompt
         self.images = ReferenceImages(size, size) if size is not None else None
 
@@ -175,8 +174,7 @@ class ARTrainer(StageTrainer):
         sync = None
         rollout: Handle | SyncedRollout
         if engine_kind(cfg) == "trainside":
-            if cfg.num_devices > 1:
-                pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
+            init_world(pool, cfg)
             with placement(pool, fraction=1.0):  # every role a sibling on every worker
                 train = stage_roles(cfg, algorithm_takes="policy", ops_class=ARTrainOps)
                 rollout = remote(cfg.rollout, name="rollout", pipeline=train["pipeline"])

@@ -178,8 +178,9 @@ class StageTrainer:
     ``run()`` returns the process exit code.
     """
 
-    # set by each domain: its sampling block; a diffusion stage's author also reads the
-    # family's σ schedules, latent shape (after_place) and the recipe's SDE-step schedule
+    # the recipe's sampling block, built here (each domain narrows its type); a diffusion
+    # stage's author also reads the family's σ schedules, latent shape (after_place) and the
+    # recipe's SDE-step schedule
     sampling: Any
     schedules: dict[str, torch.Tensor]
     latent_shape: tuple[int, ...]
@@ -194,6 +195,7 @@ class StageTrainer:
         self.out = OutputDir(cfg.output_dir, create=not dry)
         self.data_source = instantiate(cfg.data_source, _convert_="object")
         self.data_source.set_prompts_per_rollout(cfg.batch_size)
+        self.sampling = instantiate(cfg.sampling, _convert_="object")
         self.eval_held_out = self._hold_out_eval_prompts()
         self.start_rollout = 0
         self.rollout: Any = None

@@ -28,7 +28,7 @@ from unirl.distributed.group.dispatch import Dispatch, distributed
 from unirl.distributed.group.pool import PoolBase
 from unirl.distributed.weight_sync import SyncSource, WeightSync, WeightSyncDriver, build_sync
 from unirl.distributed.weight_sync.group import free_port, node_address
-from unirl.trainer.roles import RewardWorker, stage_roles
+from unirl.trainer.roles import RewardWorker, init_world, stage_roles
 from unirl.types import RolloutReq, RolloutResp
 
 
@@ -167,8 +167,7 @@ class DedicatedLayout:
 
     def _build_colocate(self, pool: PoolBase) -> DedicatedRoles:
         cfg = self.cfg
-        if cfg.num_devices > 1:
-            pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
+        init_world(pool, cfg)
         with placement(pool, fraction=1.0):
             train = self._train_roles()
             engine = remote(cfg.rollout, name="rollout")

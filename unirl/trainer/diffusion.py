@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
 
 from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
@@ -21,7 +20,7 @@ from unirl.distributed.group.pool import PoolBase
 from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.base import StageTrainer
 from unirl.trainer.dedicated import build_dedicated_layout
-from unirl.trainer.roles import RewardWorker, stage_roles
+from unirl.trainer.roles import RewardWorker, init_world, stage_roles
 from unirl.types import DiffusionSamplingParams, RolloutReq
 
 TRACK = "diffusion"
@@ -200,9 +199,10 @@ class DiffusionTrainer(StageTrainer):
     trainside (every role a sibling on every worker) or dedicated (own engine copy, colocated
     or on its own slab, with weight sync). ``run()`` returns the process exit code."""
 
+    sampling: DiffusionSamplingParams
+
     def __init__(self, cfg: RunConfig, data: dict[str, Any], *, dry: bool = False) -> None:
         super().__init__(cfg, data, dry=dry)
-        self.sampling: DiffusionSamplingParams = instantiate(cfg.sampling, _convert_="object")
         self.sde_steps = self.sampling.sde_steps or AllSteps()
         # ratio losses train recorded SDE steps; likelihood-free ones (NFT) sample with the ODE;
         # reward-gradient losses (stores_steps) keep the ODE chain's inputs at those steps
@@ -223,8 +223,7 @@ class DiffusionTrainer(StageTrainer):
         cfg = self.cfg
         sync = None
         if engine_kind(cfg) == "trainside":
-            if cfg.num_devices > 1:
-                pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
+            init_world(pool, cfg)
             # sequence parallelism: the ranks of one SP group are one data-parallel rank (the
             # same rows for every role); the backend splits each video's tokens over them
             parallel = ParallelSizes(sp=cfg.parallel.sequence_parallel_size)

@@ -60,7 +60,7 @@ from unirl.trainer.request import (
     EVAL_ID_OFFSET,
     text_request,
 )
-from unirl.trainer.roles import RewardWorker, TrainOps, stage_roles
+from unirl.trainer.roles import RewardWorker, TrainOps, init_world, stage_roles
 from unirl.trainer.stage import Stage, kept_reward_stats
 from unirl.types import (
     STATUS_OK,
@@ -91,12 +91,13 @@ class PETrainer(StageTrainer):
     ``diffusion`` child; every role a sibling on every worker (trainside), or the policy
     served by a dedicated text engine that its stage syncs (``pe_served.PEServedLayout``)."""
 
+    sampling: ARSamplingParams
+
     def __init__(
         self, cfg: RunConfig, data: dict[str, Any], pe: PEConfig, *, dry: bool = False
     ) -> None:
         super().__init__(cfg, data, dry=dry)
         self.pe = pe
-        self.sampling: ARSamplingParams = instantiate(cfg.sampling, _convert_="object")
         self.draw_sampling: DiffusionSamplingParams = instantiate(
             pe.diffusion.sampling, _convert_="object"
         )
@@ -124,8 +125,7 @@ class PETrainer(StageTrainer):
             sync, draw_sync = layout.policy_sync, layout.drawer_sync
             print(f"[unirl] served: {layout.describe()}", flush=True)
         else:
-            if cfg.num_devices > 1:
-                pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
+            init_world(pool, cfg)
             with placement(pool, fraction=1.0):  # every role a sibling on every worker
                 text = stage_roles(
                     cfg, prefix=TEXT_TRACK, algorithm_takes="policy", ops_class=ARTrainOps

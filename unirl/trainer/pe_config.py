@@ -7,7 +7,7 @@ the drawer validated as its own recipe), and what ``dry_run`` prints beside the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
@@ -15,7 +15,7 @@ from unirl.config.validate import check_block, locate, validate
 from unirl.models.common.pipeline import FlowMatchingPipeline
 from unirl.models.common_ar.pipeline import CausalLMPipeline
 from unirl.rollout.engine.composed import ComposedEngine
-from unirl.trainer.stage import check_child_stage_block
+from unirl.trainer.stage import ComposedStageConfig
 from unirl.types import ARSamplingParams, DiffusionSamplingParams
 
 TEXT_TRACK = ComposedEngine.text_track
@@ -52,7 +52,7 @@ class DrawerConfig:
 
 
 @dataclass(kw_only=True)
-class PEConfig:
+class PEConfig(ComposedStageConfig):
     """The recipe's ``pe`` block: how the two stages are tied.
 
     ``reduce``: a rewrite's reward from its kept images (``mean`` | ``max``). ``train_both``:
@@ -70,25 +70,10 @@ class PEConfig:
     share_noise: bool = True
     compose: dict[str, Any] | None = None
 
-    @classmethod
-    def of(cls, block: Any) -> PEConfig:
-        """The typed ``pe`` block; one line naming the key when it is wrong."""
-        checked, drawer = check_child_stage_block(
-            block,
-            cls,
-            "pe",
-            child="diffusion",
-            child_cls=DrawerConfig,
-            components=("bundle", "pipeline", "sampling"),
-            owner="the drawer's",
-            missing="unirl.train_pe needs a `pe` block (pe.diffusion: the drawer's bundle, "
-            "pipeline and sampling; pe.reduce, pe.train_both); see "
-            "examples/pe/pe_tiny_trainside.yaml",
-            child_missing="pe.diffusion is missing: give the drawer's bundle, pipeline and "
-            "sampling blocks",
-        )
-        checked["diffusion"] = DrawerConfig(**drawer)
-        return cls(**checked)
+    block_key: ClassVar[str] = "pe"
+    entry: ClassVar[str] = "unirl.train_pe"
+    owner: ClassVar[str] = "the drawer's"
+    example: ClassVar[str] = "examples/pe/pe_tiny_trainside.yaml"
 
 
 # -- checks before any Ray work ----------------------------------------------------------------

@@ -31,7 +31,7 @@ from unirl.trainer.dedicated import (
 )
 from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, PEConfig, compose_block
 from unirl.trainer.pe_roles import DrawerInfo
-from unirl.trainer.roles import RewardWorker, TrainOps, stage_roles
+from unirl.trainer.roles import RewardWorker, TrainOps, init_world, stage_roles
 from unirl.types import RolloutReq, RolloutTrack
 
 
@@ -174,8 +174,7 @@ class PEServedLayout(DedicatedLayout):
 
     def _build_colocate(self, pool: PoolBase) -> DedicatedRoles:
         cfg = self.cfg
-        if cfg.num_devices > 1:
-            pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
+        init_world(pool, cfg)
         with placement(pool, fraction=1.0):
             text = self._policy_roles()
             engine = remote(cfg.rollout, name=f"{TEXT_TRACK}_engine")

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from unirl.config.require import require
+from unirl.config.run import RunConfig
 from unirl.distributed.group import Handle, ParallelSizes, remote
 from unirl.distributed.group.dispatch import Dispatch, distributed
+from unirl.distributed.group.pool import PoolBase
 from unirl.types import Images, RolloutReq, RolloutTrack
 from unirl.types.resident import unpark
 
@@ -144,27 +147,22 @@ class TrainOps:
         """Write the trained LoRA to ``path`` (diffusers + peft formats); with ``ema=True``
         the EMA weights (what eval samples with) instead. Returns False, writing nothing,
         when ``ema`` is asked of a backend without EMA."""
-        if not ema:
-            self.backend.export_lora(path)
-            return True
-        if not getattr(self.backend, "has_ema", False):
-            return False
-        with self.backend.ema_weights():
-            self.backend.export_lora(path)
-        return True
+        return self._export(self.backend.export_lora, path, ema)
 
     @distributed(dispatch=Dispatch.BROADCAST)
     def export_model(self, path: str, ema: bool = False) -> bool:
         """Write the whole trained model to ``path`` as a ``save_pretrained`` folder with its
         tokenizer (``FSDPBackend.export_pretrained``); with ``ema=True`` the EMA weights.
         Returns False, writing nothing, when ``ema`` is asked of a backend without EMA."""
-        if not ema:
-            self.backend.export_pretrained(path)
-            return True
-        if not getattr(self.backend, "has_ema", False):
+        return self._export(self.backend.export_pretrained, path, ema)
+
+    def _export(self, write: Callable[[str], object], path: str, ema: bool) -> bool:
+        """``write(path)`` with the trained weights, or with the EMA weights swapped in;
+        False, writing nothing, for ``ema`` on a backend without EMA."""
+        if ema and not getattr(self.backend, "has_ema", False):
             return False
-        with self.backend.ema_weights():
-            self.backend.export_pretrained(path)
+        with self.backend.ema_weights() if ema else contextlib.nullcontext():
+            write(path)
         return True
 
     @distributed(dispatch=Dispatch.BROADCAST)
@@ -289,6 +287,13 @@ def _modules_flops(counter: Any, class_names: list[str]) -> int:
         name for name in matched if not any(name.startswith(other + ".") for other in matched)
     ]
     return sum(sum(counts[name].values()) for name in outermost)
+
+
+def init_world(pool: PoolBase, cfg: RunConfig) -> None:
+    """One torch.distributed group ``world`` over every worker of ``pool`` when the run has
+    more than one device (the data-parallel collectives of the colocated roles)."""
+    if cfg.num_devices > 1:
+        pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
 
 
 def stage_roles(

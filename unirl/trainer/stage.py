@@ -15,8 +15,9 @@ sample (``parent_ids``) and the parent's reward is the mean (or max) of its kept
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+import typing
+from dataclasses import MISSING, dataclass, fields, is_dataclass, replace
+from typing import Any, ClassVar, Literal, Self
 
 import torch
 
@@ -122,37 +123,6 @@ def kept_reward_stats(track: RolloutTrack) -> dict[str, float]:
     }
 
 
-def check_child_stage_block(
-    block: Any,
-    cls: type,
-    where: str,
-    *,
-    child: str,
-    child_cls: type,
-    components: tuple[str, ...],
-    owner: str,
-    missing: str,
-    child_missing: str,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A composed recipe's block (``pe``, ``unified``) and its child stage's block inside it
-    (``pe.diffusion``, ``unified.image``), each checked against its dataclass's keys and types;
-    every name in ``components`` must be a block with a ``_target_``. ``missing`` /
-    ``child_missing``: the one line when the block / the child block is absent; a missing
-    component reads ``<where>.<child>.<name> is missing: give <owner> <name> block with its
-    _target_``. Returns ``(block, child block)``, checked."""
-    require(isinstance(block, dict), missing)
-    checked = check_config_mapping(block, cls, where)
-    require(isinstance(checked.get(child), dict), child_missing)
-    inner = check_config_mapping(checked[child], child_cls, f"{where}.{child}")
-    for name in components:
-        value = inner.get(name)
-        require(
-            isinstance(value, dict) and "_target_" in value,
-            f"{where}.{child}.{name} is missing: give {owner} {name} block with its _target_",
-        )
-    return checked, inner
-
-
 def order_stages(stages: list[Stage]) -> list[Stage]:
     """Stages with every child before its parent (rewards flow child -> parent); refuses a
     parent that names no stage and a cycle."""
@@ -174,3 +144,59 @@ def order_stages(stages: list[Stage]) -> list[Stage]:
         return depth[s.track]
 
     return sorted(stages, key=lambda s: -level(s))
+
+
+class ComposedStageConfig:
+    """A composed recipe's typed block (``PEConfig`` as ``pe``, ``UnifiedConfig`` as
+    ``unified``): a dataclass with one field holding its child stage's dataclass
+    (``pe.diffusion``, ``unified.image``), whose fields without a default are the component
+    blocks (``_target_`` mappings) the child must give. The class names its recipe key
+    (``block_key``), its entry point, the child stage in messages (``owner``) and the recipe to
+    copy (``example``); :meth:`of` checks the block and its child and builds both."""
+
+    block_key: ClassVar[str]
+    entry: ClassVar[str]
+    owner: ClassVar[str]
+    example: ClassVar[str]
+
+    @classmethod
+    def _child(cls) -> tuple[str, type, tuple[str, ...]]:
+        """``(child field, its dataclass, the child's required component names)``."""
+        hints = typing.get_type_hints(cls)
+        (child,) = (f.name for f in fields(cls) if is_dataclass(hints[f.name]))  # type: ignore[arg-type]
+        child_cls = hints[child]
+        required = tuple(
+            f.name
+            for f in fields(child_cls)
+            if f.default is MISSING and f.default_factory is MISSING
+        )
+        return child, child_cls, required
+
+    @classmethod
+    def of(cls, block: object) -> Self:
+        """The typed block; one line naming the key when it is wrong or missing."""
+        where = cls.block_key
+        child, child_cls, components = cls._child()
+        parts = ", ".join(components)
+        others = "".join(f"; {where}.{f.name}" for f in fields(cls) if f.name != child)  # type: ignore[arg-type]
+        require(
+            isinstance(block, dict),
+            f"{cls.entry} needs a `{where}` block ({where}.{child}: {cls.owner} {parts}{others}); "
+            f"see {cls.example}",
+        )
+        assert isinstance(block, dict)
+        checked = check_config_mapping(block, cls, where)
+        require(
+            isinstance(checked.get(child), dict),
+            f"{where}.{child} is missing: give {cls.owner} {parts} blocks",
+        )
+        inner = check_config_mapping(checked[child], child_cls, f"{where}.{child}")
+        for name in components:
+            value = inner.get(name)
+            require(
+                isinstance(value, dict) and "_target_" in value,
+                f"{where}.{child}.{name} is missing: give {cls.owner} {name} block with its "
+                "_target_",
+            )
+        checked[child] = child_cls(**inner)
+        return cls(**checked)

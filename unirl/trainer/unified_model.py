@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from hydra.utils import instantiate
@@ -59,8 +59,8 @@ from unirl.trainer.base import StageTrainer, write_sample_rows
 from unirl.trainer.request import (
     text_request,
 )
-from unirl.trainer.roles import RewardWorker, TrainOps
-from unirl.trainer.stage import Stage, check_child_stage_block, kept_reward_stats
+from unirl.trainer.roles import RewardWorker, TrainOps, init_world
+from unirl.trainer.stage import ComposedStageConfig, Stage, kept_reward_stats
 from unirl.types import (
     ARSamplingParams,
     DiffusionRequest,
@@ -84,28 +84,15 @@ class ImageStageConfig:
 
 
 @dataclass(kw_only=True)
-class UnifiedConfig:
+class UnifiedConfig(ComposedStageConfig):
     """The recipe's ``unified`` block (the text stage is the recipe's top-level blocks)."""
 
     image: ImageStageConfig
 
-    @classmethod
-    def of(cls, block: Any) -> UnifiedConfig:
-        _, image = check_child_stage_block(
-            block,
-            cls,
-            "unified",
-            child="image",
-            child_cls=ImageStageConfig,
-            components=("pipeline", "sampling", "algorithm"),
-            owner="the image stage's",
-            missing="unirl.train_unified_model needs a `unified` block (unified.image: the "
-            "image stage's pipeline, sampling and algorithm); see "
-            "examples/unified_model/unified_tiny.yaml",
-            child_missing="unified.image is missing: give the image stage's pipeline, "
-            "sampling and algorithm",
-        )
-        return cls(image=ImageStageConfig(**image))
+    block_key: ClassVar[str] = "unified"
+    entry: ClassVar[str] = "unirl.train_unified_model"
+    owner: ClassVar[str] = "the image stage's"
+    example: ClassVar[str] = "examples/unified_model/unified_tiny.yaml"
 
 
 # -- checks before any Ray work ----------------------------------------------------------------
@@ -303,12 +290,13 @@ class UnifiedModelTrainer(StageTrainer):
     one model, every role a sibling on every worker (trainside), one backend and one joint
     stack for both."""
 
+    sampling: ARSamplingParams
+
     def __init__(
         self, cfg: RunConfig, data: dict[str, Any], unified: UnifiedConfig, *, dry: bool = False
     ) -> None:
         super().__init__(cfg, data, dry=dry)
         self.unified = unified
-        self.sampling: ARSamplingParams = instantiate(cfg.sampling, _convert_="object")
         self.image_sampling: Any = instantiate(unified.image.sampling, _convert_="object")
         self.tokens = image_tokens(unified)
         self.sde_steps = None if self.tokens else self.image_sampling.sde_steps or AllSteps()
@@ -317,8 +305,7 @@ class UnifiedModelTrainer(StageTrainer):
 
     def place_roles(self, pool: PoolBase) -> None:
         cfg, image = self.cfg, self.unified.image
-        if cfg.num_devices > 1:
-            pool.init_process_group(tuple(range(cfg.num_devices)), group_name="world")
+        init_world(pool, cfg)
         with placement(pool, fraction=1.0):  # every role a sibling on every worker
             bundle = remote(cfg.bundle, name="bundle")
             text_pipeline = remote(cfg.pipeline, name="text_pipeline", bundle=bundle)
