@@ -4,8 +4,8 @@ slower than eager.
 
 A block compiled at fixed shapes (``fsdp.compile_dynamic=false``) builds one graph per input
 shape. A family whose joint text+image sequence changes with every prompt (Qwen-Image,
-Z-Image with unpadded prompts) meets a new shape in every rollout and compiles new graphs
-inside the timed step (1.5-3x slower than eager, measured on one H200). The train stacks keep
+Z-Image) meets new shapes in later rollouts and compiles new graphs inside the timed step
+(Z-Image at static shapes: 0.64x its eager step on one H200, docs/performance.md). The train stacks keep
 a :class:`RecompileWatch`: it reports ``compile/new_graphs`` per rollout and prints one warning
 once graphs are still being compiled after the first rollout (the warm-up).
 """
