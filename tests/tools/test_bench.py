@@ -238,3 +238,34 @@ def test_diffusion_summary_keeps_its_keys() -> None:
         "text_encode", "rollout", "decode", "reward", "old_logp", "train", "sync", "total",
     }  # fmt: skip
     assert out["samples_per_s"] == 2.0 and out["compile_and_warmup_s"] == 2.0
+
+
+def test_a_failed_flop_pass_is_reported_not_raised() -> None:
+    """The FLOP pass runs after the timed rollouts: its failure comes back as one line (the
+    JSON keeps the timings, the CLI exits 1), a working pass gives its counts."""
+    from unirl.tools.bench import count_flops_or_error
+
+    class Trainer:
+        data_source = SimpleNamespace(next_batch=lambda: ["a prompt"])
+
+        def build_request(self, prompts: list[str], rollout_index: int) -> tuple:
+            return (tuple(prompts), rollout_index)
+
+    class Ops:
+        def __init__(self, error: Exception | None) -> None:
+            self.error, self.seen = error, []
+
+        def count_flops(self, req: tuple, rollout_index: int) -> list[dict[str, float]]:
+            self.seen.append((req, rollout_index))
+            if self.error is not None:
+                raise self.error
+            return [{"rollout_total": 2.0}]
+
+    good = Ops(None)
+    assert count_flops_or_error(Trainer(), good, 7) == ([{"rollout_total": 2.0}], None)
+    assert good.seen == [((("a prompt",), 7), 7)]
+    bad = Ops(AssertionError("sdpa_flop_count: query/key/value shapes are incompatible\nmore"))
+    assert count_flops_or_error(Trainer(), bad, 7) == (
+        None,
+        "AssertionError: sdpa_flop_count: query/key/value shapes are incompatible",
+    )

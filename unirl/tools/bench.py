@@ -255,6 +255,20 @@ def _card_name(device: str) -> str:
     return str(device)
 
 
+def count_flops_or_error(
+    trainer: Any, ops: Any, rollout_index: int
+) -> tuple[list[dict[str, float]] | None, str | None]:
+    """One more rollout + train under the FLOP counter: ``(flops, None)``, or ``(None, the
+    failure in one line)`` when the pass fails, so the timed rollouts before it still reach
+    the JSON (call 15: a failed pass on a 20B model lost a whole run's figures)."""
+    try:
+        prompts = trainer.data_source.next_batch()
+        req = trainer.build_request(prompts, rollout_index)
+        return ops.count_flops(req, rollout_index), None
+    except Exception as exc:  # any failure of the extra pass is reported, not raised
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
 def run(data: dict[str, Any]) -> int:
     """Compose -> validate -> timed loop -> FLOP count -> JSON."""
     from unirl.config.geometry import BatchGeometry
@@ -310,15 +324,14 @@ def run(data: dict[str, Any]) -> int:
                 summaries = ops.stop_profile(opts.profile)
             results["profile"] = {"rollout_s": profiled_s, "workers": summaries}
             Path(opts.profile, "summary.json").write_text(json.dumps(results["profile"], indent=2))
-        flops = None
-        if not opts.no_flops:
-            prompts = trainer.data_source.next_batch()
-            req = trainer.build_request(prompts, cfg.num_rollouts)
-            t0 = time.perf_counter()
-            flops = ops.count_flops(req, cfg.num_rollouts)
-            results["flop_count_s"] = time.perf_counter() - t0
         results["memory"] = memory
-        results["flops"] = flops
+        results["flops"] = None
+        if not opts.no_flops:
+            t0 = time.perf_counter()
+            results["flops"], results["flops_error"] = count_flops_or_error(
+                trainer, ops, cfg.num_rollouts
+            )
+            results["flop_count_s"] = time.perf_counter() - t0
         results["device_name"] = getattr(trainer, "device_name", None) or _card_name(cfg.device)
 
     trainer = _text_trainer_class()(cfg, data) if text else DiffusionTrainer(cfg, data)
@@ -342,12 +355,22 @@ def run(data: dict[str, Any]) -> int:
     )
     summary["recipe_overrides"] = _REST
     summary["flop_count_s"] = results.get("flop_count_s")
+    if results.get("flops_error"):
+        summary["flops_error"] = results["flops_error"]
     if "profile" in results:
         summary["profile"] = results["profile"]
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
     print(f"[unirl.bench] wrote {out_path}", flush=True)
+    if results.get("flops_error"):
+        print(
+            f"[unirl.bench] error: the FLOP-counting pass failed after the timed rollouts "
+            f"({results['flops_error']}); the timings above are kept in {out_path} without MFU "
+            "(rerun with --no-flops to skip the pass)",
+            flush=True,
+        )
+        return 1
     return 0
 
 
