@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from test_train_stack_nonfinite import ScriptedLoss, _track
-from train_fakes import TinyBundle, make_backend
+from test_train_stack_nonfinite import ScriptedLoss
+from train_fakes import TinyBundle, empty_track, make_backend
 
 from unirl.config import ConfigError
 from unirl.train import TrainStack, TrainStackConfig
@@ -20,7 +20,7 @@ def test_knobs_become_one_config_the_stack_reads() -> None:
         backend=backend, algorithm=ScriptedLoss([1.0, 2.0]), micro_batch_size=1, shuffle=False
     )
     assert stack.config == TrainStackConfig(micro_batch_size=1, shuffle=False)
-    steps = stack.train_track(_track(2), 0)["steps"]
+    steps = stack.train_track(empty_track(2), 0)["steps"]
     assert len(steps) == stack.config.num_updates_per_batch == 1
 
 
