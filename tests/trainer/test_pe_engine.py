@@ -203,11 +203,11 @@ def _driver(share_noise: bool, trains: bool = False) -> PETrainer:
     trainer = PETrainer.__new__(PETrainer)
     trainer.cfg = RunConfig(seed=5)
     trainer.cfg.eval.samples_per_prompt = 1
-    trainer.pe = PEConfig(
+    trainer.composed = PEConfig(
         diffusion=DrawerConfig(bundle={}, pipeline={}, sampling={}), share_noise=share_noise
     )
     trainer.sampling = ARSamplingParams(samples_per_prompt=3, max_new_tokens=6, stop=["."])
-    trainer.draw_sampling = DiffusionSamplingParams(
+    trainer.child_sampling = DiffusionSamplingParams(
         samples_per_prompt=2, num_inference_steps=4, eval_num_inference_steps=3
     )
     trainer.schedules = {"train": torch.linspace(1, 0, 5), "eval": torch.linspace(1, 0, 4)}

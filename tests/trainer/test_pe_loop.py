@@ -74,7 +74,7 @@ def _trainer(reduce: str, train_both: bool) -> tuple[PETrainer, RecordingStack, 
     drawer = DrawerConfig(bundle={}, pipeline={}, sampling={})
     trainer = PETrainer.__new__(PETrainer)  # the loop only: no recipe, no Ray
     trainer.cfg = cfg
-    trainer.pe = PEConfig(diffusion=drawer, reduce=reduce, train_both=train_both)  # type: ignore[arg-type]
+    trainer.composed = PEConfig(diffusion=drawer, reduce=reduce, train_both=train_both)  # type: ignore[arg-type]
     trainer.rollout = FixedEngine(_response)
     trainer.data_source = SimpleNamespace(next_batch=lambda: ["a cat", "a dog"], epoch=0)
     trainer.build_request = lambda prompts, k, mode="train": RolloutReq(  # type: ignore[method-assign]

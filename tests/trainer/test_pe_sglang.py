@@ -81,13 +81,13 @@ def _trainer(drawer: Any, *, reduce: str = "mean") -> PETrainer:
         advantage=AdvantageConfig(scope="group", std="group", eps=EPS, clip=5.0),
     )
     trainer.cfg.logging.gallery_interval = 0
-    trainer.pe = PEConfig(
+    trainer.composed = PEConfig(
         diffusion=DrawerConfig(bundle={}, pipeline={}, sampling={}),
         reduce=reduce,  # type: ignore[arg-type]
         train_both=True,
     )
     trainer.sampling = ARSamplingParams(samples_per_prompt=2, max_new_tokens=6, temperature=1.0)
-    trainer.draw_sampling = DiffusionSamplingParams(
+    trainer.child_sampling = DiffusionSamplingParams(
         samples_per_prompt=2,
         num_inference_steps=4,
         eval_num_inference_steps=4,
@@ -97,7 +97,7 @@ def _trainer(drawer: Any, *, reduce: str = "mean") -> PETrainer:
         eta=0.0,
         max_sequence_length=32,
     )
-    facts = DrawerInfo(pipeline=drawer).describe(trainer.draw_sampling)
+    facts = DrawerInfo(pipeline=drawer).describe(trainer.child_sampling)
     trainer.latent_shape = facts["latent_shape"]
     trainer.schedules = {mode: s.cpu() for mode, s in facts["sigmas"].items()}
     trainer.trains_sde_steps = False

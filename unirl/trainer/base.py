@@ -41,9 +41,9 @@ from unirl.trainer.output import (
 from unirl.trainer.request import diffusion_request, prompt_request
 from unirl.trainer.roles import light_track, pixels_of
 from unirl.trainer.run_info import RunInfo
-from unirl.trainer.stage import Stage, order_stages, propagate_rewards
+from unirl.trainer.stage import ComposedStageConfig, Stage, order_stages, propagate_rewards
 from unirl.trainer.stop import StopRequest, stop_line
-from unirl.types import STATUS_OK, Images, RolloutReq, RolloutTrack, Videos
+from unirl.types import STATUS_OK, ARSamplingParams, Images, RolloutReq, RolloutTrack, Videos
 
 
 def make_trackers(cfg: RunConfig, out: OutputDir, data: dict[str, Any]) -> Any:
@@ -896,3 +896,31 @@ class StageTrainer:
     @staticmethod
     def _prefix_of(stage: Stage) -> str:
         return f"{stage.prefix}/" if stage.prefix else ""
+
+
+class ComposedTrainer(StageTrainer):
+    """A composed recipe's trainer (``pe``, ``unified``): the recipe's own blocks are the root
+    text stage (``sampling``: its ``ARSamplingParams``); ``composed`` is the typed composed
+    block and ``child_sampling`` its child stage's sampling block (``pe.diffusion.sampling``,
+    ``unified.image.sampling``), built here; :meth:`after_init` derives the rest."""
+
+    sampling: ARSamplingParams
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        data: dict[str, Any],
+        composed: ComposedStageConfig,
+        *,
+        dry: bool = False,
+    ) -> None:
+        from hydra.utils import instantiate
+
+        super().__init__(cfg, data, dry=dry)
+        self.composed = composed
+        self.child_sampling: Any = instantiate(composed.child().sampling, _convert_="object")
+        self.after_init()
+
+    def after_init(self) -> None:
+        """What a composed trainer reads off its block once it is built (SDE-step schedule,
+        what its child stage trains)."""

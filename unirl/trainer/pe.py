@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
 
 from unirl.config.run import RunConfig
 from unirl.config.validate import declared, locate
@@ -53,7 +52,7 @@ from unirl.distributed.group import placement, remote
 from unirl.distributed.group.pool import PoolBase
 from unirl.sde.sde_steps import AllSteps
 from unirl.trainer.ar import ARTrainOps, response_metrics
-from unirl.trainer.base import StageTrainer, write_sample_rows
+from unirl.trainer.base import ComposedTrainer, write_sample_rows
 from unirl.trainer.pe_config import IMAGE_TRACK, TEXT_TRACK, PEConfig, check_pe_engine
 from unirl.trainer.pe_roles import DrawerInfo
 from unirl.trainer.request import (
@@ -64,7 +63,6 @@ from unirl.trainer.roles import RewardWorker, TrainOps, init_world, stage_roles
 from unirl.trainer.stage import Stage, kept_reward_stats
 from unirl.types import (
     STATUS_OK,
-    ARSamplingParams,
     DiffusionSamplingParams,
     RolloutReq,
     RolloutTrack,
@@ -86,22 +84,17 @@ def rewrite_metrics(track: RolloutTrack) -> dict[str, float]:
     }
 
 
-class PETrainer(StageTrainer):
+class PETrainer(ComposedTrainer):
     """A prompt-enhancer recipe as a placement of the loop: the ``pe`` policy stage and its
     ``diffusion`` child; every role a sibling on every worker (trainside), or the policy
     served by a dedicated text engine that its stage syncs (``pe_served.PEServedLayout``)."""
 
-    sampling: ARSamplingParams
+    composed: PEConfig
+    child_sampling: DiffusionSamplingParams
 
-    def __init__(
-        self, cfg: RunConfig, data: dict[str, Any], pe: PEConfig, *, dry: bool = False
-    ) -> None:
-        super().__init__(cfg, data, dry=dry)
-        self.pe = pe
-        self.draw_sampling: DiffusionSamplingParams = instantiate(
-            pe.diffusion.sampling, _convert_="object"
-        )
-        self.sde_steps = self.draw_sampling.sde_steps or AllSteps()
+    def after_init(self) -> None:
+        pe = self.composed
+        self.sde_steps = self.child_sampling.sde_steps or AllSteps()
         self.trains_sde_steps = False
         if pe.train_both:
             algorithm = locate(str(pe.diffusion.algorithm["_target_"]), "pe.diffusion.algorithm")  # type: ignore[index]
@@ -112,7 +105,7 @@ class PETrainer(StageTrainer):
     # -- placement -----------------------------------------------------------------------------
 
     def place_roles(self, pool: PoolBase) -> None:
-        cfg, pe = self.cfg, self.pe
+        cfg, pe = self.cfg, self.composed
         sync = draw_sync = None
         if check_pe_engine({"rollout": cfg.rollout}) == "served":
             from unirl.trainer.pe_served import PEServedLayout  # it builds on this module's roles
@@ -148,9 +141,9 @@ class PETrainer(StageTrainer):
         self.policy_ops = text["ops"]
 
     def after_place(self) -> None:
-        pe = self.pe
+        pe = self.composed
         policy = self.policy_ops.describe_policy()
-        drawer = self.info.describe(self.draw_sampling)
+        drawer = self.info.describe(self.child_sampling)
         self.latent_shape = drawer["latent_shape"]
         self.schedules = {mode: sigmas.cpu() for mode, sigmas in drawer["sigmas"].items()}
         print(
@@ -173,7 +166,7 @@ class PETrainer(StageTrainer):
         ``diffusion`` (scored; its rewards reach ``pe`` by ``pe.reduce``; trains only with
         ``pe.train_both``; ``draw_sync``: a dedicated drawer's own weight sync, else it
         samples with the module it trains)."""
-        cfg, pe = self.cfg, self.pe
+        cfg, pe = self.cfg, self.composed
         train_ranks, rollout_ranks = cfg.slab_sizes()
         lora = lambda block: (block or {}).get("lora") is not None  # noqa: E731
         return [
@@ -213,7 +206,7 @@ class PETrainer(StageTrainer):
         ids) and the drawer's fanned-out :class:`DiffusionRequest` (image ids, x_T ids, SDE steps, σ)."""
         train = mode == "train"
         spp = self.samples_per_prompt(mode)
-        k = self.draw_sampling.samples_per_prompt
+        k = self.child_sampling.samples_per_prompt
         b = len(prompts)
         n = b * spp
         offset = 0 if train else EVAL_ID_OFFSET
@@ -221,7 +214,7 @@ class PETrainer(StageTrainer):
             offset + rollout_index * n * k, offset + (rollout_index + 1) * n * k
         ).view(n, k)
         noise_ids = image_ids
-        if self.pe.share_noise:  # every rewrite of a prompt: the first rewrite's k x_T ids
+        if self.composed.share_noise:  # every rewrite of a prompt: the first rewrite's k x_T ids
             noise_ids = image_ids.view(b, spp, k)[:, :1].expand(b, spp, k).reshape(n, k)
         sampling = self.sampling
 
@@ -229,7 +222,7 @@ class PETrainer(StageTrainer):
             return {
                 TEXT_TRACK: text_request(sampling, sample_ids, mode),
                 IMAGE_TRACK: self.latent_request(  # k images per rewrite: a fan-out
-                    self.draw_sampling,
+                    self.child_sampling,
                     noise_ids,
                     rollout_index,
                     mode,

@@ -172,6 +172,10 @@ class ComposedStageConfig:
         )
         return child, child_cls, required
 
+    def child(self) -> Any:
+        """The child stage's typed block (``pe.diffusion``, ``unified.image``)."""
+        return getattr(self, self._child()[0])
+
     @classmethod
     def of(cls, block: object) -> Self:
         """The typed block; one line naming the key when it is wrong or missing."""

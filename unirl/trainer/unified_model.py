@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from hydra.utils import instantiate
 
 from unirl.config.require import ConfigError, require
 from unirl.config.run import RunConfig
@@ -55,7 +54,7 @@ from unirl.rollout.engine.vllm_omni.hi3 import Hi3OmniEngine
 from unirl.sde.sde_steps import AllSteps
 from unirl.train.unified_stack import UnifiedTrainStack
 from unirl.trainer.ar import response_metrics
-from unirl.trainer.base import StageTrainer, write_sample_rows
+from unirl.trainer.base import ComposedTrainer, write_sample_rows
 from unirl.trainer.request import (
     text_request,
 )
@@ -285,26 +284,21 @@ def image_summary(
 # -- the trainer ----------------------------------------------------------------------------------
 
 
-class UnifiedModelTrainer(StageTrainer):
+class UnifiedModelTrainer(ComposedTrainer):
     """A unified-model recipe as a placement of the loop: the ``text`` and ``image`` stages of
     one model, every role a sibling on every worker (trainside), one backend and one joint
     stack for both."""
 
-    sampling: ARSamplingParams
+    composed: UnifiedConfig
 
-    def __init__(
-        self, cfg: RunConfig, data: dict[str, Any], unified: UnifiedConfig, *, dry: bool = False
-    ) -> None:
-        super().__init__(cfg, data, dry=dry)
-        self.unified = unified
-        self.image_sampling: Any = instantiate(unified.image.sampling, _convert_="object")
-        self.tokens = image_tokens(unified)
-        self.sde_steps = None if self.tokens else self.image_sampling.sde_steps or AllSteps()
+    def after_init(self) -> None:
+        self.tokens = image_tokens(self.composed)
+        self.sde_steps = None if self.tokens else self.child_sampling.sde_steps or AllSteps()
 
     # -- placement -----------------------------------------------------------------------------
 
     def place_roles(self, pool: PoolBase) -> None:
-        cfg, image = self.cfg, self.unified.image
+        cfg, image = self.cfg, self.composed.image
         init_world(pool, cfg)
         with placement(pool, fraction=1.0):  # every role a sibling on every worker
             bundle = remote(cfg.bundle, name="bundle")
@@ -350,7 +344,7 @@ class UnifiedModelTrainer(StageTrainer):
         )
 
     def after_place(self) -> None:
-        info = self.trained[0].ops.describe(self.image_sampling)
+        info = self.trained[0].ops.describe(self.child_sampling)
         if not self.tokens:
             self.latent_shape = info["latent_shape"]
             self.schedules = {mode: sigmas.cpu() for mode, sigmas in info["sigmas"].items()}
@@ -407,7 +401,7 @@ class UnifiedModelTrainer(StageTrainer):
                 image = self._token_request(sample_ids, mode)
             else:  # x_T ids = sample ids; the image stage's own sampling params ride along
                 image = self.latent_request(
-                    self.image_sampling,
+                    self.child_sampling,
                     sample_ids,
                     rollout_index,
                     mode,
@@ -421,7 +415,7 @@ class UnifiedModelTrainer(StageTrainer):
     def _token_request(self, sample_ids: Any, mode: str) -> ImageTokenRequest:
         """The image-token stage: seed ids = sample ids (their own uniform stream), the
         model's image tokens, the guidance scale and temperature of ``mode``."""
-        params = self.image_sampling
+        params = self.child_sampling
         return ImageTokenRequest(
             seed_ids=sample_ids.clone(),
             max_new_tokens=1,  # the pipeline draws the model's num_image_tokens
