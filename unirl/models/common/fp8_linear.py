@@ -30,9 +30,17 @@ mantissa bits; ``tests/models/test_fp8_linear.py`` pins the measured figure).
 
 Shape constraints: CUDA's ``_scaled_mm`` needs ``in_features`` and ``out_features`` to be
 multiples of 16. A layer that is not stays in its precision, with one warning per layer name
-on entry (never silently). The weight cache lives for one context (one rollout) and is keyed
-by each weight's identity, ``data_ptr`` and ``_version``, so an in-place update (an optimizer
-step, ``load_state_dict``) or a moved / re-gathered weight is re-quantized.
+on entry (never silently).
+
+Weights: entering the context quantizes every swapped layer's weight once and attaches it to
+the layer (``fp8_weight`` / ``fp8_scale``, plain attributes removed on exit), so the forward
+is module attributes and tensor ops only, which ``torch.compile`` traces without a graph break
+(a compiled block gets one or two FP8 graphs, reused by every later context). A fused group's
+concatenated weight is built on its first call and kept on its first layer. Each context
+re-quantizes on entry, so a weight changed between rollouts is picked up; inside an open
+context, an eager forward also re-quantizes a weight whose ``data_ptr`` or ``_version`` moved
+(an in-place update, a re-gathered weight), a compiled one does not look (rollouts do not
+change weights).
 
 The active context is process-global (one sampler per process on a trainside worker); a
 second ``fp8_sampling`` while one is open is refused.
@@ -43,7 +51,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -94,60 +102,110 @@ def scaled_matmul(
         )
 
 
-@dataclass
-class _QuantizedWeight:
-    fingerprint: tuple[object, ...]
-    w_q: torch.Tensor  # [N, K] float8_e4m3fn
-    scale: torch.Tensor  # [1, N] fp32
-
-
-def _fingerprint(weights: Sequence[torch.Tensor]) -> tuple[object, ...]:
-    return tuple((w.data_ptr(), w._version, tuple(w.shape), w.device) for w in weights)
+def _fingerprint(weight: torch.Tensor) -> tuple[object, ...]:
+    return (weight.data_ptr(), weight._version, tuple(weight.shape), weight.device)
 
 
 @dataclass
 class Fp8Session:
-    """The open ``fp8_sampling`` context: the quantized weights of this rollout and counters
-    (``matmuls``: FP8 matmuls run; ``quantized``: weights (re)quantized)."""
+    """The open ``fp8_sampling`` context and its counters, kept by eager forwards only (a
+    compiled graph does not touch the session): ``matmuls``, FP8 matmuls run; ``quantized``,
+    weights (re)quantized (every swapped layer once on entry, again when its weight changed)."""
 
     layers: frozenset[int] = frozenset()  # ids of the swapped nn.Linear modules
     matmuls: int = 0
     quantized: int = 0
-    _weights: dict[tuple[int, ...], _QuantizedWeight] = field(default_factory=dict)
 
     def covers(self, layers: Sequence[nn.Module]) -> bool:
         """Whether every one of ``layers`` runs FP8 in this context (swapped, frozen base)."""
         return all(id(layer) in self.layers for layer in layers)
 
-    def weight(self, weights: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(W_q[N, K], scale[1, N])`` of ``cat(weights)``, quantized once and re-quantized
-        when any weight's storage or version changes."""
-        key = tuple(id(w) for w in weights)
-        fingerprint = _fingerprint(weights)
-        cached = self._weights.get(key)
-        if cached is None or cached.fingerprint != fingerprint:
-            with torch.no_grad():
-                parts = [quantize_rows(w.detach()) for w in weights]
-                w_q = torch.cat([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-                scale = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
-            cached = _QuantizedWeight(fingerprint, w_q, scale.reshape(1, -1).contiguous())
-            self._weights[key] = cached
-            self.quantized += 1
-        return cached.w_q, cached.scale
 
-    def project(
-        self, x: torch.Tensor, layers: Sequence[nn.Linear], out_dtype: torch.dtype
-    ) -> torch.Tensor:
-        """``cat([x @ W_i^T for each layer], -1)`` in FP8, without biases, as ``out_dtype``;
-        ``x[..., K]``."""
-        w_q, w_scale = self.weight([layer.weight for layer in layers])
-        rows = x.reshape(-1, x.shape[-1])
-        if rows.shape[0] == 0:
-            return x.new_zeros((*x.shape[:-1], w_q.shape[0]), dtype=out_dtype)
-        x_q, x_scale = quantize_rows(rows)
-        self.matmuls += 1
-        out = scaled_matmul(x_q, x_scale, w_q, w_scale)
-        return out.reshape(*x.shape[:-1], w_q.shape[0]).to(out_dtype)
+# What a swapped layer carries while the context is open (removed on exit): its quantized
+# weight ``fp8_weight[N, K]`` and scales ``fp8_scale[1, N]``, the fingerprint of the weight they
+# were made from, and the fused group (``fused_linear``) whose concatenation it heads, if any.
+_LAYER_ATTRS = (
+    "fp8_weight",
+    "fp8_scale",
+    "_fp8_fingerprint",
+    "_fp8_group",
+    "_fp8_group_weight",
+    "_fp8_group_scale",
+    "_fp8_group_fingerprint",
+)
+
+
+def _quantize_layer(layer: nn.Linear) -> None:
+    """Attach ``layer.weight`` quantized (``fp8_weight``, ``fp8_scale``) to ``layer``."""
+    with torch.no_grad():
+        w_q, scale = quantize_rows(layer.weight.detach())
+    layer.fp8_weight = w_q
+    layer.fp8_scale = scale.reshape(1, -1).contiguous()
+    layer._fp8_fingerprint = _fingerprint(layer.weight)
+    if _ACTIVE is not None:
+        _ACTIVE.quantized += 1
+
+
+def _layer_weight(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(W_q[N, K], scale[1, N])`` of ``layer``. An eager forward re-quantizes a weight that
+    changed in place or moved since (``data_ptr`` / ``_version``); a compiled forward reads the
+    attributes only (no Python-side lookup in the graph), so under ``torch.compile`` a weight
+    changed while the context is open is re-quantized at the next context's entry."""
+    if not torch.compiler.is_compiling() and layer._fp8_fingerprint != _fingerprint(layer.weight):
+        _quantize_layer(layer)
+    return layer.fp8_weight, layer.fp8_scale
+
+
+def _group_weight(layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(W_q, scale)`` of ``cat(layer.weight for layer in layers)``: the concatenation of
+    the layers' own (row-wise quantization commutes with concatenating rows), built on the
+    first call and kept on ``layers[0]``; each layer's ``fp8_weight`` / ``fp8_scale`` then
+    become views into it, so the group costs no second copy."""
+    first = layers[0]
+    parts = [_layer_weight(layer) for layer in layers]
+    group = first._fp8_group
+    fresh = group is not None and len(group) == len(layers)
+    fresh = fresh and all(a is b for a, b in zip(group, layers, strict=True))
+    if fresh and not torch.compiler.is_compiling():
+        fresh = first._fp8_group_fingerprint == tuple(m._fp8_fingerprint for m in layers)
+    if not fresh:
+        w_q = torch.cat([w for w, _ in parts])
+        scale = torch.cat([s for _, s in parts], dim=1)
+        first._fp8_group = tuple(layers)
+        first._fp8_group_weight = w_q
+        first._fp8_group_scale = scale
+        first._fp8_group_fingerprint = tuple(m._fp8_fingerprint for m in layers)
+        start = 0
+        for layer in layers:
+            stop = start + layer.out_features
+            layer.fp8_weight = w_q[start:stop]
+            layer.fp8_scale = scale[:, start:stop]
+            start = stop
+    return first._fp8_group_weight, first._fp8_group_scale
+
+
+def fp8_applies(x: torch.Tensor, layers: Sequence[nn.Module]) -> bool:
+    """Whether ``layers`` run FP8 on ``x`` now: no grad, ``x`` with a token dimension, and every
+    layer swapped (``fp8_sampling`` open). Type checks only: dynamo guards on them."""
+    if torch.is_grad_enabled() or x.dim() < 3:
+        return False
+    return all(type(layer) is Fp8SamplingLinear for layer in layers)
+
+
+def fp8_project(
+    x: torch.Tensor, layers: Sequence[nn.Linear], out_dtype: torch.dtype
+) -> torch.Tensor:
+    """``cat([x @ W_i^T for each layer], -1)`` in FP8, without biases, as ``out_dtype``;
+    ``x[..., K]``; the ``layers`` are swapped (:func:`fp8_applies`)."""
+    w_q, w_scale = _layer_weight(layers[0]) if len(layers) == 1 else _group_weight(layers)
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] == 0:
+        return x.new_zeros((*x.shape[:-1], w_q.shape[0]), dtype=out_dtype)
+    x_q, x_scale = quantize_rows(rows)
+    if not torch.compiler.is_compiling() and _ACTIVE is not None:
+        _ACTIVE.matmuls += 1
+    out = scaled_matmul(x_q, x_scale, w_q, w_scale)
+    return out.reshape(*x.shape[:-1], w_q.shape[0]).to(out_dtype)
 
 
 def linear_out_dtype(x: torch.Tensor) -> torch.dtype:
@@ -156,24 +214,19 @@ def linear_out_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
 
-def active_session(layers: Sequence[nn.Module]) -> Fp8Session | None:
-    """The open session when ``layers`` should run FP8 now: no grad, context open, every layer
-    swapped, and ``x`` with a token dimension (the caller checks that)."""
-    session = _ACTIVE
-    if session is None or torch.is_grad_enabled() or not session.covers(layers):
-        return None
-    return session
-
-
 class Fp8SamplingLinear(nn.Linear):
     """The class an eligible ``nn.Linear`` takes while ``fp8_sampling`` is open (the same
-    module, parameters and state-dict keys; only ``forward`` differs)."""
+    module, parameters and state-dict keys; only ``forward`` differs, and the quantized
+    weight rides along as plain attributes). The forward reads only the module's own
+    attributes and tensor ops, so ``torch.compile`` traces it without a graph break."""
+
+    fp8_weight: torch.Tensor
+    fp8_scale: torch.Tensor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        session = active_session((self,)) if x.dim() >= 3 else None
-        if session is None:
+        if torch.is_grad_enabled() or x.dim() < 3:
             return F.linear(x, self.weight, self.bias)
-        out = session.project(x, (self,), linear_out_dtype(x))
+        out = fp8_project(x, (self,), linear_out_dtype(x))
         return out if self.bias is None else out + self.bias.to(out.dtype)
 
 
@@ -242,12 +295,16 @@ def fp8_sampling(modules: Iterable[nn.Module], device: torch.device) -> Iterator
             "bundle.fp8_sampling=false"
         )
     session = Fp8Session(layers=frozenset(id(layer) for layer in layers))
-    for layer in layers:
-        layer.__class__ = Fp8SamplingLinear
     _ACTIVE = session
     try:
+        for layer in layers:
+            layer._fp8_group = None
+            _quantize_layer(layer)
+            layer.__class__ = Fp8SamplingLinear
         yield session
     finally:
         _ACTIVE = None
         for layer in layers:
             layer.__class__ = nn.Linear
+            for name in _LAYER_ATTRS:
+                layer.__dict__.pop(name, None)

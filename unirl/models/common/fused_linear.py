@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from unirl.models.common.fp8_linear import active_session
+from unirl.models.common.fp8_linear import fp8_applies, fp8_project
 
 
 @dataclass(frozen=True)
@@ -159,9 +159,9 @@ def fused_projections(x: torch.Tensor, layers: Sequence[nn.Module]) -> list[torc
     base_frozen = not any(w.requires_grad for w in frozen) and not any(
         base.bias is not None and base.bias.requires_grad for base in bases
     )
-    fp8 = active_session(bases) if x.dim() >= 3 else None
-    if fp8 is not None:  # FP8 sampling (fp8_linear.py): the frozen bases in FP8, A beside
-        fused = fp8.project(x, bases, dtype)
+    fp8 = fp8_applies(x, bases)
+    if fp8:  # FP8 sampling (fp8_linear.py): the frozen bases in FP8, A beside
+        fused = fp8_project(x, bases, dtype)
         lora_cols = None if a is None else F.linear(x.to(dtype), a.to(dtype))
     elif a is not None and torch.is_grad_enabled() and a.requires_grad and base_frozen:
         fused = _FrozenBaseLinear.apply(x, a, dtype, *frozen)
@@ -170,7 +170,7 @@ def fused_projections(x: torch.Tensor, layers: Sequence[nn.Module]) -> list[torc
 
     widths = [base.out_features for base in bases]
     n_base = sum(widths)
-    if fp8 is None:
+    if not fp8:
         lora_cols = fused[..., n_base:]
     outs = list(torch.split(fused[..., :n_base], widths, dim=-1))
     for i, base in enumerate(bases):
