@@ -140,7 +140,7 @@ def test_help_lists_every_key_with_a_line_from_its_typed_config() -> None:
     # a field docstring (RunConfig.keep_last) and a nested _target_ block's summary
     assert "keep the newest keep_last complete ones" in line("keep_last")
     assert "The GRPO loss for flow-matching models." in line("algorithm._target_")
-    assert "[one of 'replay', 'rollout']" in line("algorithm.old_logp_source")
+    assert "[one of 'replay', 'rollout', 'current']" in line("algorithm.old_logp_source")
     # a named component of the reward backend, and the nested config of a plain mapping
     assert line("reward.backend.components.brightness.target").startswith(
         "   reward.backend.components.brightness.target = 0.8 "
