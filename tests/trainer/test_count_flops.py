@@ -7,6 +7,7 @@ import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -112,3 +113,43 @@ def test_experts_called_through_their_container_are_counted() -> None:
     row = count(experts, container)
     assert row["rollout_total"] == 3 * LINEAR_FLOPS
     assert row["rollout_transformer"] == 2 * LINEAR_FLOPS
+
+
+def test_fused_attention_flops_count_grouped_query_heads_as_torch_does() -> None:
+    """The bench's own formulas for the fused attention kernels (the GPU image's torch asserts
+    equal heads and failed Qwen-Image's count): grouped-query attention is counted at the
+    query's 8 heads, equal to this torch's own formula, forward and backward."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from unirl.trainer.roles import attention_flop_formulas, attention_flops
+
+    b, h_q, h_kv, s_q, s_k, d = 2, 8, 2, 16, 12, 4
+    q = torch.empty(b, h_q, s_q, d, device="meta", dtype=torch.float16)
+    k = torch.empty(b, h_kv, s_k, d, device="meta", dtype=torch.float16)
+    v = torch.empty(b, h_kv, s_k, d, device="meta", dtype=torch.float16)
+    expected = 4 * b * h_q * s_q * s_k * d  # QK^T and PV, 2 FLOPs per multiply-add
+    aten = torch.ops.aten
+    calls = {
+        aten._scaled_dot_product_flash_attention: lambda: aten._scaled_dot_product_flash_attention(
+            q, k, v
+        ),
+        aten._scaled_dot_product_efficient_attention: lambda: (
+            aten._scaled_dot_product_efficient_attention(q, k, v, None, False)
+        ),
+        aten._scaled_dot_product_cudnn_attention: lambda: aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, False
+        ),
+    }
+    formulas = attention_flop_formulas()
+    for op, call in calls.items():
+        with FlopCounterMode(display=False, custom_mapping=formulas) as ours:
+            call()
+        with FlopCounterMode(display=False) as stock:
+            call()
+        assert ours.get_total_flops() == stock.get_total_flops() == expected, op
+    for name in ("flash", "efficient", "cudnn"):
+        backward = formulas[getattr(aten, f"_scaled_dot_product_{name}_attention_backward")]
+        assert backward(q.shape, q.shape, k.shape, v.shape, None) == 2 * expected
+    assert attention_flops((1, 4, 3, 8), (1, 4, 5, 8), (1, 4, 5, 2)) == 2 * 4 * 3 * 5 * (8 + 2)
+    with pytest.raises(Exception, match="not \\[b, h, s, d\\]"):
+        attention_flops((1, 6, 3, 8), (1, 4, 5, 8), (1, 4, 5, 8))  # 6 heads over 4

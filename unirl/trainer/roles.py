@@ -241,7 +241,8 @@ class TrainOps:
         bundle = self.pipeline.bundle
         modules = [*bundle.trainable_modules.values(), getattr(bundle, "trainable_module", None)]
         trained = sorted({type(m).__name__ for m in modules if m is not None})
-        with FlopCounterMode(display=False) as counter:
+        formulas = attention_flop_formulas()
+        with FlopCounterMode(display=False, custom_mapping=formulas) as counter:
             resp = self.pipeline.generate(req)
         rollout_total = counter.get_total_flops()
         rollout_transformer = _modules_flops(counter, trained)
@@ -251,7 +252,7 @@ class TrainOps:
         rewards = torch.randn(n, generator=gen)
         track = dataclasses.replace(track, rewards=rewards)
         track, _ = track.compute_advantages()
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False, custom_mapping=formulas) as counter:
             self.stack.train_track(track, rollout_index)
         return [
             {
@@ -269,6 +270,40 @@ def pixels_of(track: RolloutTrack) -> torch.Tensor:
     if not isinstance(decoded, Images):
         raise TypeError(f"expected decoded Images on the track, got {type(decoded).__name__}")
     return decoded.pixels
+
+
+def attention_flops(query: Any, key: Any, value: Any) -> int:
+    """FLOPs of one attention forward on ``[b, h, s, d]`` shapes, grouped-query included
+    (``h_q`` a multiple of the key/value heads): ``QK^T`` and ``PV`` at the query's heads."""
+    b, h_q, s_q, d_q = query
+    s_k, d_v = key[2], value[3]
+    require(
+        key[0] == value[0] == b and key[1] == value[1] and h_q % key[1] == 0,
+        f"attention FLOPs: q{tuple(query)} k{tuple(key)} v{tuple(value)} are not [b, h, s, d] "
+        "with the query's heads a multiple of the key/value heads",
+    )
+    return 2 * b * h_q * s_q * s_k * (d_q + d_v)
+
+
+def attention_flop_formulas() -> dict[Any, Any]:
+    """``FlopCounterMode(custom_mapping=...)`` for the fused attention kernels, counting
+    grouped-query attention (``enable_gqa``, which transformers passes for an unmasked
+    Qwen2.5-VL / Qwen3 text encoder) at the query's heads; the backward is twice the forward
+    (four matmuls). The torch of the GPU image asserts equal heads there and failed the count
+    on Qwen-Image (fifteenth session, call 15)."""
+    aten = torch.ops.aten
+
+    def forward(query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
+        return attention_flops(query, key, value)
+
+    def backward(_grad: Any, query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
+        return 2 * attention_flops(query, key, value)
+
+    kernels = ("flash", "efficient", "cudnn")
+    return {
+        **{getattr(aten, f"_scaled_dot_product_{k}_attention"): forward for k in kernels},
+        **{getattr(aten, f"_scaled_dot_product_{k}_attention_backward"): backward for k in kernels},
+    }
 
 
 def _modules_flops(counter: Any, class_names: list[str]) -> int:
