@@ -39,6 +39,11 @@
 #     FP8=false OLD_LOGP=replay RECORD_UNCOND=false
 #   OLD_LOGP=replay|rollout|current ... algorithm.old_logp_source (default rollout; replay
 #     with FP8=true)
+#   HPSV3=FOLDER ... scores with HPSv3 from FOLDER (bf16, batch 8, on the GPU) instead of the
+#     JPEG size (examples/benchmarks/make_vlm_reward.py writes one with random weights);
+#     OVERLAP=true scores each forward_batch_size chunk while the next one samples
+#     (rollout.reward_overlap); PROMPTS=N samples N prompts x 8 per GPU in Flow-GRPO's shape
+#     (default 1: one chunk, nothing to overlap); reward_overlap_bench.sh runs both
 #
 # 1. Flow-GRPO shape: 512x512, 10 steps, CFG 4.5, group 8, LoRA r32, 9 trained steps,
 #    KL reference forward (beta 0.04), T5 length 128, cheap reward (JPEG size).
@@ -54,24 +59,30 @@ else
   old_logp="${OLD_LOGP:-rollout}" record_uncond="${RECORD_UNCOND:-true}"
 fi
 [[ "${mode}" == "compile" ]] && compile=true
+if [[ -n "${HPSV3:-}" ]]; then
+  reward=(reward.backend._target_=unirl.reward.local.HPSv3 "+reward.backend.path=${HPSV3}"
+    +reward.backend.device=cuda +reward.backend.dtype=bf16 +reward.backend.batch_size=8)
+else
+  reward=(reward.backend._target_=unirl.reward.local.JpegCompressibility)
+fi
 export PRETRAINED_MODEL=sd3.5-medium-arch RAY_USAGE_STATS_ENABLED=0
 common=(
   --warmup "${WARMUP:-1}" --iters "${ITERS:-3}" ${NO_FLOPS:+--no-flops}
   num_devices="${NUM_DEVICES:-1}" device=cuda
-  reward.backend._target_=unirl.reward.local.JpegCompressibility "~reward.backend.engine" "reward.guards=[]"
+  "~reward.backend.engine" "reward.guards=[]"
   stack.num_updates_per_batch=1 algorithm.old_logp_source="${old_logp}"
   "++backend.fsdp={compile: ${compile}, reshard_after_forward: ${RESHARD:-true}, shard_frozen: ${SHARD_FROZEN:-true}, data_parallel: ${DP:-replicate}, activation_checkpointing: ${ACKPT:-false}, inductor_options: ${INDUCTOR_OPTIONS:-null}, gather_for_sampling: ${GATHER:-false}}"
   sampling.height="${SIZE:-512}" sampling.width="${SIZE:-512}"
   ++bundle.sdpa_backend="${SDPA:-auto}" bundle.vae_dtype="${VAE_DTYPE:-bf16}" ++bundle.compile_vae="${COMPILE_VAE:-true}" ++bundle.fuse_projections="${FUSE:-true}"
   ++bundle.graph_text_encoders="${GRAPH_TEXT:-true}" ++bundle.fp8_sampling="${fp8}"
   ++pipeline.record_uncond="${record_uncond}" ${SLOTS:+++algorithm.slots_per_forward=${SLOTS}}
-  logging.progress=off
+  logging.progress=off "${reward[@]}" ++rollout.reward_overlap="${OVERLAP:-false}"
 )
 if [[ "${ONLY:-}" != "fast" ]]; then
 python -m unirl.tools.bench --config-name=diffusion/sd3_trainside "${common[@]}" \
   --json "${out}/flowgrpo_${mode}${TAG:-}.json" output_dir="${out}/flowgrpo_${mode}${TAG:-}" \
   ${PROFILE:+--profile "${out}/profile_flowgrpo_${mode}${TAG:-}"} \
-  batch_size="${NUM_DEVICES:-1}" sampling.samples_per_prompt=8 stack.micro_batch_size="${MICRO:-8}" \
+  batch_size="$((${PROMPTS:-1} * ${NUM_DEVICES:-1}))" sampling.samples_per_prompt=8 stack.micro_batch_size="${MICRO:-8}" \
   pipeline.forward_batch_size=8
 fi
 [[ "${ONLY:-}" == "flowgrpo" ]] && exit 0

@@ -240,6 +240,22 @@ def test_diffusion_summary_keeps_its_keys() -> None:
     assert out["samples_per_s"] == 2.0 and out["compile_and_warmup_s"] == 2.0
 
 
+def test_reward_overlap_metrics_are_averaged_over_the_timed_rollouts() -> None:
+    """A run with ``rollout.reward_overlap`` logs its scorer's latency and wait under the
+    stage's prefix; the JSON holds their means over the timed rollouts (the warm-up left out)."""
+    rows = [
+        _row(
+            2.0, **{"diffusion/reward_overlap/latency_s": lat, "diffusion/reward_overlap/wait_s": w}
+        )
+        for lat, w in ((9.0, 9.0), (3.0, 1.0), (5.0, 0.0))
+    ]
+    out = summarize(
+        rows, warmup=1, num_devices=1, flops=None, memory=None, peak_tflops=None,
+        device_name="cpu",
+    )  # fmt: skip
+    assert out["reward_overlap"] == {"latency_s": 4.0, "wait_s": 0.5}
+
+
 def test_a_failed_flop_pass_is_reported_not_raised() -> None:
     """The FLOP pass runs after the timed rollouts: its failure comes back as one line (the
     JSON keeps the timings, the CLI exits 1), a working pass gives its counts."""

@@ -13,6 +13,11 @@ OCR, JPEG, targets). A batch-normalised total (``WeightedRewardBackend(normalize
 is refused; model scorers change only at fp rounding with the batch shape (submit chunks of
 their ``batch_size`` to keep it exact).
 
+On a CUDA device the chunks are scored on a stream of their own, which waits for the event
+the sampling stream recorded when the chunk was submitted: the scorer's kernels can then run
+beside the next chunk's denoise loop instead of queueing behind it on one stream, and the
+thread synchronises its stream before it hands a result back.
+
 Metrics (``reward_overlap/``): ``latency_s`` (thread time spent scoring), ``wait_s`` (time
 :meth:`finish` blocked), ``hidden_fraction`` (``1 - wait_s / latency_s``, clamped to [0, 1]: the
 share of reward time that ran under sampling), ``queue_depth_max`` (chunks waiting or running
@@ -22,6 +27,7 @@ when one was submitted, the one submitted included), ``chunks``. Backend metrics
 
 from __future__ import annotations
 
+import contextlib
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -54,6 +60,14 @@ class _Service(Protocol):
 class _Chunk:
     size: int
     future: Future
+
+
+def media_device(decoded: object) -> torch.device | None:
+    """The device of a chunk's decoded pixels or frames (``None`` when it holds neither)."""
+    tensor = getattr(decoded, "pixels", None)
+    if tensor is None:
+        tensor = getattr(decoded, "frames", None)
+    return tensor.device if isinstance(tensor, torch.Tensor) else None
 
 
 def merge_results(parts: list[tuple[int, ScoreResult]]) -> ScoreResult:
@@ -99,17 +113,37 @@ class OverlappedScorer:
         self._chunks: list[_Chunk] = []
         self._latency = 0.0
         self._depth_max = 0
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
-    def _score(self, chunk: RolloutTrack) -> ScoreResult:
+    def _score(self, chunk: RolloutTrack, ready: torch.cuda.Event | None) -> ScoreResult:
         assert chunk.prompts is not None  # submit refuses a chunk without prompts
         t0 = time.perf_counter()
-        result = self.service.score(
-            chunk.decoded,
-            list(chunk.prompts),
-            list(chunk.metadata) if chunk.metadata is not None else [{} for _ in chunk.prompts],
-        )
+        device = media_device(chunk.decoded)
+        stream = self._streams.get(device) if device is not None else None
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            if stream is not None and ready is not None:
+                stream.wait_event(ready)  # the pixels are written on the sampling stream
+            result = self.service.score(
+                chunk.decoded,
+                list(chunk.prompts),
+                list(chunk.metadata) if chunk.metadata is not None else [{} for _ in chunk.prompts],
+            )
+            if stream is not None:
+                stream.synchronize()  # the result is complete before the caller reads it
         self._latency += time.perf_counter() - t0
         return result
+
+    def _ready_event(self, decoded: object) -> torch.cuda.Event | None:
+        """An event on the submitting thread's stream after the chunk's media were written,
+        with a scoring stream for their device (CUDA only)."""
+        device = media_device(decoded)
+        if device is None or device.type != "cuda":
+            return None
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device=device)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        return event
 
     def submit(self, chunk: RolloutTrack) -> None:
         """Queue ``chunk`` for scoring and return at once."""
@@ -122,7 +156,10 @@ class OverlappedScorer:
         assert chunk.prompts is not None  # the require above refuses None
         pending = sum(1 for c in self._chunks if not c.future.done())
         self._depth_max = max(self._depth_max, pending + 1)
-        self._chunks.append(_Chunk(len(chunk.prompts), self._pool.submit(self._score, chunk)))
+        ready = self._ready_event(chunk.decoded)
+        self._chunks.append(
+            _Chunk(len(chunk.prompts), self._pool.submit(self._score, chunk, ready))
+        )
 
     def finish(self, track: _Track) -> tuple[_Track, dict[str, float]]:
         """Wait for the chunks, then ``(scored track, metrics)`` as ``score_track(track)``;

@@ -152,6 +152,12 @@ def summarize(
     }
     if uncond:
         out["uncond_per_rollout"] = uncond
+    # rewards scored under sampling (rollout.reward_overlap): latency, wait, hidden fraction
+    overlap = {
+        k.split("reward_overlap/")[-1]: _mean(timed, k) for k in timed[-1] if "reward_overlap/" in k
+    }
+    if overlap:
+        out["reward_overlap"] = overlap
     if text:
         out.update(text_throughput(timed, phases))
     if memory:
