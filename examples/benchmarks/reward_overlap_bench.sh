@@ -7,12 +7,13 @@
 #
 #   bash examples/benchmarks/reward_overlap_bench.sh [OUT_DIR]
 #   ARCH=qwen2-vl-2b ... a smaller judge; PROMPTS=4 (default) prompts per step; ITERS=2 timed
-#   steps; MODE=compile|eager as sd35m_bench.sh
+#   steps; MODE=compile|eager as sd35m_bench.sh; JUDGE=FOLDER keeps the 15 GiB judge out of
+#   OUT_DIR
 set -euo pipefail
 out="${1:-outputs/reward_overlap}"
 arch="${ARCH:-qwen2-vl-7b}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-judge="${out}/hpsv3_${arch}"
+judge="${JUDGE:-${out}/hpsv3_${arch}}"  # JUDGE=FOLDER: where the judge is (written if missing)
 [[ -f "${judge}/reward_head.safetensors" ]] ||
   python "${here}/make_vlm_reward.py" --out "${judge}" --arch "${arch}" --device cuda
 for overlap in false true; do
