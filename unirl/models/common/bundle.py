@@ -55,8 +55,12 @@ class FlowMatchingBundleConfig:
     there is one, else CPU), ``cpu``, ``cuda``, ``cuda:N``. ``negative_prompt`` is the
     default negative text. ``sdpa_backend`` picks the attention kernel on CUDA: ``auto``
     puts cuDNN's fused attention first on Hopper and newer (then flash, memory-efficient,
-    math) and leaves older cards to PyTorch; ``torch`` is PyTorch's own order; ``flash`` /
-    ``efficient`` / ``cudnn`` / ``math`` pin one kernel. CPU always uses PyTorch's choice.
+    math), for the whole worker process from the first transformer call on, and leaves older
+    cards to PyTorch; ``torch`` is PyTorch's own order; ``flash`` / ``efficient`` / ``cudnn``
+    / ``math`` pin one kernel around each transformer call (torch's switch is process-wide:
+    a reward model scoring under ``rollout.reward_overlap`` meanwhile sees it too, so its
+    scores can differ from end-of-rollout scoring at rounding level). CPU always uses
+    PyTorch's choice.
     ``gradient_checkpointing`` recomputes the trainable module's activations in the backward
     (diffusers' ``enable_gradient_checkpointing``).
     ``decode_chunk_size`` bounds how many latents one VAE decode call takes; ``compile_vae``
@@ -119,8 +123,17 @@ class FlowMatchingBundleConfig:
         return torch.device(self.device)
 
 
+_PROCESS_SDPA_ORDER: list[contextlib.AbstractContextManager[None]] = []
+
+
 def sdpa_context(backend: str, device: torch.device) -> contextlib.AbstractContextManager[None]:
-    """The attention kernel choice for one transformer call (see ``FlowMatchingBundleConfig``)."""
+    """The attention kernel choice for one transformer call (see ``FlowMatchingBundleConfig``).
+
+    ``auto`` on Hopper sets torch's kernel priority once for the whole process and returns a
+    no-op: torch keeps that setting process-wide, not per thread, so a per-call switch would
+    change the kernels of whatever another thread runs meanwhile (a reward model scoring a
+    chunk under ``rollout.reward_overlap``) with the timing; set once, every model in the
+    worker sees the same order whether it runs during sampling or after it."""
     if backend == "torch" or device.type != "cuda":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -128,15 +141,20 @@ def sdpa_context(backend: str, device: torch.device) -> contextlib.AbstractConte
     if backend == "auto":
         if torch.cuda.get_device_capability(device) < (9, 0):
             return contextlib.nullcontext()
-        # Hopper: cuDNN's fused attention first (1.3-1.5x flash at SD3.5-M shapes, see
-        # docs/performance.md); each backend still falls through when it cannot take the inputs
-        order = [
-            SDPBackend.CUDNN_ATTENTION,
-            SDPBackend.FLASH_ATTENTION,
-            SDPBackend.EFFICIENT_ATTENTION,
-            SDPBackend.MATH,
-        ]
-        return sdpa_kernel(order, set_priority=True)
+        if not _PROCESS_SDPA_ORDER:
+            # Hopper: cuDNN's fused attention first (1.3-1.5x flash at SD3.5-M shapes, see
+            # docs/performance.md); each backend still falls through when it cannot take the
+            # inputs. Entered once and kept for the life of the process.
+            order = [
+                SDPBackend.CUDNN_ATTENTION,
+                SDPBackend.FLASH_ATTENTION,
+                SDPBackend.EFFICIENT_ATTENTION,
+                SDPBackend.MATH,
+            ]
+            kept = sdpa_kernel(order, set_priority=True)
+            kept.__enter__()
+            _PROCESS_SDPA_ORDER.append(kept)
+        return contextlib.nullcontext()
     kernel = {
         "flash": SDPBackend.FLASH_ATTENTION,
         "efficient": SDPBackend.EFFICIENT_ATTENTION,

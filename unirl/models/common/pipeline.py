@@ -236,8 +236,9 @@ class FlowMatchingPipeline:
                     )
                 )
                 if on_decoded is not None:
+                    # no sync: the scorer's stream waits for this stream's work so far
+                    # (unirl.reward.overlap), and this stream does not wait for the scorer
                     decoded_chunks.append(self.decode(segments[-1].final_latents))
-                    self._sync()
                     on_decoded(rows, decoded_chunks[-1])
             segment = LatentSegment.concat(segments)
             self._sync()
@@ -277,8 +278,10 @@ class FlowMatchingPipeline:
         )
 
     def _sync(self) -> None:
+        """Wait for this thread's stream (the phase timings), not the whole device: a reward
+        scorer's stream (``rollout.reward_overlap``) keeps running."""
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
 
     # -- training-side replay -------------------------------------------------------------------
 
