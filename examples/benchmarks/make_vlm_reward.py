@@ -3,9 +3,9 @@ a VLM judge on a GPU where no checkpoint can be downloaded.
 
 The backbone has the layer shapes of the named Qwen2-VL model's ``config.json`` (the 7B one is
 HPSv3's); the reward head is HPSv3's ranknet head; the tokenizer is a byte-level BPE trained
-here on the bundled prompt corpus with Qwen's special tokens and ``<|Reward|>``, under a
-Qwen2-VL style chat template. The image processor keeps Qwen2-VL's patching (14 px patches,
-2 x 2 merge). Scores are meaningless; the compute per image is the released model's, except
+on the bundled prompt corpus with Qwen's special tokens and ``<|Reward|>``, under a Qwen-style
+chat template (``unirl.reward.local.vlm.tiny``, as the VLM reward tests use). The image
+processor keeps Qwen2-VL's patching (14 px patches, 2 x 2 merge). Scores are meaningless; the compute per image is the released model's, except
 that the small tokenizer writes a prompt in more tokens than Qwen's (the 256 image tokens of an
 HPSv3 image dominate either way)::
 
@@ -20,35 +20,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from unirl.models.common.tiny import corpus_lines, train_byte_level_bpe
 from unirl.reward.local.vlm.engine import HEAD_FILE, ranknet_head
 from unirl.reward.local.vlm.templates import HPSV3_REWARD_TOKEN
+from unirl.reward.local.vlm.tiny import SPECIALS, qwen_tokenizer
 
-SPECIALS = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-    HPSV3_REWARD_TOKEN,
-)
-# Qwen2-VL's chat template reduced to what the rewards render: a default system turn, and an
-# image or a video as one pad between the vision markers (the scorer expands the pads).
-TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if loop.first and m.role != 'system' %}<|im_start|>system\nYou are a helpful assistant."
-    "<|im_end|>\n{% endif %}<|im_start|>{{ m.role }}\n"
-    "{% if m.content is string %}{{ m.content }}{% else %}{% for c in m.content %}"
-    "{% if c.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif c.type == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{% else %}{{ c.text }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 # layer shapes of the released config.json files (text: Qwen2 decoder; vision: the ViT and merger)
 ARCHS = {
     "qwen2-vl-7b": {
@@ -76,30 +55,11 @@ ARCHS = {
 }  # fmt: skip
 
 
-def tokenizer():
-    """A ``Qwen2TokenizerFast`` over a BPE trained on the bundled corpus, with Qwen's specials."""
+def backbone_config(arch: str, tok: Any) -> Any:
+    """The ``Qwen2VLConfig`` of ``arch`` with ``tok``'s special token ids."""
     import transformers
-
-    tok = transformers.Qwen2TokenizerFast(
-        tokenizer_object=train_byte_level_bpe(corpus_lines(), SPECIALS, 400, lowercase=False),
-        unk_token="<|endoftext|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-    )
-    tok.chat_template = TEMPLATE
-    return tok
-
-
-def write(out: Path, arch: str, device: str, seed: int = 0) -> Path:
-    """Write the folder: backbone (bf16), tokenizer, image processor, ``reward_head.safetensors``."""
-    import transformers
-    from safetensors.torch import save_file
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil,
-    )
 
     spec = ARCHS[arch]
-    tok = tokenizer()
     head_dim = spec["text"]["hidden_size"] // spec["text"]["num_attention_heads"]
     text = {
         **spec["text"],
@@ -115,8 +75,8 @@ def write(out: Path, arch: str, device: str, seed: int = 0) -> Path:
         "eos_token_id": tok.eos_token_id,
         "pad_token_id": tok.pad_token_id,
     }
-    ids = [tok.convert_tokens_to_ids(t) for t in SPECIALS[3:7]]
-    config = transformers.Qwen2VLConfig(
+    ids = [tok.convert_tokens_to_ids(t) for t in SPECIALS[3:7]]  # vision start / end, pads
+    return transformers.Qwen2VLConfig(
         text_config=text,
         vision_config={**spec["vision"], "patch_size": 14, "spatial_merge_size": 2,
                        "temporal_patch_size": 2, "in_chans": 3},
@@ -126,6 +86,18 @@ def write(out: Path, arch: str, device: str, seed: int = 0) -> Path:
         video_token_id=ids[3],
         tie_word_embeddings=spec["tie_word_embeddings"],
     )  # fmt: skip
+
+
+def write(out: Path, arch: str, device: str, seed: int = 0) -> Path:
+    """Write the folder: backbone (bf16), tokenizer, image processor, ``reward_head.safetensors``."""
+    import transformers
+    from safetensors.torch import save_file
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    tok = qwen_tokenizer(special=(HPSV3_REWARD_TOKEN,))
+    config = backbone_config(arch, tok)
     torch.manual_seed(seed)
     with torch.device(device):
         model = transformers.Qwen2VLForConditionalGeneration(config).to(torch.bfloat16).eval()
@@ -133,7 +105,7 @@ def write(out: Path, arch: str, device: str, seed: int = 0) -> Path:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     Qwen2VLImageProcessorPil().save_pretrained(out)  # no torchvision needed
-    head = ranknet_head(spec["text"]["hidden_size"], 2)
+    head = ranknet_head(config.text_config.hidden_size, 2)
     save_file(
         {f"rm_head.{k}": v.contiguous() for k, v in head.state_dict().items()}, out / HEAD_FILE
     )

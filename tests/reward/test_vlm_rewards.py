@@ -35,20 +35,9 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from tiny_qwen_tokenizer import SPECIALS, qwen_tokenizer  # noqa: E402
+from tiny_qwen_tokenizer import QWEN_STYLE_TEMPLATE, SPECIALS, qwen_tokenizer  # noqa: E402
 
-# Our own Qwen-style chat template (default system turn; an image or a video renders as one
-# pad between vision markers).
-TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if loop.first and m.role != 'system' %}<|im_start|>system\nYou are a helpful assistant."
-    "<|im_end|>\n{% endif %}<|im_start|>{{ m.role }}\n"
-    "{% if m.content is string %}{{ m.content }}{% else %}{% for c in m.content %}"
-    "{% if c.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif c.type == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{% else %}{{ c.text }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+TEMPLATE = QWEN_STYLE_TEMPLATE  # our own Qwen-style chat template
 PROMPTS = ["a red cube on a table", "two cats", "a lighthouse at night"]
 PIX = {"min_pixels": 28 * 28, "max_pixels": 56 * 56}  # small images: 1-4 merged patches
 TOL = 1e-5
