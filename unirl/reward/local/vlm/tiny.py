@@ -66,7 +66,8 @@ def qwen_tokenizer(
     import transformers
     from tokenizers import Tokenizer
 
-    tok = transformers.Qwen2TokenizerFast(
+    # an alias transformers resolves lazily (the stubs do not list it)
+    tok = transformers.Qwen2TokenizerFast(  # type: ignore[attr-defined]
         tokenizer_object=Tokenizer.from_str(trained_bpe()),
         unk_token="<|endoftext|>",
         eos_token="<|im_end|>",
