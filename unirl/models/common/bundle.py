@@ -55,7 +55,7 @@ class FlowMatchingBundleConfig:
     there is one, else CPU), ``cpu``, ``cuda``, ``cuda:N``. ``negative_prompt`` is the
     default negative text. ``sdpa_backend`` picks the attention kernel on CUDA: ``auto``
     puts cuDNN's fused attention first on Hopper and newer (then flash, memory-efficient,
-    math), for the whole worker process from the first transformer call on, and leaves older
+    math), for the whole worker process from the moment the bundle is built, and leaves older
     cards to PyTorch; ``torch`` is PyTorch's own order; ``flash`` / ``efficient`` / ``cudnn``
     / ``math`` pin one kernel around each transformer call (torch's switch is process-wide:
     a reward model scoring under ``rollout.reward_overlap`` meanwhile sees it too, so its
@@ -129,11 +129,12 @@ _PROCESS_SDPA_ORDER: list[contextlib.AbstractContextManager[None]] = []
 def sdpa_context(backend: str, device: torch.device) -> contextlib.AbstractContextManager[None]:
     """The attention kernel choice for one transformer call (see ``FlowMatchingBundleConfig``).
 
-    ``auto`` on Hopper sets torch's kernel priority once for the whole process and returns a
-    no-op: torch keeps that setting process-wide, not per thread, so a per-call switch would
-    change the kernels of whatever another thread runs meanwhile (a reward model scoring a
-    chunk under ``rollout.reward_overlap``) with the timing; set once, every model in the
-    worker sees the same order whether it runs during sampling or after it."""
+    ``auto`` on Hopper sets torch's kernel priority once for the whole process (the bundle
+    calls this when it is built) and returns a no-op. Torch keeps that setting process-wide,
+    not per thread, so a per-call switch would change the kernels of whatever another thread
+    runs meanwhile (a reward model scoring a chunk under ``rollout.reward_overlap``) with the
+    timing. Set once, every model in the worker sees the same order whether it runs during
+    sampling or after it."""
     if backend == "torch" or device.type != "cuda":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -290,6 +291,10 @@ class FlowMatchingBundle:
         self.to(self.device)
         if config.compile_vae:  # compiled lazily on the first decode, one graph per chunk shape
             self.vae.decoder.compile(dynamic=False)
+        # ``auto`` sets the process's attention order here, before any text encoder or reward
+        # model runs, so the first rollout runs the same kernels as the later ones (and a
+        # resumed run as the run it continues)
+        self.sdpa_context()
 
     # -- family hooks ---------------------------------------------------------------------
 
