@@ -4,7 +4,7 @@ a VLM judge on a GPU where no checkpoint can be downloaded.
 The backbone has the layer shapes of the named Qwen2-VL model's ``config.json`` (the 7B one is
 HPSv3's); the reward head is HPSv3's ranknet head; the tokenizer is a byte-level BPE trained
 on the bundled prompt corpus with Qwen's special tokens and ``<|Reward|>``, under a Qwen-style
-chat template (``unirl.reward.local.vlm.tiny``, as the VLM reward tests use). The image
+chat template (``unirl.models.common.tiny_qwen``, as the VLM reward tests use). The image
 processor keeps Qwen2-VL's patching (14 px patches, 2 x 2 merge). Scores are meaningless; the compute per image is the released model's, except
 that the small tokenizer writes a prompt in more tokens than Qwen's (the 256 image tokens of an
 HPSv3 image dominate either way)::
@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
+from unirl.models.common.tiny_qwen import SPECIALS, qwen_tokenizer
 from unirl.reward.local.vlm.engine import HEAD_FILE, ranknet_head
 from unirl.reward.local.vlm.templates import HPSV3_REWARD_TOKEN
-from unirl.reward.local.vlm.tiny import SPECIALS, qwen_tokenizer
 
 # layer shapes of the released config.json files (text: Qwen2 decoder; vision: the ViT and merger)
 ARCHS = {
