@@ -262,39 +262,46 @@ class _CompiledBlock(nn.Module):
 
 
 def test_compiled_fp8_forward_has_no_graph_break_and_does_not_recompile_per_rollout() -> None:
-    """A block compiled per block (``compile(dynamic=False)``, as the bundles do) sampled in
+    """Four blocks compiled per block (``compile(dynamic=False)``, as the bundles do) sampled in
     three successive contexts. Measured (torch 2.13, CPU): 1 graph outside the context and 1
-    more for the FP8 forward in the first context (its first call also builds the fused q/k/v
-    weight, which guards the next call into a second FP8 graph: 3 in all), 0 new in the second
-    and third, and no graph break. The per-context weight cache this replaced graph-broke at
-    its ``data_ptr`` lookup: +8 graphs in the first rollout and +4 in the second (two Linears,
-    no fused group)."""
+    FP8 graph in the first context, shared by all four blocks, 0 new in the second and third,
+    and no graph break. The fused q / k / v weight cached on a block's first layer, which this
+    replaced, put that layer's weight fingerprint into the guards: one more graph per block
+    (SD3.5-M: 24 blocks) until dynamo's recompile limit (8), then eager (measured here: [1, 8,
+    8, 8]; on the GPU a first FP8 rollout that had not ended after 223 s)."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
-    block = _CompiledBlock().requires_grad_(False)
+    blocks = nn.ModuleList(_CompiledBlock() for _ in range(4)).requires_grad_(False)
     x = torch.randn(2, 32, 64)
-    with torch.no_grad(), fp8_sampling([block], CPU):
-        eager = [block(x), block(x)]
-    block.compile(dynamic=False)
+
+    def forward() -> torch.Tensor:
+        h = x
+        for block in blocks:
+            h = block(h) * 0.1
+        return h
+
+    with torch.no_grad(), fp8_sampling([blocks], CPU):
+        eager = [forward(), forward()]
+    for block in blocks:
+        block.compile(dynamic=False)
     with torch.no_grad():
-        plain = block(x)
+        plain = forward()
     graphs = [counters["stats"]["unique_graphs"]]
     outs = []
     for _ in range(3):
-        with torch.no_grad(), fp8_sampling([block], CPU):
-            outs.append([block(x), block(x)])
+        with torch.no_grad(), fp8_sampling([blocks], CPU):
+            outs.append([forward(), forward()])
         with torch.no_grad():
-            assert torch.equal(block(x), plain)  # back to the plain layers
+            assert torch.equal(forward(), plain)  # back to the plain layers
         graphs.append(counters["stats"]["unique_graphs"])
-    # [1, 3, 3, 3] measured: the FP8 graphs come in the first context only
-    assert graphs[0] == 1 and graphs[1] - graphs[0] <= 2, graphs
-    assert graphs[3] == graphs[2] == graphs[1], graphs
+    assert graphs == [1, 2, 2, 2], graphs
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     for rollout in outs:
         for got, ref in zip(rollout, eager, strict=True):
-            # compiled vs eager FP8 forward: the same quantized operands, one bf16 ulp apart
-            assert torch.allclose(got, ref, rtol=2**-7, atol=1e-5)
+            # compiled vs eager FP8 forward: the same quantized operands, a few bf16 ulps apart
+            # after four blocks
+            assert torch.allclose(got, ref, rtol=2**-6, atol=1e-5)
     torch._dynamo.reset()

@@ -34,9 +34,10 @@ on entry (never silently).
 
 Weights: entering the context quantizes every swapped layer's weight once and attaches it to
 the layer (``fp8_weight`` / ``fp8_scale``, plain attributes removed on exit), so the forward
-is module attributes and tensor ops only, which ``torch.compile`` traces without a graph break
-(a compiled block gets one or two FP8 graphs, reused by every later context). A fused group's
-concatenated weight is built on its first call and kept on its first layer. Each context
+is tensor attributes and tensor ops only, which ``torch.compile`` traces without a graph break
+and without a guard on any Python value of one layer: a compiled block gets one FP8 graph,
+shared by every block of the model and reused by every later context. A fused group's
+concatenated weight is concatenated on each call (nothing cached per group). Each context
 re-quantizes on entry, so a weight changed between rollouts is picked up; inside an open
 context, an eager forward also re-quantizes a weight whose ``data_ptr`` or ``_version`` moved
 (an in-place update, a re-gathered weight), a compiled one does not look (rollouts do not
@@ -122,17 +123,9 @@ class Fp8Session:
 
 
 # What a swapped layer carries while the context is open (removed on exit): its quantized
-# weight ``fp8_weight[N, K]`` and scales ``fp8_scale[1, N]``, the fingerprint of the weight they
-# were made from, and the fused group (``fused_linear``) whose concatenation it heads, if any.
-_LAYER_ATTRS = (
-    "fp8_weight",
-    "fp8_scale",
-    "_fp8_fingerprint",
-    "_fp8_group",
-    "_fp8_group_weight",
-    "_fp8_group_scale",
-    "_fp8_group_fingerprint",
-)
+# weight ``fp8_weight[N, K]`` and scales ``fp8_scale[1, N]``, and the fingerprint of the weight
+# they were made from.
+_LAYER_ATTRS = ("fp8_weight", "fp8_scale", "_fp8_fingerprint")
 
 
 def _quantize_layer(layer: nn.Linear) -> None:
@@ -158,30 +151,12 @@ def _layer_weight(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _group_weight(layers: Sequence[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor]:
     """``(W_q, scale)`` of ``cat(layer.weight for layer in layers)``: the concatenation of
-    the layers' own (row-wise quantization commutes with concatenating rows), built on the
-    first call and kept on ``layers[0]``; each layer's ``fp8_weight`` / ``fp8_scale`` then
-    become views into it, so the group costs no second copy."""
-    first = layers[0]
+    the layers' own (row-wise quantization commutes with concatenating rows), built on every
+    call. The copy is the FP8 weight once (SD3.5-M's q / k / v: 7 MB, microseconds); a cache
+    kept on the layers would put Python values into a compiled block's guards, and those
+    differ per block (measured: a recompile per block up to dynamo's limit, then eager)."""
     parts = [_layer_weight(layer) for layer in layers]
-    group = first._fp8_group
-    fresh = group is not None and len(group) == len(layers)
-    fresh = fresh and all(a is b for a, b in zip(group, layers, strict=True))
-    if fresh and not torch.compiler.is_compiling():
-        fresh = first._fp8_group_fingerprint == tuple(m._fp8_fingerprint for m in layers)
-    if not fresh:
-        w_q = torch.cat([w for w, _ in parts])
-        scale = torch.cat([s for _, s in parts], dim=1)
-        first._fp8_group = tuple(layers)
-        first._fp8_group_weight = w_q
-        first._fp8_group_scale = scale
-        first._fp8_group_fingerprint = tuple(m._fp8_fingerprint for m in layers)
-        start = 0
-        for layer in layers:
-            stop = start + layer.out_features
-            layer.fp8_weight = w_q[start:stop]
-            layer.fp8_scale = scale[:, start:stop]
-            start = stop
-    return first._fp8_group_weight, first._fp8_group_scale
+    return torch.cat([w for w, _ in parts]), torch.cat([s for _, s in parts], dim=1)
 
 
 def fp8_applies(x: torch.Tensor, layers: Sequence[nn.Module]) -> bool:
@@ -298,7 +273,6 @@ def fp8_sampling(modules: Iterable[nn.Module], device: torch.device) -> Iterator
     _ACTIVE = session
     try:
         for layer in layers:
-            layer._fp8_group = None
             _quantize_layer(layer)
             layer.__class__ = Fp8SamplingLinear
         yield session
