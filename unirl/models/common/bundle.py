@@ -67,7 +67,8 @@ class FlowMatchingBundleConfig:
     compiles the VAE decoder with ``torch.compile`` (one graph per chunk shape).
     ``fp8_sampling`` runs the frozen base's linear layers in float8 (e4m3, rowwise scales) in
     rollout sampling only (``common/fp8_linear.py``); training and the π_old replay stay in
-    ``dtype``. CUDA needs compute capability 8.9 or newer.
+    ``dtype``. CUDA needs compute capability 8.9 or newer. At SD3.5-Medium's 512² shapes it
+    measured slower than bf16 on an H200 (docs/performance.md), so it is off by default.
     """
 
     preset_names: ClassVar[tuple[str, ...]] = ("tiny",)
