@@ -299,10 +299,20 @@ def attention_flop_formulas() -> dict[Any, Any]:
     def backward(_grad: Any, query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
         return 2 * attention_flops(query, key, value)
 
-    kernels = ("flash", "efficient", "cudnn")
+    # flash_attention_for_cpu: the CPU kernel, which torch's own table leaves uncounted (a
+    # CPU count missed every attention FLOP; tests/tools/test_wan_flops.py)
+    kernels = ("flash", "efficient", "cudnn", "flash_attention_for_cpu")
+    names = [
+        f"_scaled_dot_product_{k}" if k.endswith("_cpu") else f"_scaled_dot_product_{k}_attention"
+        for k in kernels
+    ]
     return {
-        **{getattr(aten, f"_scaled_dot_product_{k}_attention"): forward for k in kernels},
-        **{getattr(aten, f"_scaled_dot_product_{k}_attention_backward"): backward for k in kernels},
+        **{getattr(aten, name): forward for name in names if hasattr(aten, name)},
+        **{
+            getattr(aten, f"{name}_backward"): backward
+            for name in names
+            if hasattr(aten, f"{name}_backward")
+        },
     }
 
 
