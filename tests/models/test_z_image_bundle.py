@@ -437,3 +437,57 @@ def test_sglang_denoising_env_maps_to_our_conditions(bundle) -> None:
     assert maps.sglang_guidance(4.0) == {"guidance_scale": 4.0}
     with pytest.raises(ConfigError, match="vllm_omni engine has no mapper"):
         engine_maps_for("unirl.models.z_image.ZImageBundle", "vllm_omni")
+
+
+def test_split_uneven_runs_unmasked_forwards_equal_to_the_masked_batch() -> None:
+    """``cfg_split_uneven``: a prompt and a negative prompt whose captions pad to different
+    lengths run as two forwards, neither with an attention mask, and give the masked batch's
+    velocity up to float rounding (measured: 7.7e-7 of its largest value in fp32; the
+    gradient 1.2e-6). Captions
+    of one padded length keep the one batched forward."""
+    batched, split = make_bundle(), make_bundle(cfg_split_uneven=True)
+    split.transformer.load_state_dict(batched.transformer.state_dict())
+    assert split.guidance == ZImageCFG(split_uneven=True)
+    long_prompt = "a very small cat sitting on a big red chair in a sunny kitchen " * 3
+    for b in (batched, split):
+        b.transformer.requires_grad_(True)
+
+    def run(b: ZImageBundle, prompt: str) -> tuple[torch.Tensor, list[bool], torch.Tensor]:
+        masks: list[bool] = []
+        hooks = [
+            layer.register_forward_pre_hook(
+                lambda _m, args, kwargs: masks.append(
+                    (args[1] if len(args) > 1 else kwargs.get("attn_mask")) is not None
+                ),
+                with_kwargs=True,
+            )
+            for layer in b.transformer.layers
+        ]
+        cond = b.encode_prompts([prompt], negative=True, samples_per_prompt=2)
+        torch.manual_seed(0)
+        x = torch.randn(2, *b.latent_shape(64, 64))
+        fwd = b.guidance.forward_conditions(b, cond, 4.0)
+        v = b.guidance.velocity(b, x, torch.tensor([0.7, 0.7]), fwd, 4.0)
+        for hook in hooks:
+            hook.remove()
+        weight = b.transformer.layers[0].attention.to_q.weight
+        (grad,) = torch.autograd.grad(v.square().sum(), [weight])
+        return v.detach(), masks, grad
+
+    padded = split.encode_prompts([long_prompt], negative=True).padded_lengths()
+    negative = split.negative_conditions().padded_lengths()
+    assert int(padded[0]) > int(negative[0])  # the case: one batch would need the mask
+    v_batched, masks_batched, g_batched = run(batched, long_prompt)
+    v_split, masks_split, g_split = run(split, long_prompt)
+    assert any(masks_batched) and not any(masks_split)
+    assert len(masks_split) == 2 * len(masks_batched)  # two forwards instead of one
+    scale = v_batched.abs().max()
+    assert torch.allclose(v_split, v_batched, rtol=0, atol=1e-5 * float(scale))
+    assert torch.allclose(g_split, g_batched, rtol=0, atol=1e-5 * float(g_batched.abs().max()))
+
+    short = "a cat"
+    assert int(split.encode_prompts([short], negative=True).padded_lengths()[0]) == int(negative[0])
+    v_one, masks_one, _ = run(split, short)
+    v_ref, masks_ref, _ = run(batched, short)
+    assert len(masks_one) == len(masks_ref) and not any(masks_one)  # one batched forward
+    assert torch.equal(v_one, v_ref)

@@ -129,14 +129,20 @@ def guided_branches(
     cfg_gradient: CFGGradient,
     v_uncond: torch.Tensor | None,
     uncond_out: list[torch.Tensor] | None,
+    batched: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(v_c, v_u)`` fp32 of a guided step whose two branches can run as one forward: ``both``
     holds 2·N rows (unconditional first when ``uncond_first``), ``halves()`` the
     ``(cond, uncond)`` rows apart. ``cond_only`` or a reused ``v_uncond``: the conditional
     forward alone carries a gradient (the unconditional one runs under ``torch.no_grad()``
-    or is the rollout's, detached); ``both``: the one batched forward. The unconditional
-    velocity is appended to ``uncond_out`` when given."""
-    if cfg_gradient == "cond_only" or v_uncond is not None:
+    or is the rollout's, detached); ``both``: the one batched forward, or with ``batched``
+    False the two halves' forwards, both with the gradient. The unconditional velocity is
+    appended to ``uncond_out`` when given."""
+    if not batched and cfg_gradient == "both" and v_uncond is None:
+        cond, uncond = halves()
+        v_u = family.predict_velocity(latents, sigma, uncond).float()
+        v_c = family.predict_velocity(latents, sigma, cond).float()
+    elif cfg_gradient == "cond_only" or v_uncond is not None:
         cond, uncond = halves()
         if v_uncond is None:
             with torch.no_grad():

@@ -26,7 +26,7 @@ from unirl.models.common.folders import load_parts, read_diffusers_folder
 from unirl.models.common.geometry import VAELatentGeometry, sigma_per_sample
 from unirl.models.common.guidance import Guidance
 from unirl.models.z_image.arch import build_arch_modules
-from unirl.models.z_image.conditions import ZImageConditions
+from unirl.models.z_image.conditions import SEQ_MULTIPLE, ZImageConditions
 from unirl.models.z_image.config import ZImageBundleConfig
 from unirl.models.z_image.engine_maps import ZImageEngineMaps
 from unirl.models.z_image.guidance import ZImageCFG
@@ -36,9 +36,7 @@ from unirl.models.z_image.text_encode import encode_z_image_prompts
 if TYPE_CHECKING:
     from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL
 
-# The transformer pads every caption and image token run to a multiple of this (diffusers'
-# SEQ_MULTI_OF); captions take RoPE positions 1.. and the image the next one on the first axis.
-SEQ_MULTIPLE = 32
+# captions take RoPE positions 1.. and the image the next one on the first axis
 PIPELINE_TIMESTEP_SCALE = 1000.0  # ZImagePipeline: timestep = (1000 - σ·N) / 1000
 
 
@@ -131,7 +129,9 @@ class ZImageBundle(VAELatentGeometry, FlowMatchingBundle):
         self.tokenizer = parts["tokenizer"]
         # per instance: the knobs are the config's (guidance_of reads the attribute)
         self.guidance = ZImageCFG(  # type: ignore[misc]
-            normalization=cfg.cfg_normalization, truncation=cfg.cfg_truncation
+            normalization=cfg.cfg_normalization,
+            truncation=cfg.cfg_truncation,
+            split_uneven=cfg.cfg_split_uneven,
         )
         # the pipeline hands the scheduler torch.linspace(1, 1/T, T) (float32) pre-shift σ
         self.scheduler_config: ConfigDict = {

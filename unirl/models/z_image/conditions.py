@@ -8,6 +8,10 @@ import torch
 
 from unirl.types import Conditions, Packed, batch_field
 
+# The transformer pads every caption and image token run to a multiple of this (diffusers'
+# SEQ_MULTI_OF).
+SEQ_MULTIPLE = 32
+
 
 def _check_captions(name: str, value: object) -> None:
     if not isinstance(value, Packed) or value.values.ndim != 2:
@@ -52,6 +56,12 @@ class ZImageConditions(Conditions):
     @property
     def has_negative(self) -> bool:
         return self.negative_prompt_embeds is not None
+
+    def padded_lengths(self) -> torch.Tensor:
+        """``long[N]`` (host): each caption's length as the transformer pads it (a multiple of
+        ``SEQ_MULTIPLE``); read from the packed offsets, no device value."""
+        lengths = self.prompt_embeds.offsets.diff()
+        return (lengths + SEQ_MULTIPLE - 1) // SEQ_MULTIPLE * SEQ_MULTIPLE
 
     def captions(self) -> list[torch.Tensor]:
         """The prompt captions as the transformer takes them: a list of ``[L_i, D]`` views."""

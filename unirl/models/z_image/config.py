@@ -30,6 +30,12 @@ class ZImageBundleConfig(FlowMatchingBundleConfig):
     pipeline's ``cfg_normalization=True`` is k = 1);
     ``cfg_truncation``: guidance stops (one conditional forward) at the steps whose
     ``1 - σ`` exceeds it; 1 (the default) never stops.
+
+    ``cfg_split_uneven``: when the prompt's and the negative prompt's captions pad to
+    different lengths, run them as two forwards instead of one masked batch (``ZImageCFG``):
+    equal up to float rounding, and a compiled block keeps symbolic shapes (on CUDA the
+    masked one was specialized to each length). False (the default) is the pipeline's one
+    batched forward, bit for bit.
     """
 
     preset_names: ClassVar[tuple[str, ...]] = ("tiny", "z-image-arch")
@@ -37,6 +43,7 @@ class ZImageBundleConfig(FlowMatchingBundleConfig):
     max_sequence_length: PositiveInt = 512
     cfg_normalization: float = 0.0
     cfg_truncation: float = 1.0
+    cfg_split_uneven: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -7,7 +7,13 @@ the project-wide scale ``s`` (``sampling.guidance_scale``, the usual ``v_u + s·
 the pipeline's bit for bit: **diffusers' ``guidance_scale`` is ``s − 1``** (its 0 = off).
 
 - Forwards: the conditional and negative rows run as one batched forward (``[cond; uncond]``,
-  the pipeline's order; their captions may differ in length, the transformer pads them).
+  the pipeline's order; their captions may differ in length, the transformer pads them and
+  masks the padding). ``split_uneven`` (``bundle.cfg_split_uneven``) runs them as two
+  forwards instead when their captions pad to different lengths, so neither needs the mask:
+  equal up to float rounding (the unmasked attention sums fewer terms), not bit for bit. On
+  CUDA a compiled block with the mask was specialized to the caption's length (one H200,
+  ``docs/performance.md``, seventeenth session): every new prompt length compiled new
+  graphs. The unmasked forwards keep ``compile_dynamic``'s symbolic shapes.
 - ``normalization`` k > 0 (the pipeline's ``cfg_normalization``): when a sample's guided
   velocity is longer than k times its conditional velocity (norms over the whole latent), it
   is scaled down to that length.
@@ -37,6 +43,7 @@ from unirl.models.common.guidance import (
     positive_rows,
     require_paired,
 )
+from unirl.models.z_image.conditions import ZImageConditions
 from unirl.types import Conditions
 
 # ZImagePipeline's timestep scale: the truncation test reads ``(1000 - t) / 1000`` with
@@ -54,6 +61,13 @@ class CFGInputs:
     both: Conditions
 
 
+def _uneven(rows: Conditions) -> bool:
+    """Whether the captions of ``rows`` pad to different lengths, so that one batched forward
+    needs an attention mask (host values only)."""
+    padded = cast(ZImageConditions, rows).padded_lengths()
+    return bool((padded != padded[0]).any())
+
+
 def _rows_view(rows: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return rows.to(like.device).view(-1, *([1] * (like.ndim - 1)))
 
@@ -65,6 +79,7 @@ class ZImageCFG:
 
     normalization: float = 0.0
     truncation: float = 1.0
+    split_uneven: bool = False
 
     def forward_conditions(
         self, family: CFGFamily, conditions: Conditions, scale: float
@@ -126,6 +141,7 @@ class ZImageCFG:
             cfg_gradient=cfg_gradient,
             v_uncond=v_uncond,
             uncond_out=uncond_out,
+            batched=not (self.split_uneven and _uneven(inputs.both)),
         )
         if rows is None:
             return self.combine(v_c, v_u, scale)
