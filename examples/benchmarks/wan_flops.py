@@ -65,14 +65,14 @@ def count_pass(
     timestep = torch.zeros(latents.shape[0], dtype=torch.long, device=latents.device)
     formulas = attention_flop_formulas()
     latents = latents.detach().requires_grad_(backward)
-    with FlopCounterMode(display=False, custom_mapping=formulas) as forward_counter:
-        with torch.set_grad_enabled(backward):
-            (out,) = transformer(
-                hidden_states=latents,
-                timestep=timestep,
-                encoder_hidden_states=text,
-                return_dict=False,
-            )
+    counter = FlopCounterMode(display=False, custom_mapping=formulas)
+    with counter as forward_counter, torch.set_grad_enabled(backward):
+        (out,) = transformer(
+            hidden_states=latents,
+            timestep=timestep,
+            encoder_hidden_states=text,
+            return_dict=False,
+        )
     result = {
         "forward": float(forward_counter.get_total_flops()),
         "attention_share_forward": _attention_share(forward_counter.get_flop_counts()),
@@ -81,9 +81,7 @@ def count_pass(
         with FlopCounterMode(display=False, custom_mapping=formulas) as backward_counter:
             out.backward(torch.ones_like(out))
         result["backward"] = float(backward_counter.get_total_flops())
-        result["attention_share_backward"] = _attention_share(
-            backward_counter.get_flop_counts()
-        )
+        result["attention_share_backward"] = _attention_share(backward_counter.get_flop_counts())
     return result
 
 
