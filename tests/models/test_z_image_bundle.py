@@ -491,3 +491,8 @@ def test_split_uneven_runs_unmasked_forwards_equal_to_the_masked_batch() -> None
     v_ref, masks_ref, _ = run(batched, short)
     assert len(masks_one) == len(masks_ref) and not any(masks_one)  # one batched forward
     assert torch.equal(v_one, v_ref)
+
+
+def test_recompile_hint_names_the_split_knob_until_it_is_on() -> None:
+    assert "bundle.cfg_split_uneven=true" in (make_bundle().recompile_hint() or "")
+    assert make_bundle(cfg_split_uneven=True).recompile_hint() is None

@@ -14,7 +14,7 @@ from train_fakes import TinyBundle, empty_track, make_backend
 import unirl.train.compile_watch as compile_watch
 from unirl.algorithms.base import StageAlgorithm, StepResult
 from unirl.train import TrainStack
-from unirl.train.compile_watch import RecompileWatch, compiled_graph_count
+from unirl.train.compile_watch import RecompileWatch, compiled_graph_count, recompile_warning
 from unirl.train.parallel import FSDPConfig, apply_compile
 from unirl.trainer.base import mean_over_ranks
 
@@ -171,6 +171,21 @@ def test_a_compiled_stack_reports_new_graphs_and_warns_once(
     assert [m["compile/new_graphs"] for m in per_rollout] == [1.0, 0.0, 1.0, 1.0]
     lines = [line for line in capsys.readouterr().out.splitlines() if "[unirl]" in line]
     assert len(lines) == 1 and "compiled during rollout 2 (after warm-up" in lines[0], lines
+
+
+def test_the_warning_names_the_familys_knob_first(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bundle's ``recompile_hint`` (Z-Image: ``bundle.cfg_split_uneven=true``) comes first
+    in the one warning, before the generic advice."""
+    hint = "set bundle.some_knob=true (why)"
+    monkeypatch.setattr(TinyBundle, "recompile_hint", lambda self: hint, raising=False)
+    _train([2, 3], compile_blocks=True, monkeypatch=monkeypatch)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "[unirl]" in line]
+    assert len(lines) == 1, lines
+    assert f"This family: {hint}. Pad the inputs" in lines[0]
+    assert recompile_warning(1, 1, False) == recompile_warning(1, 1, False, None)
+    assert "This family" not in recompile_warning(1, 1, False)
 
 
 def test_an_eager_stack_records_no_compile_metric(

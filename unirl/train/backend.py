@@ -237,6 +237,9 @@ class FSDPBackend:
         if self.fsdp_config.activation_checkpointing:
             apply_activation_checkpointing(blocks)
         self.compile_dynamic = compile_dynamic_of(self.fsdp_config, bundle)
+        # the family's knob against recompiles, for the compile watch's warning
+        hint = getattr(bundle, "recompile_hint", None)
+        self.recompile_hint: str | None = hint() if callable(hint) else None
         if self.fsdp_config.compile:
             apply_compile(blocks, self.fsdp_config.inductor_options, dynamic=self.compile_dynamic)
         if self.is_sharded:

@@ -40,9 +40,12 @@ def compiled_graph_count() -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def recompile_warning(new_graphs: int, rollout_index: int, dynamic: object) -> str:
+def recompile_warning(
+    new_graphs: int, rollout_index: int, dynamic: object, hint: str | None = None
+) -> str:
     """The one line :class:`RecompileWatch` prints: how many graphs, when, why, and the knobs
-    that stop it (``dynamic``: what the blocks compiled with, so the advice differs)."""
+    that stop it (``dynamic``: what the blocks compiled with, so the advice differs; ``hint``:
+    the family's own knob, first, when the bundle names one)."""
     if dynamic is False:
         shapes = "set backend.fsdp.compile_dynamic=null (symbolic shapes after one change)"
     elif dynamic is None:
@@ -55,8 +58,9 @@ def recompile_warning(new_graphs: int, rollout_index: int, dynamic: object) -> s
         f"[unirl] warning: {new_graphs} graphs were compiled during rollout {rollout_index} "
         "(after warm-up, backend.fsdp.compile=true): the compiled transformer blocks see a new "
         "input shape each step (a text length that changes per prompt?); recompiling costs "
-        f"seconds per step and can make the run slower than eager. Pad the inputs to fixed "
-        f"shapes, {shapes}, or set backend.fsdp.compile=false"
+        "seconds per step and can make the run slower than eager. "
+        + (f"This family: {hint}. " if hint else "")
+        + f"Pad the inputs to fixed shapes, {shapes}, or set backend.fsdp.compile=false"
     )
 
 
@@ -89,10 +93,12 @@ class RecompileWatch:
             return now
         return now - last
 
-    def after_rollout(self, rollout_index: int, dynamic: object = False) -> dict[str, float]:
+    def after_rollout(
+        self, rollout_index: int, dynamic: object = False, hint: str | None = None
+    ) -> dict[str, float]:
         """``{"compile/new_graphs": n}`` for the rollout that just trained (empty when the
         count is unknown); warns once when ``n > 0`` after the warm-up. ``dynamic``: the
-        ``dynamic`` the blocks compiled with, for the advice."""
+        ``dynamic`` the blocks compiled with, and ``hint`` the family's knob, for the advice."""
         new = self.new_graphs()
         self.rollouts_seen += 1
         announce = world_info()[0] == 0
@@ -109,5 +115,5 @@ class RecompileWatch:
         if new > 0 and self.rollouts_seen > 1 and not self.warned:
             self.warned = True  # once per run, on every rank (only rank 0 prints)
             if announce:
-                print(recompile_warning(new, rollout_index, dynamic), flush=True)
+                print(recompile_warning(new, rollout_index, dynamic, hint), flush=True)
         return {"compile/new_graphs": float(new)}

@@ -212,7 +212,8 @@ class OptimizerSteps:
         # what the blocks compiled with: the backend's resolved value when it keeps one
         fsdp = getattr(self.backend, "fsdp_config", None)
         dynamic = getattr(self.backend, "compile_dynamic", getattr(fsdp, "compile_dynamic", False))
-        return self.compile_watch.after_rollout(rollout_index, dynamic)
+        hint = getattr(self.backend, "recompile_hint", None)  # the family's knob, if any
+        return self.compile_watch.after_rollout(rollout_index, dynamic, hint)
 
     def _step_scalars(
         self, losses: list[float | torch.Tensor], grad_norm: torch.Tensor

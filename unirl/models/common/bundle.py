@@ -341,6 +341,11 @@ class FlowMatchingBundle:
         """*Family*: ``pixels[B, 3, H, W]`` float32 in [0, 1] for one chunk of latents."""
         raise NotImplementedError
 
+    def recompile_hint(self) -> str | None:
+        """*Family*: the knob of this bundle that stops its compiled blocks from recompiling
+        in later rollouts, for the warning of ``train.compile_watch`` (None: no such knob)."""
+        return None
+
     @classmethod
     def architecture(cls, path: str) -> Architecture | None:
         """*Family*: the configs of the model at ``path``, read without weights (None when

@@ -185,6 +185,17 @@ class ZImageBundle(VAELatentGeometry, FlowMatchingBundle):
             negative_prompt_embeds=negative.prompt_embeds.select([0] * len(conditions)),
         )
 
+    def recompile_hint(self) -> str | None:
+        """With the prompt's and the negative's captions in one masked CFG batch, a compiled
+        block was specialized per caption length on CUDA (``ZImageCFG.split_uneven``)."""
+        if self.config.cfg_split_uneven:
+            return None
+        return (
+            "set bundle.cfg_split_uneven=true (a CFG batch of captions that pad to different "
+            "lengths passes an attention mask, and on CUDA the masked compiled block is "
+            "specialized to each caption length)"
+        )
+
     # -- velocity ------------------------------------------------------------------------------
 
     def predict_velocity(
