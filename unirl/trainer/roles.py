@@ -299,12 +299,13 @@ def attention_flop_formulas() -> dict[Any, Any]:
     def backward(_grad: Any, query: Any, key: Any, value: Any, *_: Any, **__: Any) -> int:
         return 2 * attention_flops(query, key, value)
 
-    # flash_attention_for_cpu: the CPU kernel, which torch's own table leaves uncounted (a
-    # CPU count missed every attention FLOP; tests/tools/test_wan_flops.py)
-    kernels = ("flash", "efficient", "cudnn", "flash_attention_for_cpu")
+    # the last one is the CPU kernel, which torch's own table leaves uncounted (a CPU count
+    # missed every attention FLOP; tests/tools/test_wan_flops.py)
     names = [
-        f"_scaled_dot_product_{k}" if k.endswith("_cpu") else f"_scaled_dot_product_{k}_attention"
-        for k in kernels
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
     ]
     return {
         **{getattr(aten, name): forward for name in names if hasattr(aten, name)},

@@ -26,7 +26,7 @@ from unirl.models.common.folders import load_parts, read_diffusers_folder
 from unirl.models.common.geometry import VAELatentGeometry, sigma_per_sample
 from unirl.models.common.guidance import Guidance
 from unirl.models.z_image.arch import build_arch_modules
-from unirl.models.z_image.conditions import SEQ_MULTIPLE, ZImageConditions
+from unirl.models.z_image.conditions import ZImageConditions, padded
 from unirl.models.z_image.config import ZImageBundleConfig
 from unirl.models.z_image.engine_maps import ZImageEngineMaps
 from unirl.models.z_image.guidance import ZImageCFG
@@ -54,10 +54,6 @@ def _read_folder(folder: Path, bundle: ZImageBundle) -> dict[str, Any]:
         text_encoders={"text_encoder": Qwen3Model},
         tokenizers=("tokenizer",),
     )
-
-
-def _padded(length: int) -> int:
-    return length + (-length) % SEQ_MULTIPLE
 
 
 class ZImageBundle(VAELatentGeometry, FlowMatchingBundle):
@@ -160,9 +156,9 @@ class ZImageBundle(VAELatentGeometry, FlowMatchingBundle):
             )
         caption_rows = int(tcfg.axes_lens[0])
         require(
-            _padded(cfg.max_sequence_length) + 1 < caption_rows,
+            padded(cfg.max_sequence_length) + 1 < caption_rows,
             f"bundle.max_sequence_length={cfg.max_sequence_length} needs "
-            f"{_padded(cfg.max_sequence_length) + 2} RoPE positions on the caption axis; this "
+            f"{padded(cfg.max_sequence_length) + 2} RoPE positions on the caption axis; this "
             f"model has axes_lens[0]={caption_rows}: lower it",
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -11,6 +12,13 @@ from unirl.types import Conditions, Packed, batch_field
 # The transformer pads every caption and image token run to a multiple of this (diffusers'
 # SEQ_MULTI_OF).
 SEQ_MULTIPLE = 32
+
+T = TypeVar("T", int, torch.Tensor)
+
+
+def padded(length: T) -> T:
+    """``length`` (an int or a tensor of them) rounded up to a multiple of ``SEQ_MULTIPLE``."""
+    return length + (-length) % SEQ_MULTIPLE
 
 
 def _check_captions(name: str, value: object) -> None:
@@ -60,8 +68,7 @@ class ZImageConditions(Conditions):
     def padded_lengths(self) -> torch.Tensor:
         """``long[N]`` (host): each caption's length as the transformer pads it (a multiple of
         ``SEQ_MULTIPLE``); read from the packed offsets, no device value."""
-        lengths = self.prompt_embeds.offsets.diff()
-        return (lengths + SEQ_MULTIPLE - 1) // SEQ_MULTIPLE * SEQ_MULTIPLE
+        return padded(self.prompt_embeds.offsets.diff())
 
     def captions(self) -> list[torch.Tensor]:
         """The prompt captions as the transformer takes them: a list of ``[L_i, D]`` views."""

@@ -54,11 +54,13 @@ TIMESTEP_SCALE = 1000.0
 @dataclass(frozen=True)
 class CFGInputs:
     """What the guided forwards consume: the prompt rows, the negative rows, and both in one
-    batch (``[cond; uncond]``, built once per loop for the batched forward)."""
+    batch (``[cond; uncond]``, built once per loop for the batched forward); ``split``: run
+    the two as their own forwards instead of ``both`` (``ZImageCFG.split_uneven``)."""
 
     cond: Conditions
     uncond: Conditions
     both: Conditions
+    split: bool = False
 
 
 def _uneven(rows: Conditions) -> bool:
@@ -88,7 +90,10 @@ class ZImageCFG:
             return positive_rows(conditions)
         paired = require_paired("ZImageCFG", conditions)
         cond, uncond = paired.positive(), paired.negative()
-        return CFGInputs(cond=cond, uncond=uncond, both=type(cond).concat([cond, uncond]))
+        both = type(cond).concat([cond, uncond])
+        return CFGInputs(
+            cond=cond, uncond=uncond, both=both, split=self.split_uneven and _uneven(both)
+        )
 
     def guided_rows(self, sigma: torch.Tensor) -> torch.Tensor | None:
         """``bool[N]`` (host): the rows guided at ``sigma[N]``; None when every row is (no
@@ -141,7 +146,7 @@ class ZImageCFG:
             cfg_gradient=cfg_gradient,
             v_uncond=v_uncond,
             uncond_out=uncond_out,
-            batched=not (self.split_uneven and _uneven(inputs.both)),
+            batched=not inputs.split,
         )
         if rows is None:
             return self.combine(v_c, v_u, scale)
