@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One recipe's Flow-GRPO rollout + train step at a family's real shapes, random weights
-# (an `*-arch` preset: nothing downloaded), on one GPU; writes the benchmark JSON
+# (an `*-arch` preset: nothing downloaded), on one GPU (or NUM_DEVICES); writes the benchmark JSON
 # (samples/s, seconds per phase, peak memory).
 #
 #   bash examples/benchmarks/arch_bench.sh RECIPE PRESET [OUT_DIR] [extra overrides...]
@@ -16,6 +16,9 @@
 #   pass (MFU in the JSON; one more rollout + train, uncompiled).
 #   bash examples/benchmarks/arch_bench.sh diffusion/wan21_t2v_dancegrpo wan2.1-1.3b-arch \
 #     OUT HEIGHT=480 WIDTH=832 FRAMES=81 SPP=2 MICRO=1 (as environment variables)
+#   NUM_DEVICES=N runs on N GPUs (one prompt per data-parallel group); SP=P splits each video
+#   over P of them (parallel.sequence_parallel_size: Ulysses, N / P groups of P GPUs), e.g.
+#   NUM_DEVICES=2 SP=2 runs the same one prompt as the one-GPU bench on two GPUs.
 #
 # The recipe's own sampling (steps, CFG, SDE window, LoRA, activation checkpointing), scaled
 # to one GPU: one prompt x SPP samples at SIZE x SIZE, one forward of SPP samples, micro-batches
@@ -43,12 +46,15 @@ knobs=()
 [[ -n "${COMPILE_VAE:-}" ]] && knobs+=("++bundle.compile_vae=${COMPILE_VAE}")
 [[ -n "${SLOTS:-}" ]] && knobs+=("++algorithm.slots_per_forward=${SLOTS}")
 [[ -n "${OLD_LOGP:-}" ]] && knobs+=("algorithm.old_logp_source=${OLD_LOGP}")
+devices="${NUM_DEVICES:-1}"
+sp="${SP:-1}"
+[[ "${sp}" != 1 ]] && knobs+=("parallel.sequence_parallel_size=${sp}")
 flops=(--no-flops)
 [[ -n "${FLOPS:-}" ]] && flops=()
 python -m unirl.tools.bench --config-name="${recipe}" \
   --warmup "${WARMUP:-1}" --iters "${ITERS:-2}" "${flops[@]}" \
   --json "${out}/${name}.json" output_dir="${out}/${name}" \
-  num_devices=1 device=cuda batch_size=1 sampling.samples_per_prompt="${SPP:-8}" \
+  num_devices="${devices}" device=cuda batch_size="$((devices / sp))" sampling.samples_per_prompt="${SPP:-8}" \
   sampling.height="${HEIGHT:-${size}}" sampling.width="${WIDTH:-${size}}" "${frames[@]}" \
   stack.micro_batch_size="${MICRO:-4}" stack.num_updates_per_batch=1 \
   pipeline.forward_batch_size="${SPP:-8}" \
