@@ -64,8 +64,7 @@ def _all_to_all(
 ) -> torch.Tensor:
     """Chunk ``x`` in ``P`` along ``scatter_dim``, send chunk ``i`` to rank ``i``, and
     concatenate the received chunks (in rank order) along ``gather_dim``."""
-    chunks = [c.contiguous() for c in x.chunk(sp.size, dim=scatter_dim)]
-    send = torch.stack(chunks)
+    send = torch.stack(x.chunk(sp.size, dim=scatter_dim))  # one copy: stack reads the views
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=sp.group)
     return torch.cat(list(recv.unbind(0)), dim=gather_dim)
@@ -132,6 +131,23 @@ class _Gather(torch.autograd.Function):
         grad = grad.contiguous()
         dist.all_reduce(grad, group=ctx.sp.group)
         return grad.chunk(ctx.sp.size, dim=ctx.dim)[ctx.sp.rank].contiguous(), None, None
+
+
+def map_rows(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, sp: SequenceParallel
+) -> torch.Tensor:
+    """``fn(x)`` with the rows of the replicated ``x[N, ...]`` shared out over the group: rank
+    ``r`` runs ``fn`` on rows ``[r·k, (r+1)·k)`` (``k = ceil(N / P)``; a short last share repeats
+    row ``N - 1``, so every rank's result has one shape), and the results are gathered in row
+    order on every rank. ``fn`` must treat rows independently. No autograd: for work outside
+    the trained graph, such as the VAE decode of a rollout's videos."""
+    n = x.shape[0]
+    per = -(-n // sp.size)
+    rows = torch.arange(sp.rank * per, (sp.rank + 1) * per, device=x.device).clamp_(max=n - 1)
+    local = fn(x.index_select(0, rows)).contiguous()
+    parts = [torch.empty_like(local) for _ in range(sp.size)]
+    dist.all_gather(parts, local, group=sp.group)
+    return torch.cat(parts)[:n]
 
 
 def all_to_all(
@@ -350,11 +366,15 @@ class SequenceParallelHandle:
     """The hooks :func:`enable_sequence_parallel` installed; ``remove()`` undoes them."""
 
     hooks: list[RemovableHandle] = dataclasses.field(default_factory=list)
+    on_remove: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
     def remove(self) -> None:
         for hook in self.hooks:
             hook.remove()
         self.hooks.clear()
+        for undo in self.on_remove:
+            undo()
+        self.on_remove.clear()
 
 
 def enable_sequence_parallel(
