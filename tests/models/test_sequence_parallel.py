@@ -11,8 +11,7 @@ single-rank forward and backward first, then enables SP over the group and runs 
 - the FlowSDE log-probs of a step from that velocity (the same noise on every rank, as the
   driver authors it per sample id) equal the single-rank ones within 1e-5;
 - the tiny Wan bundle's rollout (batched CFG, FlowSDE) with SP switched on through
-  ``bundle.enable_sequence_parallel`` records the same final latents and log-probs (2 ranks),
-  and its VAE decode, shared out by rows over the group, gives the same pixels;
+  ``bundle.enable_sequence_parallel`` records the same final latents and log-probs (2 ranks);
 - a mutation that exchanges along the wrong dimension (head_dim instead of heads) fails the
   forward check by far.
 
@@ -195,40 +194,17 @@ def measure_pipeline(sp: Any) -> dict[str, float]:
         sampling_params=params,
         seed=5,
     )
-    decoded_rows = []
-    decode_chunk = bundle.decode_chunk
-
-    def counted(latents: torch.Tensor) -> torch.Tensor:
-        decoded_rows[-1] += latents.shape[0]
-        return decode_chunk(latents)
-
-    bundle.decode_chunk = counted  # type: ignore[method-assign]
-    decoded_rows.append(0)
-    ref_track = pipeline.generate(req).tracks["diffusion"]
+    ref = pipeline.generate(req).tracks["diffusion"].segment
     handles = bundle.enable_sequence_parallel(sp)
-    decoded_rows.append(0)
-    out_track = pipeline.generate(req).tracks["diffusion"]
-    odd = ref.final_latents[:3] if (ref := ref_track.segment).final_latents is not None else None
-    assert odd is not None
-    decoded_rows.append(0)
-    with torch.no_grad():  # an odd row count: the last rank's share repeats the last row
-        odd_pixels = bundle.decode(odd)
+    out = pipeline.generate(req).tracks["diffusion"].segment
     for handle in handles:
         handle.remove()
-    decoded_rows.append(0)
-    with torch.no_grad():
-        whole_odd = bundle.decode(odd)
-    out = out_track.segment
     assert ref.sde_logp is not None and out.sde_logp is not None
     assert ref.final_latents is not None and out.final_latents is not None
     return {
         "latents": float((out.final_latents - ref.final_latents).abs().max()),
         "sde_logp": float((out.sde_logp - ref.sde_logp).abs().max()),
         "moved": float(ref.final_latents.abs().max()),
-        "pixels": float((out_track.decoded.frames - ref_track.decoded.frames).abs().max()),
-        "odd_pixels": float((odd_pixels - whole_odd).abs().max()),
-        # rows each rank decoded: whole rollout, SP rollout, SP odd decode, after remove()
-        **{f"decoded_{i}": float(r) for i, r in enumerate(decoded_rows)},
     }
 
 
@@ -298,11 +274,6 @@ def check(
             rollout = measured["wan_pipeline"]
             assert rollout["moved"] > 1e-2, rollout
             assert rollout["latents"] <= TOL and rollout["sde_logp"] <= TOL, rollout
-            # each rank decodes its share of the videos, and the gathered pixels are the
-            # single-rank decode's (float32, VAE batches of other sizes): 4 rows -> 2 per rank,
-            # 3 rows -> 2 per rank (one repeated); after remove() a rank decodes all again
-            assert rollout["pixels"] <= TOL and rollout["odd_pixels"] <= TOL, rollout
-            assert [rollout[f"decoded_{i}"] for i in range(4)] == [4.0, 2.0, 2.0, 3.0], rollout
         if "wan" in families:  # the mutation is caught by every check
             broken = measured["wan_broken_exchange"]
             assert min(broken["forward"], broken["logp"], broken["grads"]) > 10 * TOL, broken

@@ -282,7 +282,6 @@ class FlowMatchingBundle:
         self._negative_cache: dict[str, Conditions] = {}
         self._graphs: dict[str, GraphedFunction] = {}
         self._offloaded = False
-        self._decode_group: SequenceParallel | None = None  # see enable_sequence_parallel
         self.load()
         for module in self._frozen_modules():
             module.requires_grad_(False).eval()
@@ -411,15 +410,7 @@ class FlowMatchingBundle:
         returned handles' ``remove()`` switches it off."""
         from unirl.models.common.sequence_parallel import enable_sequence_parallel
 
-        handles = [enable_sequence_parallel(m, sp) for m in self.trainable_modules.values()]
-        if sp.size > 1 and handles:  # the rollout's decode shares its videos out too
-            self._decode_group = sp
-
-            def whole_decode() -> None:
-                self._decode_group = None
-
-            handles[0].on_remove.append(whole_decode)
-        return handles
+        return [enable_sequence_parallel(m, sp) for m in self.trainable_modules.values()]
 
     @property
     def trainable_module(self) -> torch.nn.Module:
@@ -556,21 +547,8 @@ class FlowMatchingBundle:
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """``pixels[B, 3, H, W]`` float32 in [0, 1] from model-space ``latents``, decoded
-        ``decode_chunk_size`` latents per VAE call. Respects the caller's grad mode.
-
-        Under sequence parallelism (``enable_sequence_parallel``) the ranks of an SP group
-        hold the same rows, so outside autograd each decodes its share of them and the
-        pixels are gathered (``sequence_parallel.map_rows``) instead of every rank decoding
-        every video."""
+        ``decode_chunk_size`` latents per VAE call. Respects the caller's grad mode."""
         self._require_onloaded("decode")
-        group = self._decode_group
-        if group is not None and latents.shape[0] > 1 and not torch.is_grad_enabled():
-            from unirl.models.common.sequence_parallel import map_rows
-
-            return map_rows(self._decode_rows, latents, group)
-        return self._decode_rows(latents)
-
-    def _decode_rows(self, latents: torch.Tensor) -> torch.Tensor:
         chunk = self.config.decode_chunk_size
         return torch.cat(
             [self.decode_chunk(latents[i : i + chunk]) for i in range(0, latents.shape[0], chunk)]

@@ -133,23 +133,6 @@ class _Gather(torch.autograd.Function):
         return grad.chunk(ctx.sp.size, dim=ctx.dim)[ctx.sp.rank].contiguous(), None, None
 
 
-def map_rows(
-    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, sp: SequenceParallel
-) -> torch.Tensor:
-    """``fn(x)`` with the rows of the replicated ``x[N, ...]`` shared out over the group: rank
-    ``r`` runs ``fn`` on rows ``[r·k, (r+1)·k)`` (``k = ceil(N / P)``; a short last share repeats
-    row ``N - 1``, so every rank's result has one shape), and the results are gathered in row
-    order on every rank. ``fn`` must treat rows independently. No autograd: for work outside
-    the trained graph, such as the VAE decode of a rollout's videos."""
-    n = x.shape[0]
-    per = -(-n // sp.size)
-    rows = torch.arange(sp.rank * per, (sp.rank + 1) * per, device=x.device).clamp_(max=n - 1)
-    local = fn(x.index_select(0, rows)).contiguous()
-    parts = [torch.empty_like(local) for _ in range(sp.size)]
-    dist.all_gather(parts, local, group=sp.group)
-    return torch.cat(parts)[:n]
-
-
 def all_to_all(
     x: torch.Tensor, sp: SequenceParallel, *, scatter_dim: int, gather_dim: int
 ) -> torch.Tensor:
@@ -366,15 +349,11 @@ class SequenceParallelHandle:
     """The hooks :func:`enable_sequence_parallel` installed; ``remove()`` undoes them."""
 
     hooks: list[RemovableHandle] = dataclasses.field(default_factory=list)
-    on_remove: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
     def remove(self) -> None:
         for hook in self.hooks:
             hook.remove()
         self.hooks.clear()
-        for undo in self.on_remove:
-            undo()
-        self.on_remove.clear()
 
 
 def enable_sequence_parallel(
