@@ -5,6 +5,8 @@ after the first rollout (none while shapes stay fixed)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch._dynamo
@@ -14,7 +16,12 @@ from train_fakes import TinyBundle, empty_track, make_backend
 import unirl.train.compile_watch as compile_watch
 from unirl.algorithms.base import StageAlgorithm, StepResult
 from unirl.train import TrainStack
-from unirl.train.compile_watch import RecompileWatch, compiled_graph_count, recompile_warning
+from unirl.train.compile_watch import (
+    RecompileWatch,
+    compiled_graph_count,
+    describe_compiles,
+    recompile_warning,
+)
 from unirl.train.parallel import FSDPConfig, apply_compile
 from unirl.trainer.base import mean_over_ranks
 
@@ -194,3 +201,32 @@ def test_an_eager_stack_records_no_compile_metric(
     per_rollout = _train([2, 3], compile_blocks=False, monkeypatch=monkeypatch)
     assert all("compile/new_graphs" not in m for m in per_rollout)
     assert "[unirl]" not in capsys.readouterr().out
+
+
+def test_the_warning_names_what_compiled_and_why(capsys: pytest.CaptureFixture[str]) -> None:
+    """The warning lists the compiled frames of the rollout that recompiled (function, file,
+    line) and dynamo's recompile reason, so a compiled VAE that recompiles is not mistaken for
+    the transformer blocks; the warm-up's own compile is not listed."""
+    block = eager_compiled_block()
+    watch = RecompileWatch()
+    _rollouts(watch, block, [2, 3])
+    lines = [line for line in capsys.readouterr().out.splitlines() if "[unirl]" in line]
+    assert len(lines) == 1, lines
+    line = lines[0]
+    line_no = TinyBlock.forward.__code__.co_firstlineno
+    assert f"; what compiled: forward (test_compile_watch.py:{line_no}) x1; " in line, line
+    assert "first recompile: " in line and "size mismatch at index 0. expected 2, actual 3" in line
+
+
+def test_describe_compiles_groups_by_frame_most_first() -> None:
+    def record(name: str, line: int, reason: str | None = None) -> SimpleNamespace:
+        return SimpleNamespace(
+            co_name=name, co_filename=f"/x/{name}.py", co_firstlineno=line, recompile_reason=reason
+        )
+
+    records = [record("decode", 9), *[record("forward", 5, "0/3: grad_mode")] * 3]
+    assert (
+        describe_compiles(records, top=1)
+        == "forward (forward.py:5) x3 and 1 more; first recompile: 0/3: grad_mode"
+    )
+    assert describe_compiles([]) is None
