@@ -7,6 +7,7 @@ and authors the request: ids, groups, the σ schedule, the SDE steps and the x_T
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -64,6 +65,7 @@ def check_sequence_parallel_model(cfg: RunConfig) -> None:
         f"sequence-parallel shard plan (transformers with one: {sorted(PLANS)}); set "
         "parallel.sequence_parallel_size=1",
     )
+    check_sequence_parallel_tokens(cfg, family, block, where)
     for transformer in planned:
         plan = plan_of(transformer)
         for name, sub in transformer.named_modules():
@@ -76,6 +78,32 @@ def check_sequence_parallel_model(cfg: RunConfig) -> None:
                     "multiple of the SP size); choose an SP size that divides it",
                 )
                 break
+
+
+def check_sequence_parallel_tokens(
+    cfg: RunConfig, family: Any, block: Mapping[str, object], where: str
+) -> None:
+    """The video's tokens per sample at the recipe's geometry split evenly over the SP group
+    (Ulysses gives each rank the same share); refused here instead of at the first forward,
+    after the weights have loaded."""
+    sampling = cfg.sampling
+    if not isinstance(sampling, Mapping):
+        return
+    sizes = [sampling.get(key) for key in ("height", "width", "num_frames")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in sizes):
+        return
+    height, width, frames = (int(v) for v in sizes)  # type: ignore[arg-type]
+    architecture = family.architecture(family._path_of(block))
+    tokens = (
+        None if architecture is None else family.video_tokens(architecture, height, width, frames)
+    )
+    sp = cfg.parallel.sequence_parallel_size
+    require(
+        tokens is None or tokens % sp == 0,
+        f"{where}: a {frames}-frame {width}x{height} video is {tokens} transformer tokens per "
+        f"sample, which do not split evenly over {sp} ranks; choose a size or frame count "
+        f"whose token count is a multiple of {sp}, or another SP size",
+    )
 
 
 def _references_of(path: str) -> bool:

@@ -361,6 +361,14 @@ class FlowMatchingBundle:
         """*Family*: the trainable module built from ``architecture`` (called on meta)."""
         return None
 
+    @classmethod
+    def video_tokens(
+        cls, architecture: Architecture, height: int, width: int, frames: int
+    ) -> int | None:
+        """*Video family*: the transformer's video tokens per sample at this geometry (what
+        sequence parallelism splits), from configs only; None: not a video family."""
+        return None
+
     # -- checks before anything is built (dry_run and the driver's validators) -------------
 
     @classmethod

@@ -63,6 +63,20 @@ class HunyuanVideoFamilyBundle(VideoLatentGeometry, FlowMatchingBundle):
         )
 
     @classmethod
+    def video_tokens(
+        cls, architecture: tuple[dict, dict], height: int, width: int, frames: int
+    ) -> int:
+        transformer, vae = architecture
+        spatial = int(vae.get("spatial_compression_ratio", cls.generation.spatial_factor))
+        temporal = int(vae.get("temporal_compression_ratio", 4))
+        patch = int(transformer.get("patch_size", cls.generation.patch))
+        patch_t = int(transformer.get("patch_size_t", 1))
+        latent_frames = (frames - 1) // temporal + 1
+        return (
+            (latent_frames // patch_t) * (height // spatial // patch) * (width // spatial // patch)
+        )
+
+    @classmethod
     def trainable_from_architecture(cls, architecture: tuple[dict, dict]) -> torch.nn.Module:
         import diffusers
 

@@ -116,6 +116,17 @@ class WanBundle(VideoLatentGeometry, FlowMatchingBundle):
         )
 
     @classmethod
+    def video_tokens(
+        cls, architecture: tuple[dict, dict], height: int, width: int, frames: int
+    ) -> int:
+        transformer, vae = architecture
+        downsample = vae.get("temperal_downsample", (False, True, True))
+        spatial, temporal = 2 ** len(downsample), 2 ** sum(bool(d) for d in downsample)
+        pt, ph, pw = (int(p) for p in transformer.get("patch_size", (1, PATCH, PATCH)))
+        latent_frames = (frames - 1) // temporal + 1
+        return (latent_frames // pt) * (height // spatial // ph) * (width // spatial // pw)
+
+    @classmethod
     def trainable_from_architecture(cls, architecture: tuple[dict, dict]) -> torch.nn.Module:
         from diffusers import WanTransformer3DModel
 
