@@ -93,10 +93,7 @@ def check_sequence_parallel_tokens(
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in sizes):
         return
     height, width, frames = (int(v) for v in sizes)  # type: ignore[arg-type]
-    architecture = family.architecture(family._path_of(block))
-    tokens = (
-        None if architecture is None else family.video_tokens(architecture, height, width, frames)
-    )
+    tokens = family.video_tokens_of(block, height, width, frames)
     sp = cfg.parallel.sequence_parallel_size
     require(
         tokens is None or tokens % sp == 0,

@@ -405,6 +405,20 @@ class FlowMatchingBundle:
         with torch.device("meta"):
             return cls.trainable_from_architecture(architecture)
 
+    @classmethod
+    def video_tokens_of(
+        cls, block: Mapping[str, object], height: int, width: int, frames: int
+    ) -> int | None:
+        """:meth:`video_tokens` of the recipe's model (configs only); None when the config is
+        not readable here or the family is not a video one."""
+        try:
+            architecture = cls.architecture(cls._path_of(block))
+        except ModelSourceError:
+            return None
+        return (
+            None if architecture is None else cls.video_tokens(architecture, height, width, frames)
+        )
+
     # -- modules ----------------------------------------------------------------------------
 
     @property
