@@ -95,11 +95,14 @@ def check_sequence_parallel_tokens(
     height, width, frames = (int(v) for v in sizes)  # type: ignore[arg-type]
     tokens = family.video_tokens_of(block, height, width, frames)
     sp = cfg.parallel.sequence_parallel_size
-    require(
-        tokens is None or tokens % sp == 0,
+    if tokens is None or tokens % sp == 0:
+        return
+    dividing = [str(p) for p in range(2, 9) if tokens % p == 0]
+    raise ConfigError(
         f"{where}: a {frames}-frame {width}x{height} video is {tokens} transformer tokens per "
         f"sample, which do not split evenly over {sp} ranks; choose a size or frame count "
-        f"whose token count is a multiple of {sp}, or another SP size",
+        f"whose token count is a multiple of {sp}, or an SP size that divides it (up to 8: "
+        f"{', '.join(dividing) or 'none'})",
     )
 
 
