@@ -256,6 +256,19 @@ def test_reward_overlap_metrics_are_averaged_over_the_timed_rollouts() -> None:
     assert out["reward_overlap"] == {"latency_s": 4.0, "wait_s": 0.5}
 
 
+def test_graphs_compiled_in_the_timed_rollouts_are_counted() -> None:
+    """The stacks' ``compile/new_graphs`` of the timed rollouts is summed into the JSON (call 27
+    of docs/performance.md compiled 15 graphs inside its timed step, which the JSON did not
+    say); the warm-up's compile is left out, and an eager run has no such key."""
+    rows = [_row(2.0, **{"train/compile/new_graphs": n}) for n in (30.0, 0.0, 15.0)]
+    summary = dict(
+        warmup=1, num_devices=1, flops=None, memory=None, peak_tflops=None, device_name="cpu"
+    )
+    assert summarize(rows, **summary)["graphs_compiled_in_timed_rollouts"] == 15.0  # type: ignore[arg-type]
+    eager = summarize([_row(2.0) for _ in range(3)], **summary)  # type: ignore[arg-type]
+    assert "graphs_compiled_in_timed_rollouts" not in eager
+
+
 def test_a_failed_flop_pass_is_reported_not_raised() -> None:
     """The FLOP pass runs after the timed rollouts: its failure comes back as one line (the
     JSON keeps the timings, the CLI exits 1), a working pass gives its counts."""

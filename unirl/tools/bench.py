@@ -8,7 +8,8 @@ through ``ARTrainer``, every other recipe through ``DiffusionTrainer``.
 
 - ``samples_per_s`` end to end (and per device), seconds per phase (text encode, rollout,
   decode, reward, old-logp, train, sync), ``compile_and_warmup_s`` (the warm-up rollouts,
-  where ``torch.compile`` happens);
+  where ``torch.compile`` happens) and, for compiled runs, ``graphs_compiled_in_timed_rollouts``
+  (non-zero: the timings include compile time, and the run says so in one warning line);
 - peak device memory per worker;
 - counted FLOPs per rollout / train pass and the achieved TFLOP/s and model FLOP utilisation
   (MFU) of the rollout transformer forwards and the training pass, against ``--peak-tflops``
@@ -158,6 +159,13 @@ def summarize(
     }
     if overlap:
         out["reward_overlap"] = overlap
+    # graphs torch.compile built inside the timed rollouts (the stacks' compile/new_graphs,
+    # mean over ranks): their compile time is in the phases above
+    compiled = [
+        as_float(v) for r in timed for k, v in r.items() if k.endswith("compile/new_graphs")
+    ]
+    if compiled:
+        out["graphs_compiled_in_timed_rollouts"] = sum(compiled)
     if text:
         out.update(text_throughput(timed, phases))
     if memory:
@@ -369,6 +377,13 @@ def run(data: dict[str, Any]) -> int:
     out_path.write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
     print(f"[unirl.bench] wrote {out_path}", flush=True)
+    if summary.get("graphs_compiled_in_timed_rollouts"):
+        print(
+            f"[unirl.bench] warning: {summary['graphs_compiled_in_timed_rollouts']:g} graphs were "
+            "compiled inside the timed rollouts, so the timings include compile time; the run "
+            "log's recompile warning names what compiled (raise --warmup if it settles)",
+            flush=True,
+        )
     if results.get("flops_error"):
         print(
             f"[unirl.bench] error: the FLOP-counting pass failed after the timed rollouts "
