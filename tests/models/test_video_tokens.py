@@ -1,4 +1,4 @@
-"""``video_tokens`` (the pre-flight count sequence parallelism checks divisibility with) equals
+"""``video_grid(...).tokens`` (the pre-flight count sequence parallelism checks divisibility with) equals
 the length the Ulysses plan actually splits: the rotary table each video transformer builds
 for a latent of the bundle's own shape, on the tiny Wan 2.1, HunyuanVideo 1.5 and 1.0 models,
 at geometries whose latent frames and patch grid differ."""
@@ -41,7 +41,8 @@ def test_video_tokens_is_the_length_the_plan_splits(family: str) -> None:
             table = rope(torch.zeros(1, *shape))
         first = table[0] if isinstance(table, tuple) else table
         expected = first.shape[plan.rope_dim]
-        counted = type(bundle).video_tokens(architecture, height, width, frames)  # type: ignore[attr-defined]
+        grid = type(bundle).video_grid(architecture)  # type: ignore[attr-defined]
+        counted = grid.tokens(height, width, frames)
         assert counted == expected, (family, height, width, frames, counted, expected)
         counts.append(counted)
     assert len(set(counts)) == len(counts), counts  # the geometries really differ

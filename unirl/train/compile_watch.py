@@ -128,7 +128,7 @@ class RecompileWatch:
 
     def __init__(self) -> None:
         self._last = compiled_graph_count()
-        self._seen = self._record_ids()
+        self._seen = self._record_keys()
         self.rollouts_seen = 0
         self.warned = False
         self._said_unknown = False
@@ -152,7 +152,7 @@ class RecompileWatch:
         )
 
     @classmethod
-    def _record_ids(cls) -> set[tuple[str, object, object]]:
+    def _record_keys(cls) -> set[tuple[str, object, object]]:
         return {cls._key(r) for r in compile_records() or []}
 
     def new_records(self) -> list[Any]:

@@ -37,6 +37,7 @@ from unirl.sde.schedule import sigmas_from_scheduler_config
 from unirl.types import Conditions, DiffusionSamplingParams
 
 if TYPE_CHECKING:
+    from unirl.models.common.geometry import VideoGrid
     from unirl.models.common.sequence_parallel import SequenceParallel, SequenceParallelHandle
 
 Architecture: TypeAlias = tuple[ConfigDict, ConfigDict]
@@ -362,11 +363,9 @@ class FlowMatchingBundle:
         return None
 
     @classmethod
-    def video_tokens(
-        cls, architecture: Architecture, height: int, width: int, frames: int
-    ) -> int | None:
-        """*Video family*: the transformer's video tokens per sample at this geometry (what
-        sequence parallelism splits), from configs only; None: not a video family."""
+    def video_grid(cls, architecture: Architecture) -> VideoGrid | None:
+        """*Video family*: the token grid of ``architecture`` (VAE compression, patches), from
+        configs only; None: not a video family."""
         return None
 
     # -- checks before anything is built (dry_run and the driver's validators) -------------
@@ -409,15 +408,15 @@ class FlowMatchingBundle:
     def video_tokens_of(
         cls, block: Mapping[str, object], height: int, width: int, frames: int
     ) -> int | None:
-        """:meth:`video_tokens` of the recipe's model (configs only); None when the config is
-        not readable here or the family is not a video one."""
+        """The transformer's video tokens per sample of the recipe's model at this geometry
+        (what sequence parallelism splits; configs only); None when the config is not
+        readable here or the family is not a video one."""
         try:
             architecture = cls.architecture(cls._path_of(block))
         except ModelSourceError:
             return None
-        return (
-            None if architecture is None else cls.video_tokens(architecture, height, width, frames)
-        )
+        grid = None if architecture is None else cls.video_grid(architecture)
+        return None if grid is None else grid.tokens(height, width, frames)
 
     # -- modules ----------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ VAE's ``[C, F, H/f, W/f]`` with ``F = (num_frames − 1)/t + 1`` (:func:`check_v
 from __future__ import annotations
 
 from collections.abc import Sized
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -125,6 +126,24 @@ def video_pixels(video: torch.Tensor) -> torch.Tensor:
     """A decoded ``video[B, 3, T, H, W]`` in [-1, 1] as ``pixels[B, T, 3, H, W]`` float32 in
     [0, 1]."""
     return (video.float().permute(0, 2, 1, 3, 4) / 2 + 0.5).clamp(0, 1)
+
+
+@dataclass(frozen=True)
+class VideoGrid:
+    """A video family's token grid, read from its configs: the VAE's ``spatial`` and
+    ``temporal`` compression and the transformer's ``patch_t`` x ``patch`` x ``patch`` patches
+    (the size checks and the token count of sequence parallelism both use it)."""
+
+    spatial: int
+    temporal: int
+    patch_t: int
+    patch: int
+
+    def tokens(self, height: int, width: int, frames: int) -> int:
+        """The transformer's video tokens per sample at ``height`` x ``width``, ``frames``."""
+        latent_frames = (frames - 1) // self.temporal + 1
+        side = self.spatial * self.patch
+        return (latent_frames // self.patch_t) * (height // side) * (width // side)
 
 
 class VideoLatentGeometry:

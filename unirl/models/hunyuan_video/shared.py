@@ -14,7 +14,7 @@ import torch
 
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
 from unirl.models.common.config_dict import ConfigDict
-from unirl.models.common.geometry import VideoLatentGeometry
+from unirl.models.common.geometry import VideoGrid, VideoLatentGeometry
 from unirl.models.common.progress import hf_progress_bars_disabled
 
 
@@ -50,30 +50,25 @@ class HunyuanVideoFamilyBundle(VideoLatentGeometry, FlowMatchingBundle):
         return cls.generation.architecture_configs(path)
 
     @classmethod
-    def check_image_size(cls, architecture: tuple[dict, dict], key: str, size: int) -> None:
+    def video_grid(cls, architecture: tuple[dict, dict]) -> VideoGrid:
         transformer, vae = architecture
         gen = cls.generation
-        factor = int(vae.get("spatial_compression_ratio", gen.spatial_factor))
-        patch = int(transformer.get("patch_size", gen.patch))
-        require_size_multiple(
-            key,
-            size,
-            factor * patch,
-            f"VAE factor {factor} x {patch}x{patch} patches of {gen.label}",
+        return VideoGrid(
+            spatial=int(vae.get("spatial_compression_ratio", gen.spatial_factor)),
+            temporal=int(vae.get("temporal_compression_ratio", 4)),
+            patch_t=int(transformer.get("patch_size_t", 1)),
+            patch=int(transformer.get("patch_size", gen.patch)),
         )
 
     @classmethod
-    def video_tokens(
-        cls, architecture: tuple[dict, dict], height: int, width: int, frames: int
-    ) -> int:
-        transformer, vae = architecture
-        spatial = int(vae.get("spatial_compression_ratio", cls.generation.spatial_factor))
-        temporal = int(vae.get("temporal_compression_ratio", 4))
-        patch = int(transformer.get("patch_size", cls.generation.patch))
-        patch_t = int(transformer.get("patch_size_t", 1))
-        latent_frames = (frames - 1) // temporal + 1
-        return (
-            (latent_frames // patch_t) * (height // spatial // patch) * (width // spatial // patch)
+    def check_image_size(cls, architecture: tuple[dict, dict], key: str, size: int) -> None:
+        grid = cls.video_grid(architecture)
+        require_size_multiple(
+            key,
+            size,
+            grid.spatial * grid.patch,
+            f"VAE factor {grid.spatial} x {grid.patch}x{grid.patch} patches of "
+            f"{cls.generation.label}",
         )
 
     @classmethod

@@ -30,7 +30,12 @@ from unirl.config.require import ConfigError, require
 from unirl.models.common.bundle import FlowMatchingBundle, require_size_multiple
 from unirl.models.common.config_dict import ConfigDict, config_int
 from unirl.models.common.engine_maps import EngineMaps
-from unirl.models.common.geometry import VideoLatentGeometry, sigma_per_sample, video_pixels
+from unirl.models.common.geometry import (
+    VideoGrid,
+    VideoLatentGeometry,
+    sigma_per_sample,
+    video_pixels,
+)
 from unirl.models.common.presets import ModelSourceError
 from unirl.models.common.progress import hf_progress_bars_disabled
 from unirl.models.wan.arch import WanArchSpec, build_arch_modules
@@ -104,27 +109,26 @@ class WanBundle(VideoLatentGeometry, FlowMatchingBundle):
         return int(transformer.get("in_channels", 16)) != int(vae.get("z_dim", 16))
 
     @classmethod
-    def check_image_size(cls, architecture: tuple[dict, dict], key: str, size: int) -> None:
+    def video_grid(cls, architecture: tuple[dict, dict]) -> VideoGrid:
         transformer, vae = architecture
-        vae_factor = 2 ** len(vae.get("temperal_downsample", (False, True, True)))
-        patch = int(transformer.get("patch_size", (1, PATCH, PATCH))[1])
-        require_size_multiple(
-            key,
-            size,
-            vae_factor * patch,
-            f"VAE factor {vae_factor} x {patch}x{patch} patches of Wan",
+        downsample = vae.get("temperal_downsample", (False, True, True))
+        patch_t, patch, _ = (int(p) for p in transformer.get("patch_size", (1, PATCH, PATCH)))
+        return VideoGrid(
+            spatial=2 ** len(downsample),
+            temporal=2 ** sum(bool(d) for d in downsample),
+            patch_t=patch_t,
+            patch=patch,
         )
 
     @classmethod
-    def video_tokens(
-        cls, architecture: tuple[dict, dict], height: int, width: int, frames: int
-    ) -> int:
-        transformer, vae = architecture
-        downsample = vae.get("temperal_downsample", (False, True, True))
-        spatial, temporal = 2 ** len(downsample), 2 ** sum(bool(d) for d in downsample)
-        pt, ph, pw = (int(p) for p in transformer.get("patch_size", (1, PATCH, PATCH)))
-        latent_frames = (frames - 1) // temporal + 1
-        return (latent_frames // pt) * (height // spatial // ph) * (width // spatial // pw)
+    def check_image_size(cls, architecture: tuple[dict, dict], key: str, size: int) -> None:
+        grid = cls.video_grid(architecture)
+        require_size_multiple(
+            key,
+            size,
+            grid.spatial * grid.patch,
+            f"VAE factor {grid.spatial} x {grid.patch}x{grid.patch} patches of Wan",
+        )
 
     @classmethod
     def trainable_from_architecture(cls, architecture: tuple[dict, dict]) -> torch.nn.Module:
