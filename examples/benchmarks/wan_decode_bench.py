@@ -51,8 +51,7 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
             vae_dtype=dtype,
             compile_vae=opts.compile,
             text_encoder_dtype="bf16",
-        )
-        bundle.load()
+        )  # builds (loads) the bundle
         if latents is None:
             shape = bundle.video_latent_shape(opts.frames, opts.height, opts.width)
             generator = torch.Generator().manual_seed(0)
