@@ -26,18 +26,34 @@ from typing import Any
 
 import torch
 
+from unirl.models.common.geometry import VideoGrid
+
 ATTENTION_OPS = ("bmm", "scaled_dot_product")  # meta SDPA runs the math path: two bmm per call
+
+
+def grid(
+    transformer: Mapping[str, Any] | None = None, vae: Mapping[str, Any] | None = None
+) -> VideoGrid:
+    """The Wan family's token grid (``WanBundle.video_grid``) of these configs (default: the
+    Wan 2.1 VAE and the family's patches)."""
+    from unirl.models.wan.arch import WAN21_VAE
+    from unirl.models.wan.bundle import WanBundle
+
+    return WanBundle.video_grid((dict(transformer or {}), dict(vae or WAN21_VAE)))
 
 
 def latent_shape(frames: int, height: int, width: int, channels: int = 16) -> tuple[int, ...]:
     """``[1, C, T, H, W]`` latents of a ``frames x height x width`` video: the Wan VAE keeps the
     first frame and folds every 4 after it (``frames = 4k + 1``), and downsamples 8x in space."""
-    if (frames - 1) % 4 or height % 16 or width % 16:
+    g = grid()
+    side = g.spatial * g.patch
+    if (frames - 1) % g.temporal or height % side or width % side:
         raise SystemExit(
-            f"--frames must be 4k + 1 and --height / --width multiples of 16 (the VAE's 8x "
-            f"and the transformer's 2x2 patches); got {frames} x {height} x {width}"
+            f"--frames must be {g.temporal}k + 1 and --height / --width multiples of {side} (the "
+            f"VAE's {g.spatial}x and the transformer's {g.patch}x{g.patch} patches); got "
+            f"{frames} x {height} x {width}"
         )
-    return (1, channels, (frames - 1) // 4 + 1, height // 8, width // 8)
+    return (1, channels, (frames - 1) // g.temporal + 1, height // g.spatial, width // g.spatial)
 
 
 def _attention_share(counts: Mapping[str, Mapping[Any, int]]) -> float:
@@ -103,13 +119,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--width", type=int, default=832)
     parser.add_argument("--text-tokens", type=int, default=512, help="UMT5 length (Wan: 512)")
     opts = parser.parse_args(argv)
-    config = ARCH_SPECS[opts.arch]().transformer
+    spec = ARCH_SPECS[opts.arch]()
+    config = spec.transformer
     transformer = meta_transformer(config)
     shape = latent_shape(opts.frames, opts.height, opts.width, config["in_channels"])
     latents = torch.empty(shape, device="meta", dtype=torch.bfloat16)
     text = torch.empty(1, opts.text_tokens, config["text_dim"], device="meta", dtype=torch.bfloat16)
     counts = count_pass(transformer, latents, text, backward=True)
-    tokens = shape[2] * (shape[3] // 2) * (shape[4] // 2)
+    tokens = grid(config, spec.vae).tokens(opts.height, opts.width, opts.frames)
     report = {
         "arch": opts.arch,
         "tokens": tokens,
